@@ -1,0 +1,69 @@
+"""Shared plumbing of the CLI commands: error handling, ``--json`` summaries, exit codes.
+
+Commands stay thin: parse options, call one library function, write outputs, then
+:func:`emit` a summary. :func:`handle_errors` turns :class:`~balancer_cli.errors.BalancerError`
+into a one-line ``Error: ...`` on stderr with exit code 1 (or 2 for usage errors).
+
+Example:
+    >>> import click
+    >>> @click.command()
+    ... @json_option
+    ... @handle_errors
+    ... def hello(as_json):
+    ...     emit({"greeting": "hi"}, as_json, lambda s: s["greeting"])
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import click
+
+from balancer_cli.errors import BalancerError
+
+__all__ = ["handle_errors", "json_option", "emit", "fail"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object on stdout.")
+
+
+def fail(error: BalancerError) -> None:
+    """Print ``Error: ...`` to stderr and exit with the error's code (1 runtime, 2 usage)."""
+    click.echo(f"Error: {error}", err=True)
+    sys.exit(error.exit_code)
+
+
+def handle_errors(fn: F) -> F:
+    """Decorator: run a command body, converting BalancerError into a one-line message + exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except BalancerError as error:
+            fail(error)
+        except KeyboardInterrupt:
+            click.echo("Error: interrupted; no output was written", err=True)
+            sys.exit(130)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def emit(summary: Mapping[str, Any], as_json: bool, render: Callable[[Mapping[str, Any]], str]) -> None:
+    """Print a command's summary: one JSON object with ``--json``, else ``render(summary)``."""
+    if as_json:
+        click.echo(json.dumps(summary, sort_keys=True, default=_jsonable))
+    else:
+        click.echo(render(summary))
+
+
+def _jsonable(value: Any) -> Any:
+    # numpy scalars/arrays and paths appear in summaries; make them plain JSON.
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)

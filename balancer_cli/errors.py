@@ -1,0 +1,100 @@
+"""The error family of balancer_cli.
+
+Every error a user can cause derives from :class:`BalancerError` and carries a message that names
+the file, line or sample, the offending value, and the fix. The CLI turns them into a one-line
+``Error: ...`` and an exit code (2 for usage errors, 1 for everything else); library users catch
+them like any exception.
+
+Example:
+    >>> err = InputError("lengths.parquet: column 'llm_tokens' is missing", fix="run `balancer scan` first")
+    >>> str(err)
+    "lengths.parquet: column 'llm_tokens' is missing; fix: run `balancer scan` first"
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BalancerError",
+    "InputError",
+    "UsageError",
+    "SampleError",
+    "ManifestError",
+    "PlanError",
+]
+
+
+class BalancerError(Exception):
+    """Base class of every error balancer_cli raises on purpose.
+
+    Args:
+        message: what went wrong, naming the file/line/sample and the value.
+        fix: optional hint telling the user what to do about it.
+    """
+
+    exit_code: int = 1
+
+    def __init__(self, message: str, *, fix: str | None = None) -> None:
+        self.message = message
+        self.fix = fix
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return f"{self.message}; fix: {self.fix}" if self.fix else self.message
+
+
+class InputError(BalancerError):
+    """An input file or table is unreadable, empty, or violates its contract (exit code 1)."""
+
+
+class UsageError(BalancerError):
+    """Options that cannot work together or values out of range (exit code 2)."""
+
+    exit_code = 2
+
+
+class SampleError(BalancerError):
+    """One sample cannot be measured (missing image, malformed record, ...).
+
+    In a normal scan this becomes the sample's ``error`` cell; with ``--strict`` it stops the scan.
+
+    Args:
+        message: what is wrong with the sample.
+        kind: short machine-readable category used in summaries (``missing_file``,
+            ``corrupt_image``, ``malformed_record``, ``path_escape``, ``unsupported_image``,
+            ``rejected_by_model``, ...).
+        file: the input file the sample came from.
+        line: 1-based line (JSONL) or record number (JSON list, Parquet row) within ``file``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: str = "error",
+        file: str | None = None,
+        line: int | None = None,
+        fix: str | None = None,
+    ) -> None:
+        self.kind = kind
+        self.file = file
+        self.line = line
+        super().__init__(message, fix=fix)
+
+    @property
+    def location(self) -> str:
+        """``file:line`` (or whatever part of it is known)."""
+        if self.file is None:
+            return "" if self.line is None else f"record {self.line}"
+        return self.file if self.line is None else f"{self.file}:{self.line}"
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{self.location}: {text}" if self.location else text
+
+
+class ManifestError(BalancerError):
+    """A manifest directory is missing, corrupt, of another schema version, or mismatched."""
+
+
+class PlanError(BalancerError):
+    """A planner found no feasible plan (e.g. nothing fits in GPU memory)."""

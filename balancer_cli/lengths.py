@@ -1,0 +1,337 @@
+"""The lengths table: one row per sample with its encoder and LLM token counts.
+
+This is the contract between ``scan`` (which writes it) and ``search``/``pack``/``report``/the
+runtime (which read it). Columns, in sample order:
+
+- ``sample`` int64 (0..N-1) and ``source`` string (dictionary-encoded).
+- ``llm_tokens`` int32: the full LLM sequence length, media placeholder tokens included.
+- per encoder module ``<m>``: ``<m>_tokens`` int32, ``<m>_items`` int32 and optionally
+  ``<m>_seqlens`` list<int32>.
+- ``error`` string: null when measured, else why not. Such samples are never packed.
+
+The file metadata key ``balancer`` holds JSON provenance (schema version, tool version, presets,
+input files with sizes and fingerprints). OmniBal/InternVL token-length JSON
+(``[{"vit_num": .., "token_num": ..}]``) reads as a lengths table with module ``vision``.
+
+Example:
+    >>> import numpy as np
+    >>> lt = make_lengths_table(np.array([300, 40]), {"vision": (np.array([1024, 0]), np.array([1, 0]))})
+    >>> lt.modules, lt.num_samples, lt.tokens("vision").tolist()
+    (('vision',), 2, [1024, 0])
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from balancer_cli import __version__
+from balancer_cli.errors import InputError
+from balancer_cli.fsutil import atomic_path, bytes_fingerprint
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "METADATA_KEY",
+    "LLM",
+    "LengthsTable",
+    "make_lengths_table",
+    "encoder_modules",
+    "lengths_fingerprint",
+    "read_lengths",
+    "read_omnibal_json",
+    "write_lengths",
+]
+
+SCHEMA_VERSION = 1
+METADATA_KEY = b"balancer"
+#: The name of the language-model module in reports, costs and manifests.
+LLM = "llm"
+
+_PARQUET_MAGIC = b"PAR1"
+
+
+def encoder_modules(column_names: Sequence[str]) -> tuple[str, ...]:
+    """Encoder modules present in a table: every ``<m>`` with both ``<m>_tokens`` and ``<m>_items``.
+
+    Returned in column order, so the result is deterministic.
+
+    Example:
+        >>> encoder_modules(["sample", "llm_tokens", "vision_tokens", "vision_items", "audio_tokens"])
+        ('vision',)
+    """
+    names = set(column_names)
+    modules = []
+    for name in column_names:
+        if name.endswith("_tokens") and name != "llm_tokens":
+            module = name[: -len("_tokens")]
+            if f"{module}_items" in names:
+                modules.append(module)
+    return tuple(modules)
+
+
+def lengths_fingerprint(table: pa.Table) -> str:
+    """Content fingerprint of a lengths table (independent of Parquet encoding or metadata).
+
+    Covers ``llm_tokens``, every module's tokens and items, and which samples have errors; the
+    manifest stores it so the runtime can check it replays against the same data.
+    """
+    parts = [b"llm_tokens", _as_int64(table.column("llm_tokens")).tobytes()]
+    for module in encoder_modules(table.column_names):
+        for suffix in ("tokens", "items"):
+            name = f"{module}_{suffix}"
+            parts += [name.encode(), _as_int64(table.column(name)).tobytes()]
+    if "error" in table.column_names:
+        parts += [b"error", np.asarray(table.column("error").is_null().to_numpy(zero_copy_only=False)).tobytes()]
+    return bytes_fingerprint(*parts)
+
+
+def _as_int64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return np.asarray(column.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class LengthsTable:
+    """A validated lengths table plus its provenance metadata.
+
+    Attributes:
+        table: the Arrow table (columns as in the module docstring).
+        metadata: the decoded ``balancer`` metadata (may be empty for imported JSON).
+        fingerprint: :func:`lengths_fingerprint` of ``table``.
+    """
+
+    table: pa.Table
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    fingerprint: str = ""
+
+    @property
+    def num_samples(self) -> int:
+        return self.table.num_rows
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """Encoder modules (``vision``, ``audio``, ...); the LLM is implicit."""
+        return encoder_modules(self.table.column_names)
+
+    def llm_tokens(self) -> np.ndarray:
+        """LLM tokens per sample, int64 (0 where the sample has an error)."""
+        return _as_int64(self.table.column("llm_tokens"))
+
+    def tokens(self, module: str) -> np.ndarray:
+        """Encoder tokens of ``module`` per sample, int64; ``tokens("llm")`` is ``llm_tokens()``."""
+        return self.llm_tokens() if module == LLM else _as_int64(self.table.column(f"{module}_tokens"))
+
+    def items(self, module: str) -> np.ndarray:
+        """Encoder items (images/tiles/clips) of ``module`` per sample, int64."""
+        return _as_int64(self.table.column(f"{module}_items"))
+
+    def sources(self) -> np.ndarray:
+        """Source name per sample (object array of str)."""
+        return np.asarray(self.table.column("source").cast(pa.string()).to_numpy(zero_copy_only=False))
+
+    def errors(self) -> np.ndarray:
+        """Error text per sample (object array; ``None`` where the sample was measured)."""
+        return np.asarray(self.table.column("error").to_numpy(zero_copy_only=False), dtype=object)
+
+    def ok_mask(self) -> np.ndarray:
+        """Boolean mask of samples that were measured (no error) and can be packed."""
+        return np.asarray(self.table.column("error").is_null().to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def make_lengths_table(
+    llm_tokens: np.ndarray,
+    modules: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+    *,
+    source: Sequence[str] | np.ndarray | str = "data",
+    error: Sequence[str | None] | None = None,
+    seqlens: Mapping[str, Sequence[Sequence[int]]] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> LengthsTable:
+    """Build and validate a lengths table from arrays.
+
+    Args:
+        llm_tokens: (N,) LLM tokens per sample.
+        modules: ``{module: (tokens_N, items_N)}`` for each encoder.
+        source: one source name for all samples, or (N,) names.
+        error: (N,) error text or None per sample.
+        seqlens: ``{module: per-sample list of per-item token counts}``.
+        metadata: provenance stored under the ``balancer`` key.
+
+    Returns:
+        The validated :class:`LengthsTable`.
+    """
+    n = len(llm_tokens)
+    columns: dict[str, pa.Array] = {
+        "sample": pa.array(np.arange(n, dtype=np.int64)),
+        "source": pa.array([source] * n if isinstance(source, str) else list(source), pa.string()).dictionary_encode(),
+        "llm_tokens": pa.array(np.asarray(llm_tokens, dtype=np.int32)),
+    }
+    for module, (tokens, items) in (modules or {}).items():
+        columns[f"{module}_tokens"] = pa.array(np.asarray(tokens, dtype=np.int32))
+        columns[f"{module}_items"] = pa.array(np.asarray(items, dtype=np.int32))
+        if seqlens and module in seqlens:
+            columns[f"{module}_seqlens"] = pa.array(list(seqlens[module]), pa.list_(pa.int32()))
+    columns["error"] = pa.array([None] * n if error is None else list(error), pa.string())
+    return _finish(pa.table(columns), dict(metadata or {}), origin="<arrays>")
+
+
+def _finish(table: pa.Table, metadata: dict, origin: str) -> LengthsTable:
+    table = _normalize(table, origin)
+    return LengthsTable(table=table, metadata=metadata, fingerprint=lengths_fingerprint(table))
+
+
+def _normalize(table: pa.Table, origin: str) -> pa.Table:
+    """Check the contract and cast columns to their canonical types (raises :class:`InputError`)."""
+    if table.num_rows == 0:
+        raise InputError(f"{origin}: the lengths table is empty", fix="scan a dataset with at least one sample")
+    if "llm_tokens" not in table.column_names:
+        raise InputError(
+            f"{origin}: column 'llm_tokens' is missing (columns: {', '.join(table.column_names)})",
+            fix="write lengths with `balancer scan`, or name the LLM length column 'llm_tokens'",
+        )
+    n = table.num_rows
+    if "error" not in table.column_names:
+        table = table.append_column("error", pa.nulls(n, pa.string()))
+    if "source" not in table.column_names:
+        table = table.append_column("source", pa.array(["data"] * n).dictionary_encode())
+    ok = np.asarray(table.column("error").is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    int_columns = ["llm_tokens"] + [f"{m}_{s}" for m in encoder_modules(table.column_names) for s in ("tokens", "items")]
+    for name in int_columns:
+        column = table.column(name)
+        if not pa.types.is_integer(column.type):
+            raise InputError(f"{origin}: column '{name}' has type {column.type}, expected integers",
+                             fix="store token and item counts as integers")
+        nulls = np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool) & ok
+        if nulls.any():
+            row = int(np.flatnonzero(nulls)[0])
+            raise InputError(f"{origin}: sample {row} has no value in '{name}' but no error either",
+                             fix="fill the value or set the row's 'error' column")
+        values = _as_int64(column)
+        bad = (values < 0) & ok
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise InputError(f"{origin}: sample {row} has negative '{name}' = {values[row]}",
+                             fix="lengths must be >= 0; re-run `balancer scan`")
+        if values.max(initial=0) > np.iinfo(np.int32).max:
+            raise InputError(f"{origin}: '{name}' exceeds int32 ({values.max()})", fix="check the length column")
+        table = table.set_column(table.column_names.index(name), name, pa.array(values.astype(np.int32)))
+    table = table.set_column(table.column_names.index("error"), "error", table.column("error").cast(pa.string()))
+    source = table.column("source")
+    if not pa.types.is_dictionary(source.type):
+        source = source.cast(pa.string()).dictionary_encode()
+    table = table.set_column(table.column_names.index("source"), "source", source)
+    # Sample ids are positions: renumber so concatenations and filtered inputs stay 0..N-1.
+    sample = pa.array(np.arange(n, dtype=np.int64))
+    if "sample" in table.column_names:
+        given = _as_int64(table.column("sample"))
+        if not np.array_equal(given, np.arange(n)):
+            raise InputError(f"{origin}: column 'sample' is not 0..{n - 1} in order",
+                             fix="keep rows in sample order, one per sample")
+        table = table.set_column(table.column_names.index("sample"), "sample", sample)
+    else:
+        table = table.add_column(0, "sample", sample)
+    return table.replace_schema_metadata(None)
+
+
+def read_omnibal_json(path: str | os.PathLike) -> pa.Table:
+    """Read an OmniBal/InternVL token-length JSON file (``[{"vit_num", "token_num"}, ...]``).
+
+    ``vit_num`` becomes ``vision_items``, ``token_num`` becomes ``llm_tokens``; ``vision_tokens``
+    is 256 per tile (InternVL's 448 px tiles after pixel shuffle), the source is the file stem.
+    """
+    path = Path(path)
+    try:
+        records = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: cannot read token-length JSON ({exc})",
+                         fix="pass a lengths Parquet file or an OmniBal token-length JSON list") from None
+    if not isinstance(records, list) or not records:
+        raise InputError(f"{path}: expected a non-empty JSON list of {{'vit_num', 'token_num'}} records",
+                         fix="pass a lengths Parquet file or an OmniBal token-length JSON list")
+    try:
+        items = np.fromiter((r["vit_num"] for r in records), dtype=np.int64, count=len(records))
+        llm = np.fromiter((r["token_num"] for r in records), dtype=np.int64, count=len(records))
+    except (KeyError, TypeError, ValueError):
+        bad = next(i for i, r in enumerate(records)
+                   if not (isinstance(r, dict) and isinstance(r.get("vit_num"), int) and isinstance(r.get("token_num"), int)))
+        raise InputError(f"{path}: record {bad} is not {{'vit_num': int, 'token_num': int}}: {str(records[bad])[:80]}",
+                         fix="fix or remove that record") from None
+    return pa.table({
+        "source": pa.array([path.stem] * len(records)).dictionary_encode(),
+        "llm_tokens": pa.array(llm),
+        "vision_tokens": pa.array(items * 256),
+        "vision_items": pa.array(items),
+    })
+
+
+def _read_one(path: Path) -> tuple[pa.Table, dict]:
+    if not path.is_file():
+        raise InputError(f"{path}: no such file", fix="check the path")
+    with open(path, "rb") as handle:
+        magic = handle.read(4)
+    if magic == _PARQUET_MAGIC:
+        try:
+            pf = pq.ParquetFile(path)
+            table = pf.read()
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"{path}: unreadable Parquet ({exc})", fix="re-run `balancer scan`") from None
+        raw = (pf.schema_arrow.metadata or {}).get(METADATA_KEY)
+        return table, (json.loads(raw) if raw else {})
+    return read_omnibal_json(path), {"imported_from": "omnibal-json"}
+
+
+def read_lengths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> LengthsTable:
+    """Read one or several lengths files (Parquet or OmniBal JSON) as one table, in order.
+
+    Several files concatenate: ``sample`` indexes the concatenation. A module missing from one
+    file counts as 0 tokens and 0 items for its samples (e.g. a text-only source).
+
+    Raises:
+        InputError: unreadable or empty input, missing columns, negative or missing lengths.
+    """
+    path_list = [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(p) for p in paths]
+    if not path_list:
+        raise InputError("no lengths file given", fix="pass a lengths Parquet or OmniBal JSON file")
+    tables, metas = [], []
+    for path in path_list:
+        table, meta = _read_one(path)
+        tables.append(_normalize(table, str(path)))
+        metas.append(meta)
+    if len(tables) == 1:
+        return LengthsTable(tables[0], metas[0], lengths_fingerprint(tables[0]))
+    modules = list(dict.fromkeys(m for t in tables for m in encoder_modules(t.column_names)))
+    aligned = []
+    for table in tables:
+        n = table.num_rows
+        columns = {
+            "source": table.column("source").cast(pa.string()),
+            "llm_tokens": table.column("llm_tokens"),
+        }
+        for module in modules:
+            for suffix in ("tokens", "items"):
+                name = f"{module}_{suffix}"
+                columns[name] = table.column(name) if name in table.column_names else pa.array(np.zeros(n, np.int32))
+        columns["error"] = table.column("error")
+        aligned.append(pa.table(columns))
+    merged = _normalize(pa.concat_tables(aligned).combine_chunks(), " + ".join(map(str, path_list)))
+    return LengthsTable(merged, {"inputs": metas}, lengths_fingerprint(merged))
+
+
+def write_lengths(lengths: LengthsTable, path: str | os.PathLike) -> None:
+    """Write a lengths table to Parquet atomically, with its metadata and fingerprint."""
+    meta = {
+        "schema_version": SCHEMA_VERSION,
+        "tool_version": __version__,
+        **dict(lengths.metadata),
+        "fingerprint": lengths.fingerprint,
+    }
+    table = lengths.table.replace_schema_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")

@@ -1,0 +1,265 @@
+"""The manifest: which sample goes to which (step, rank, micro-batch), as Parquet.
+
+A manifest directory holds:
+
+- ``manifest.parquet``: one row per placed sample, sorted by (``step``, ``rank``, ``micro``,
+  order within the group): ``step`` int32, ``rank`` int32, ``micro`` int32, ``sample`` int64, plus
+  optional extra int32 columns (e.g. ``<m>_rank``: the rank that runs module m's phase for that
+  sample, written by post-balancing). Row groups hold whole steps so a reader seeks to any step.
+  Steps are numbered globally across epochs: epoch e owns the steps
+  ``sum(epoch_num_steps[:e]) .. sum(epoch_num_steps[:e+1]) - 1``.
+- ``dropped.parquet``: ``sample`` int64, ``reason`` string, for every sample not placed.
+- ``report.json``/``report.md``/``report.png``: written by ``balancer pack``/``report``.
+
+The ``balancer`` metadata key of ``manifest.parquet`` is JSON with ``schema_version``,
+``world_size``, ``micro_batches``, ``num_steps``, ``epoch_num_steps``, ``num_samples``, ``seed``,
+``algorithm``, ``params``, ``lengths_fingerprint``, ``summary`` and ``row_group_first_steps``.
+
+Example:
+    >>> import numpy as np, tempfile
+    >>> rows = ManifestRows(step=np.array([0, 0]), rank=np.array([0, 1]), micro=np.array([0, 0]),
+    ...                     sample=np.array([1, 0]))
+    >>> out = tempfile.mkdtemp()
+    >>> _ = write_manifest(out, rows, dropped_sample=np.array([2]), dropped_reason=["oversize"],
+    ...                meta={"world_size": 2, "micro_batches": 1, "num_samples": 3, "seed": 0})
+    >>> m = open_manifest(out)
+    >>> m.num_steps, m.read_steps(0, 1).sample.tolist()
+    (1, [1, 0])
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from balancer_cli import __version__
+from balancer_cli.errors import ManifestError
+from balancer_cli.fsutil import atomic_path
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "MANIFEST_FILE",
+    "DROPPED_FILE",
+    "REPORT_JSON",
+    "REPORT_MD",
+    "REPORT_PNG",
+    "ManifestRows",
+    "ManifestFile",
+    "write_manifest",
+    "open_manifest",
+    "read_dropped",
+]
+
+SCHEMA_VERSION = 1
+METADATA_KEY = b"balancer"
+MANIFEST_FILE = "manifest.parquet"
+DROPPED_FILE = "dropped.parquet"
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+REPORT_PNG = "report.png"
+
+_KEY_COLUMNS = ("step", "rank", "micro", "sample")
+#: Target rows per row group; a row group always ends at a step boundary.
+DEFAULT_ROWS_PER_ROW_GROUP = 1 << 16
+
+
+@dataclass(frozen=True)
+class ManifestRows:
+    """Placement of samples, one entry per placed sample, in manifest order.
+
+    Attributes:
+        step, rank, micro: (P,) int arrays.
+        sample: (P,) int64 sample indices.
+        extra: optional ``{name: (P,) int array}`` columns (e.g. ``vision_rank``).
+    """
+
+    step: np.ndarray
+    rank: np.ndarray
+    micro: np.ndarray
+    sample: np.ndarray
+    extra: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.sample)
+
+    def to_table(self) -> pa.Table:
+        columns = {
+            "step": pa.array(np.asarray(self.step, dtype=np.int32)),
+            "rank": pa.array(np.asarray(self.rank, dtype=np.int32)),
+            "micro": pa.array(np.asarray(self.micro, dtype=np.int32)),
+            "sample": pa.array(np.asarray(self.sample, dtype=np.int64)),
+        }
+        for name in sorted(self.extra):
+            columns[name] = pa.array(np.asarray(self.extra[name], dtype=np.int32))
+        return pa.table(columns)
+
+    @classmethod
+    def from_table(cls, table: pa.Table) -> ManifestRows:
+        get = lambda name: table.column(name).to_numpy()  # noqa: E731
+        extra = {n: get(n) for n in table.column_names if n not in _KEY_COLUMNS}
+        return cls(get("step"), get("rank"), get("micro"), get("sample"), extra)
+
+
+def _check_sorted(rows: ManifestRows) -> None:
+    step = np.asarray(rows.step, dtype=np.int64)
+    key = (step << 42) | (np.asarray(rows.rank, dtype=np.int64) << 21) | np.asarray(rows.micro, dtype=np.int64)
+    if len(key) and (np.diff(key) < 0).any():
+        raise ManifestError("manifest rows are not sorted by (step, rank, micro)",
+                            fix="sort placements before writing (this is a bug in the packer)")
+
+
+def write_manifest(
+    out_dir: str | os.PathLike,
+    rows: ManifestRows,
+    *,
+    dropped_sample: np.ndarray,
+    dropped_reason: Sequence[str],
+    meta: Mapping[str, Any],
+    epoch_num_steps: Sequence[int] | None = None,
+    rows_per_row_group: int = DEFAULT_ROWS_PER_ROW_GROUP,
+) -> Path:
+    """Write ``manifest.parquet`` and ``dropped.parquet`` into ``out_dir``, each atomically.
+
+    Args:
+        out_dir: the manifest directory (created if needed).
+        rows: placements sorted by (step, rank, micro, order within group).
+        dropped_sample: (D,) samples not placed.
+        dropped_reason: (D,) reason per dropped sample.
+        meta: metadata to store (``world_size``, ``micro_batches``, ``num_samples``, ``seed``,
+            ``algorithm``, ``params``, ``lengths_fingerprint``, ``summary``, ...). ``num_steps``,
+            ``epoch_num_steps``, ``schema_version`` and ``row_group_first_steps`` are filled in.
+        epoch_num_steps: steps of each epoch (default: one epoch with all steps).
+        rows_per_row_group: target rows per row group (groups still end at step boundaries).
+
+    Returns:
+        The path of ``manifest.parquet``.
+    """
+    _check_sorted(rows)
+    out = Path(out_dir)
+    step = np.asarray(rows.step, dtype=np.int64)
+    num_steps = int(step.max()) + 1 if len(step) else 0
+    epochs = list(epoch_num_steps) if epoch_num_steps is not None else [num_steps]
+    if sum(epochs) != num_steps:
+        raise ManifestError(f"epoch_num_steps {epochs} does not add up to {num_steps} steps")
+    # Step boundaries: start row of every step, then cut row groups at the first step boundary
+    # at or after each multiple of rows_per_row_group.
+    step_start = np.searchsorted(step, np.arange(num_steps + 1), side="left")
+    cuts = [0]
+    while cuts[-1] < num_steps:
+        target = step_start[cuts[-1]] + rows_per_row_group
+        nxt = int(np.searchsorted(step_start, target, side="left"))
+        cuts.append(min(max(nxt, cuts[-1] + 1), num_steps))
+    full_meta = {
+        **dict(meta),
+        "schema_version": SCHEMA_VERSION,
+        "tool_version": __version__,
+        "num_steps": num_steps,
+        "epoch_num_steps": epochs,
+        "row_group_first_steps": cuts[:-1],
+    }
+    table = rows.to_table().replace_schema_metadata({METADATA_KEY: json.dumps(full_meta, sort_keys=True).encode()})
+    path = out / MANIFEST_FILE
+    with atomic_path(path) as tmp:
+        with pq.ParquetWriter(tmp, table.schema, compression="zstd") as writer:
+            if num_steps == 0:
+                writer.write_table(table)
+            for first, last in zip(cuts[:-1], cuts[1:]):
+                lo, hi = int(step_start[first]), int(step_start[last])
+                writer.write_table(table.slice(lo, hi - lo), row_group_size=max(hi - lo, 1))
+    dropped = pa.table({
+        "sample": pa.array(np.asarray(dropped_sample, dtype=np.int64)),
+        "reason": pa.array(list(dropped_reason), pa.string()),
+    })
+    with atomic_path(out / DROPPED_FILE) as tmp:
+        pq.write_table(dropped, tmp, compression="zstd")
+    return path
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    """An opened manifest: metadata in memory, rows read on demand by step range.
+
+    Attributes:
+        path: the manifest directory.
+        meta: the decoded ``balancer`` metadata.
+    """
+
+    path: Path
+    meta: Mapping[str, Any]
+    _file: pq.ParquetFile = field(repr=False, compare=False)
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.meta["num_steps"])
+
+    @property
+    def world_size(self) -> int:
+        return int(self.meta["world_size"])
+
+    @property
+    def micro_batches(self) -> int:
+        return int(self.meta["micro_batches"])
+
+    @property
+    def epoch_num_steps(self) -> list[int]:
+        return [int(s) for s in self.meta.get("epoch_num_steps", [self.num_steps])]
+
+    def read_steps(self, first: int, last: int) -> ManifestRows:
+        """Rows of steps ``first .. last - 1``, reading only the row groups that hold them."""
+        first, last = max(first, 0), min(last, self.num_steps)
+        if first >= last:
+            return ManifestRows.from_table(self._file.schema_arrow.empty_table())
+        starts = list(self.meta["row_group_first_steps"])
+        lo = int(np.searchsorted(starts, first, side="right")) - 1
+        hi = int(np.searchsorted(starts, last, side="left"))
+        table = self._file.read_row_groups(list(range(lo, hi)))
+        step = table.column("step").to_numpy()
+        a, b = np.searchsorted(step, [first, last], side="left")
+        return ManifestRows.from_table(table.slice(int(a), int(b - a)))
+
+    def read_all(self) -> ManifestRows:
+        """All rows (every epoch)."""
+        return ManifestRows.from_table(self._file.read())
+
+
+def open_manifest(manifest_dir: str | os.PathLike) -> ManifestFile:
+    """Open a manifest directory, checking it exists and has a schema version this code reads.
+
+    Raises:
+        ManifestError: missing directory/file, unreadable Parquet, or unknown schema version.
+    """
+    path = Path(manifest_dir)
+    file = path / MANIFEST_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise ManifestError(f"{path}: no {MANIFEST_FILE} there", fix="run `balancer pack ... -o DIR` first")
+    try:
+        parquet = pq.ParquetFile(file)
+        raw = (parquet.schema_arrow.metadata or {}).get(METADATA_KEY)
+        meta = json.loads(raw) if raw else None
+    except (OSError, pa.ArrowException, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{file}: unreadable manifest ({exc})", fix="re-run `balancer pack`") from None
+    if not meta:
+        raise ManifestError(f"{file}: no 'balancer' metadata; not a manifest written by balancer pack")
+    version = meta.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ManifestError(f"{file}: manifest schema_version {version}, this balancer_cli reads {SCHEMA_VERSION}",
+                            fix="re-run `balancer pack` with this version")
+    return ManifestFile(path=file.parent, meta=meta, _file=parquet)
+
+
+def read_dropped(manifest_dir: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """``(sample (D,) int64, reason (D,) object)`` of a manifest's ``dropped.parquet``."""
+    file = Path(manifest_dir) / DROPPED_FILE
+    if not file.is_file():
+        raise ManifestError(f"{manifest_dir}: no {DROPPED_FILE} there", fix="re-run `balancer pack`")
+    table = pq.read_table(file)
+    return (table.column("sample").to_numpy(),
+            np.asarray(table.column("reason").to_numpy(zero_copy_only=False), dtype=object))

@@ -1,0 +1,112 @@
+"""Contracts of the foundation: lengths table, manifest files, CLI shell, torch isolation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from balancer_cli.cli import main
+from balancer_cli.errors import InputError, ManifestError
+from balancer_cli.lengths import make_lengths_table, read_lengths, write_lengths
+from balancer_cli.manifest import ManifestRows, open_manifest, read_dropped, write_manifest
+
+
+def test_import_and_help_do_not_import_torch():
+    code = ("import sys, balancer_cli, balancer_cli.cli, balancer_cli.lengths, balancer_cli.manifest;"
+            "from click.testing import CliRunner; from balancer_cli.cli import main;"
+            "r = CliRunner().invoke(main, ['--help']); assert r.exit_code == 0, r.output;"
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_help_lists_every_command_and_each_has_help():
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0
+    for name in main.list_commands(None):
+        sub = CliRunner().invoke(main, [name, "--help"])
+        assert sub.exit_code == 0, (name, sub.output)
+        assert "--json" in sub.output, f"{name} lacks --json"
+
+
+def test_lengths_roundtrip_and_fingerprint(tmp_path):
+    lt = make_lengths_table(np.array([300, 40, 7]), {"vision": (np.array([1024, 0, 0]), np.array([1, 0, 0]))},
+                            error=[None, None, "missing image"])
+    write_lengths(lt, tmp_path / "l.parquet")
+    back = read_lengths(tmp_path / "l.parquet")
+    assert back.fingerprint == lt.fingerprint
+    assert back.ok_mask().tolist() == [True, True, False]
+    assert back.metadata["fingerprint"] == lt.fingerprint
+    assert pa.types.is_dictionary(back.table.schema.field("source").type)
+
+
+def test_lengths_concatenation_fills_missing_modules(tmp_path):
+    a = make_lengths_table(np.array([10, 20]), {"vision": (np.array([5, 6]), np.array([1, 1]))}, source="a")
+    b = make_lengths_table(np.array([30]), {"audio": (np.array([9]), np.array([1]))}, source="b")
+    write_lengths(a, tmp_path / "a.parquet")
+    write_lengths(b, tmp_path / "b.parquet")
+    both = read_lengths([tmp_path / "a.parquet", tmp_path / "b.parquet"])
+    assert both.modules == ("vision", "audio")
+    assert both.table.column("sample").to_pylist() == [0, 1, 2]
+    assert both.tokens("audio").tolist() == [0, 0, 9]
+    assert both.sources().tolist() == ["a", "a", "b"]
+
+
+def test_omnibal_json_import(internvl_lengths):
+    lt = read_lengths(internvl_lengths)
+    assert lt.num_samples == 70_706
+    assert lt.modules == ("vision",)
+    raw = json.loads(internvl_lengths[0].read_text())
+    assert lt.items("vision")[: len(raw)].tolist() == [r["vit_num"] for r in raw]
+
+
+@pytest.mark.parametrize("bad, match", [
+    (pa.table({"llm_tokens": pa.array([1, -3])}), "negative 'llm_tokens' = -3"),
+    (pa.table({"llm_tokens": pa.array([], pa.int32())}), "empty"),
+    (pa.table({"tokens": pa.array([1])}), "'llm_tokens' is missing"),
+    (pa.table({"llm_tokens": pa.array([1.5])}), "expected integers"),
+    (pa.table({"llm_tokens": pa.array([1, None])}), "sample 1 has no value"),
+])
+def test_bad_lengths_tables_name_the_problem(tmp_path, bad, match):
+    pq.write_table(bad, tmp_path / "bad.parquet")
+    with pytest.raises(InputError, match=match):
+        read_lengths(tmp_path / "bad.parquet")
+
+
+def test_manifest_row_groups_hold_whole_steps_and_seek(tmp_path):
+    steps, ranks, micros, per_group = 50, 4, 2, 3
+    step, rank, micro = (a.ravel() for a in np.meshgrid(np.arange(steps), np.arange(ranks), np.arange(micros),
+                                                        indexing="ij"))
+    step, rank, micro = (np.repeat(a, per_group) for a in (step, rank, micro))
+    sample = np.random.default_rng(0).permutation(len(step))
+    rows = ManifestRows(step, rank, micro, sample, extra={"vision_rank": rank[::-1].copy()})
+    write_manifest(tmp_path, rows, dropped_sample=np.array([], np.int64), dropped_reason=[],
+                   meta={"world_size": ranks, "micro_batches": micros, "num_samples": len(step), "seed": 1},
+                   epoch_num_steps=[25, 25], rows_per_row_group=100)
+    m = open_manifest(tmp_path)
+    assert (m.num_steps, m.world_size, m.epoch_num_steps) == (50, 4, [25, 25])
+    pf = pq.ParquetFile(tmp_path / "manifest.parquet")
+    assert pf.num_row_groups > 1
+    for i in range(pf.num_row_groups):
+        s = pf.read_row_group(i).column("step").to_numpy()
+        assert s[0] == m.meta["row_group_first_steps"][i]
+    for first in (0, 7, 49):
+        got = m.read_steps(first, first + 1)
+        assert set(got.step.tolist()) == {first}
+        np.testing.assert_array_equal(got.sample, sample[step == first])
+        np.testing.assert_array_equal(got.extra["vision_rank"], rows.extra["vision_rank"][step == first])
+    assert len(read_dropped(tmp_path)[0]) == 0
+
+
+def test_manifest_rejects_unsorted_rows_and_missing_dir(tmp_path):
+    rows = ManifestRows(np.array([1, 0]), np.array([0, 0]), np.array([0, 0]), np.array([0, 1]))
+    with pytest.raises(ManifestError, match="not sorted"):
+        write_manifest(tmp_path, rows, dropped_sample=np.array([]), dropped_reason=[], meta={})
+    with pytest.raises(ManifestError, match="no manifest.parquet"):
+        open_manifest(tmp_path / "nowhere")
