@@ -1,0 +1,248 @@
+"""Vision-token rules against the real transformers image processors (built offline, no torch).
+
+Thousands of sizes go through the processors' pure size helpers (``smart_resize``, tile-grid
+functions, ``get_number_of_image_patches``, the processors' ``_get_num_multimodal_tokens``); a few
+dozen tiny synthetic images per family go through the full ``processor(images=...)``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+from balancer_cli.errors import SampleError, UsageError
+from balancer_cli.scan.vision_rules import (
+    PRESETS,
+    MediaCount,
+    MediaRejected,
+    get_rule,
+    rule_from_processor_config,
+    video_frames,
+)
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def _sizes(seed: int, n: int, max_side: int = 20000) -> list[tuple[int, int]]:
+    """``(width, height)`` pairs: log-uniform sides, extreme aspect ratios, tiny and square ones."""
+    rng = np.random.default_rng(seed)
+    w = np.exp(rng.uniform(0, math.log(max_side), n)).astype(int) + 1
+    h = np.exp(rng.uniform(0, math.log(max_side), n)).astype(int) + 1
+    fixed = [(1, 1), (1, 2), (2, 1), (27, 28), (28, 28), (56, 56), (13, 2600), (2600, 13), (1, 200),
+             (200, 1), (1, 201), (448, 448), (336, 336), (1920, 1080), (1080, 1920), (640, 480),
+             (640, 427), (4000, 3000), (20000, 100), (100, 20000), (50, 10000), (364, 364), (512, 512)]
+    return fixed + list(zip(w.tolist(), h.tolist()))
+
+
+def _check_invariants(c: MediaCount) -> None:
+    assert c.items == len(c.seqlens) >= 1
+    assert c.encoder_tokens == sum(c.seqlens) > 0
+    assert c.llm_tokens > 0
+
+
+@pytest.fixture(scope="module")
+def coco_sizes(shared_data) -> list[tuple[int, int]]:
+    data = json.loads((shared_data / "coco-val2017" / "captions_val2017.json").read_text())
+    return [(im["width"], im["height"]) for im in data["images"]]
+
+
+@pytest.fixture(scope="module")
+def mathvista_sizes(shared_data) -> list[tuple[int, int]]:
+    data = json.loads((shared_data / "mathvista-testmini" / "testmini.json").read_text())
+    return [(r["metadata"]["img_width"], r["metadata"]["img_height"]) for r in data.values()]
+
+
+# --------------------------------------------------------------------------- Qwen2-VL / Qwen2.5-VL
+@pytest.fixture(scope="module")
+def qwen_processor():
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=12845056)
+
+
+@pytest.mark.parametrize("preset", ["qwen2-vl", "qwen2.5-vl"])
+def test_qwen_matches_processor_patch_counts(preset, qwen_processor, coco_sizes, mathvista_sizes):
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    rule = get_rule(preset)
+    checked = 0
+    for w, h in _sizes(1, 3000) + coco_sizes[::5] + mathvista_sizes:
+        try:
+            ref_h, ref_w = smart_resize(h, w, 28, 3136, 12845056)
+        except ValueError:
+            with pytest.raises(MediaRejected, match="aspect ratio"):
+                rule.count_image(w, h)
+            continue
+        c = rule.count_image(w, h)
+        patches = qwen_processor.get_number_of_image_patches(h, w, {})
+        assert rule.resized_size(w, h) == (ref_w, ref_h)
+        assert (c.encoder_tokens, c.llm_tokens, c.items) == (patches, patches // 4, 1), (w, h)
+        _check_invariants(c)
+        checked += 1
+    assert checked > 3000
+
+
+def test_qwen_transformers_default_vs_released_max_pixels(qwen_processor):
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    library_default = Qwen2VLImageProcessorPil()  # max_pixels 28*28*1280 = 1,003,520
+    assert library_default.size["longest_edge"] == 1003520
+    assert get_rule("qwen2-vl").count_image(1080, 1920).llm_tokens == 2691
+    assert qwen_processor.get_number_of_image_patches(1920, 1080, {}) // 4 == 2691
+    assert get_rule("qwen2-vl", max_pixels=1003520).count_image(1080, 1920).llm_tokens == 1222
+    assert library_default.get_number_of_image_patches(1920, 1080, {}) // 4 == 1222
+
+
+def test_qwen_full_processor_on_tiny_images(qwen_processor):
+    rule = get_rule("qwen2-vl")
+    rng = np.random.default_rng(2)
+    shapes = [(1, 1), (3, 500), (500, 3), (27, 29), (60, 90), (200, 1)] + [
+        tuple(int(x) for x in rng.integers(1, 120, 2)) for _ in range(24)]
+    for w, h in shapes:
+        out = qwen_processor(images=[np.zeros((h, w, 3), np.uint8)], return_tensors=None, input_data_format="channels_last")
+        t, gh, gw = (int(x) for x in out["image_grid_thw"][0])
+        c = rule.count_image(w, h)
+        assert (c.encoder_tokens, c.llm_tokens) == (t * gh * gw, t * gh * gw // 4), (w, h)
+        assert len(out["pixel_values"]) == c.encoder_tokens
+
+
+def test_qwen_rejects_extreme_aspect_ratio():
+    with pytest.raises(MediaRejected) as info:
+        get_rule("qwen2-vl").count_image(201, 1)
+    assert isinstance(info.value, SampleError) and info.value.kind == "rejected_by_model"
+    assert "201" in str(info.value)
+    get_rule("qwen2-vl").count_image(200, 1)  # exactly 200 is accepted
+
+
+def test_qwen_video_matches_video_processor():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torchvision", reason="transformers' video processors need torchvision")
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    from transformers.video_utils import VideoMetadata
+
+    proc = Qwen2VLVideoProcessor()
+    rule = get_rule("qwen2-vl")
+    for total, src_fps, w, h in [(60, 30.0, 64, 48), (9, 3.0, 40, 90), (300, 25.0, 30, 30), (41, 1.0, 100, 60)]:
+        meta = VideoMetadata(total_num_frames=total, fps=src_fps, width=w, height=h)
+        video = torch.zeros((total, 3, h, w), dtype=torch.uint8)
+        out = proc(videos=[video], video_metadata=[meta], do_sample_frames=True, fps=2.0,
+                   cap_pixels_per_frame=True, return_tensors="pt")
+        t, gh, gw = (int(x) for x in out["video_grid_thw"][0])
+        c = rule.count_video(total, w, h, fps=src_fps)
+        assert (c.encoder_tokens, c.items, c.llm_tokens) == (t * gh * gw, t, t * gh * gw // 4), (total, w, h)
+        _check_invariants(c)
+
+
+def test_qwen_video_budget_and_sampling():
+    rule = get_rule("qwen2-vl")
+    assert video_frames(755.0) == 768 and video_frames(1.0) == 4 and video_frames(10.3) == 20
+    assert rule.sampled_frames(0, None, 12.5) == 24
+    long_hd = rule.count_video(0, 1920, 1080, duration_s=600.0)   # 768 frames -> per-frame cap
+    short_hd = rule.count_video(0, 1920, 1080, duration_s=10.0)   # 20 frames -> 768*28*28 cap
+    assert long_hd.items == 384 and short_hd.items == 10
+    assert long_hd.llm_tokens <= 128000 < 768 // 2 * short_hd.seqlens[0] // 4
+    assert short_hd.seqlens[0] // 4 <= 768
+    with pytest.raises(MediaRejected):
+        rule.count_video(1, 64, 64, fps=30.0)  # one frame: no temporal pair to sample
+
+
+# --------------------------------------------------------------------------- InternVL
+def _internvl_reference_tiles(width: int, height: int, image_size=448, min_num=1, max_num=12) -> int:
+    """InternVL's own ``dynamic_preprocess`` tile count (OpenGVLab's code, set-ordered ratios)."""
+    aspect_ratio = width / height
+    target_ratios = set((i, j) for n in range(min_num, max_num + 1) for i in range(1, n + 1)
+                        for j in range(1, n + 1) if min_num <= i * j <= max_num)
+    target_ratios = sorted(target_ratios, key=lambda x: x[0] * x[1])
+    best_ratio_diff, best_ratio = float("inf"), (1, 1)
+    area = width * height
+    for ratio in target_ratios:
+        diff = abs(aspect_ratio - ratio[0] / ratio[1])
+        if diff < best_ratio_diff:
+            best_ratio_diff, best_ratio = diff, ratio
+        elif diff == best_ratio_diff and area > 0.5 * image_size * image_size * ratio[0] * ratio[1]:
+            best_ratio = ratio
+    blocks = best_ratio[0] * best_ratio[1]
+    return blocks + 1 if blocks != 1 else 1
+
+
+@pytest.fixture(scope="module")
+def got_processor():
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+
+    return GotOcr2ImageProcessorPil(crop_to_patches=True, min_patches=1, max_patches=12,
+                                    size={"height": 448, "width": 448})
+
+
+def test_internvl_matches_processor_and_reference(got_processor, coco_sizes, mathvista_sizes):
+    rule = get_rule("internvl")
+    for w, h in _sizes(3, 3000) + coco_sizes[::5] + mathvista_sizes:
+        c = rule.count_image(w, h)
+        tiles = got_processor.get_number_of_image_patches(h, w, {})
+        assert c.items == tiles == _internvl_reference_tiles(w, h), (w, h)
+        assert c.llm_tokens == 2 + 256 * tiles and c.encoder_tokens == 1024 * tiles
+        _check_invariants(c)
+
+
+@pytest.mark.parametrize("max_num", [1, 4, 6])
+def test_internvl_max_tiles_override(got_processor, max_num):
+    rule = get_rule("internvl", max_num=max_num)
+    for w, h in _sizes(4, 400):
+        ref = got_processor.get_number_of_image_patches(h, w, {"max_patches": max_num})
+        assert rule.count_image(w, h).items == ref == _internvl_reference_tiles(w, h, max_num=max_num)
+
+
+def test_internvl_full_processor_on_tiny_images(got_processor):
+    rule = get_rule("internvl")
+    rng = np.random.default_rng(5)
+    shapes = [(1, 1), (2, 30), (30, 2), (64, 48), (48, 64)] + [
+        tuple(int(x) for x in rng.integers(1, 64, 2)) for _ in range(15)]
+    for w, h in shapes:
+        out = got_processor(images=[np.zeros((h, w, 3), np.uint8)], return_tensors=None, input_data_format="channels_last")
+        assert out["num_patches"][0] == len(out["pixel_values"]) == rule.count_image(w, h).items
+
+
+def test_coco_facts_of_the_data_readme(coco_sizes):
+    tiles = np.array([get_rule("internvl").count_image(w, h).items for w, h in coco_sizes])
+    assert (tiles == 7).sum() == 2197 and (tiles == 13).sum() == 2303
+    qwen = np.array([get_rule("qwen2-vl").count_image(w, h).llm_tokens for w, h in coco_sizes])
+    assert int(np.median(qwen)) == 345
+
+
+def test_mathvista_range_under_qwen(mathvista_sizes):
+    qwen = [get_rule("qwen2-vl").count_image(w, h).llm_tokens for w, h in mathvista_sizes]
+    assert (min(qwen), max(qwen)) == (6, 16224)
+
+
+def test_internvl_video_is_one_tile_per_frame():
+    c = get_rule("internvl", num_segments=16).count_video(0, 1920, 1080, duration_s=90.0)
+    assert c == MediaCount(16 * 1024, 16, 16 * 258, (1024,) * 16)
+
+
+# --------------------------------------------------------------------------- registry
+def test_get_rule_errors():
+    with pytest.raises(UsageError, match="qwen2-vl"):
+        get_rule("gpt-5-vision")
+    with pytest.raises(UsageError, match="max_tiles"):
+        get_rule("internvl", max_frames=3)
+    with pytest.raises(UsageError, match="int"):
+        get_rule("qwen2-vl", max_pixels="big")
+    assert set(PRESETS) >= {"qwen2-vl", "qwen2.5-vl", "internvl"}
+
+
+def test_rule_from_processor_config(tmp_path):
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(
+        {"size": {"shortest_edge": 3136, "longest_edge": 1003520}, "patch_size": 14, "merge_size": 2,
+         "image_mean": [0.5, 0.5, 0.5]}))
+    (tmp_path / "video_preprocessor_config.json").write_text(json.dumps({"fps": 1.0, "max_pixels": 360 * 420}))
+    rule = rule_from_processor_config("qwen2-vl", tmp_path)
+    assert (rule.max_pixels, rule.fps, rule.video_max_pixels) == (1003520, 1.0, 151200)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"max_dynamic_patch": 6, "force_image_size": 448, "use_thumbnail": True}))
+    assert rule_from_processor_config("internvl", cfg).max_tiles == 6
+    hf = tmp_path / "hf.json"
+    hf.write_text(json.dumps({"crop_to_patches": True, "max_patches": 4, "size": {"height": 448, "width": 448}}))
+    assert rule_from_processor_config("internvl", hf).max_tiles == 4
