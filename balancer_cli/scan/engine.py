@@ -42,7 +42,7 @@ from balancer_cli.scan.text import load_tokenizer
 
 __all__ = ["ScanResult", "scan", "assemble", "scan_metadata", "default_jobs", "ENGINES"]
 
-ENGINES = ("local",)
+ENGINES = ("local", "ray")
 DEFAULT_BLOCK_SIZE = 2048
 
 
@@ -164,17 +164,20 @@ def scan_metadata(config: ScanConfig, specs: Sequence[InputSpec], samples_per_in
 
 def scan(inputs: Sequence[str], config: ScanConfig, jobs: int | None = None, engine: str = "local", *,
          block_size: int = DEFAULT_BLOCK_SIZE, image_root: str | None = None, format: str | None = None,
-         split: str | None = None, progress: Callable[[int], None] | None = None) -> ScanResult:
+         split: str | None = None, progress: Callable[[int], None] | None = None,
+         engine_options: Any = None) -> ScanResult:
     """Scan ``inputs`` into a lengths table (``sample`` indexes their concatenation, in order).
 
     Args:
         inputs: dataset files / folders (formats detected, see :mod:`balancer_cli.scan.readers`).
         config: what to measure and how.
         jobs: worker processes (default: all cores); 1 measures in this process.
-        engine: ``local`` (a process pool).
+        engine: ``local`` (a process pool) or ``ray`` (Ray Data, see
+            :mod:`~balancer_cli.scan.engine_ray`; same output).
         block_size: records per block (the unit of work and of in-flight memory).
         image_root, format, split: see :func:`~balancer_cli.scan.readers.expand_inputs`.
         progress: called with the number of samples of each finished block (e.g. a tqdm update).
+        engine_options: ``ray`` only: a :class:`~balancer_cli.scan.engine_ray.RayOptions`.
 
     Raises:
         UsageError: bad options (unknown model, tokenizer, template, engine).
@@ -202,7 +205,13 @@ def scan(inputs: Sequence[str], config: ScanConfig, jobs: int | None = None, eng
                 offset += block.num_records
 
     first_sample = 0
-    for block, table in _run_local(blocks(), config, jobs):
+    if engine == "ray":
+        from balancer_cli.scan.engine_ray import RayOptions, run_ray  # imports ray only when asked
+
+        measured = run_ray(blocks(), config, engine_options or RayOptions(num_cpus=jobs))
+    else:
+        measured = _run_local(blocks(), config, jobs)
+    for block, table in measured:
         if block.first_sample != first_sample or table.num_rows != block.num_records:
             raise RuntimeError(f"block {block.path}@{block.first_sample} out of order or short")  # engine bug
         first_sample += block.num_records
@@ -210,7 +219,7 @@ def scan(inputs: Sequence[str], config: ScanConfig, jobs: int | None = None, eng
         tables.append(table)
         if progress is not None:
             progress(block.num_records)
-    metadata = scan_metadata(config, specs, [per_spec[id(s)] for s in specs])
+    metadata = scan_metadata(config, specs, per_spec)
     lengths = assemble(tables, metadata)
     return ScanResult(lengths, _summary(lengths, metadata))
 

@@ -1,25 +1,28 @@
 """Ray Data engine for ``balancer scan``: measure blocks on a cluster, resumably.
 
-The local engine and this one share everything except *where* ``measure_block`` runs: the same
-block descriptions (from ``iter_blocks``) go through the same ``measure_block``, and the same
-assembly turns the per-block tables into one lengths table in sample order. Only the measured
-blocks travel differently:
+The local engine and this one differ only in *where* ``measure_block`` runs. Both take the same
+block descriptions (``iter_blocks``), call the same ``measure_block`` and hand the per-block tables,
+in block order, to the same :func:`~balancer_cli.scan.engine.assemble`, so both write the same
+lengths file, byte for byte. Here:
 
-1. The driver lists the blocks and writes ``OUT.parts/manifest.json`` (the run key: inputs,
-   config, block size, tool version).
-2. Blocks without a valid shard become a Ray Dataset (one row per block, one Ray block per scan
-   block) and a ``map_batches`` stage measures each one on a worker and writes its table to
-   ``OUT.parts/block-<index>.parquet`` atomically, tagged with the run key and the block's key.
-   A failing block is retried by Ray (``max_retries``, application errors included); a block that
-   still fails is reported by index, file and record range, while every other block finishes.
-3. The driver reads the shards in block order and hands them to the shared assembly.
+1. The driver lists the blocks and claims ``OUT.parts/`` for this run (``manifest.json`` holds the
+   run key: config, tool version, the inputs' sizes and modification times, the number of blocks).
+2. Blocks without a valid shard become a Ray Dataset (one row and one Ray block per scan block); a
+   ``map_batches`` stage measures each on a worker and writes ``OUT.parts/block-<index>.parquet``
+   atomically, tagged with the run key and the block's own key (file, byte/row range, first sample).
+   Only a small summary row per block travels back through the object store.
+3. The driver yields the tables in block order as soon as the next one is done (reading shards),
+   so the caller's progress bar advances while the cluster works.
 
-An interrupted run (Ctrl-C, a lost node, a failing block) keeps its finished shards: rerunning the
-same command skips every block whose shard exists and carries the same run key and block key.
-A changed input file, config or block size changes the run key and starts from scratch.
+Failures: a block whose measurement raises is retried ``block_retries`` times by Ray Data (a lost
+worker is resubmitted by Ray Core); a block that still fails is reported by index, file, line and
+reason after every other block has finished. With ``--strict``, the first bad sample in sample order
+is raised as in the local engine (it is not retried: it is a property of the data). An interrupted
+run keeps its finished shards: rerunning the same command skips every block whose shard carries the
+same run key and block key; any change to the inputs or options starts afresh.
 
 Workers write the shards themselves, so on a multi-node cluster ``OUT`` must be on storage every
-node can write (the same shared storage the inputs are read from).
+node can write (like the inputs, which every node reads).
 
 Example:
     >>> from balancer_cli.scan.engine_ray import parts_dir_for
@@ -29,15 +32,16 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import pickle
 import shutil
 import sys
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,55 +49,38 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from balancer_cli import __version__
-from balancer_cli.errors import InputError, UsageError
+from balancer_cli.errors import InputError, SampleError, UsageError
 from balancer_cli.fsutil import atomic_path, bytes_fingerprint
 
-__all__ = [
-    "RayOptions",
-    "RayScanStats",
-    "parts_dir_for",
-    "run_key",
-    "block_key",
-    "measure_blocks_ray",
-    "import_ray",
-]
+__all__ = ["RayOptions", "parts_dir_for", "run_key", "block_key", "import_ray", "run_ray", "remove_parts"]
 
 #: Schema metadata key of a shard: JSON with the run key, block key and block index.
 SHARD_KEY = b"balancer_shard"
 _MANIFEST = "manifest.json"
-_SHARD_GLOB = "block-*.parquet"
 _INSTALL_FIX = "install the extra: pip install 'balancer_cli[ray]'"
 
 
 @dataclass(frozen=True)
 class RayOptions:
-    """How to reach (or start) the Ray cluster and how hard to retry.
+    """Where the Ray scan keeps its shards, which cluster it uses, how hard it retries.
 
     Attributes:
-        address: an existing cluster (``ray://host:10001``, ``host:6379`` or ``auto``); ``None``
+        parts_dir: work directory for shards (``parts_dir_for(out)``); ``None`` uses a temporary
+            one (no resume across runs).
+        address: an existing cluster (``auto``, ``host:6379``, ``ray://host:10001``); ``None``
             starts a local cluster for this run and stops it afterwards.
-        num_cpus: CPUs of the local cluster (ignored with ``address``); ``None`` uses all.
-        object_store_bytes: object store size of the local cluster; ``None`` lets Ray choose.
-        block_retries: how many times Ray retries a block whose measurement raised or whose
-            worker died, before the block is reported as failed.
-        keep_parts: keep ``OUT.parts/`` after a successful run (it is removed by default).
+        num_cpus: CPUs of the local cluster (ignored with ``address``); ``None`` uses all cores.
+        object_store_bytes: object store of the local cluster; ``None`` lets Ray choose.
+        block_retries: retries of a block whose measurement raised, before it counts as failed.
+        keep_parts: keep ``parts_dir`` after the output is written (see :func:`remove_parts`).
     """
 
+    parts_dir: str | None = None
     address: str | None = None
     num_cpus: int | None = None
     object_store_bytes: int | None = None
     block_retries: int = 3
     keep_parts: bool = False
-
-
-@dataclass(frozen=True)
-class RayScanStats:
-    """What a Ray scan did: blocks in total, reused from an earlier run, measured now."""
-
-    blocks: int
-    reused: int
-    measured: int
-    seconds: float
 
 
 def parts_dir_for(out_path: str | os.PathLike) -> Path:
@@ -102,19 +89,30 @@ def parts_dir_for(out_path: str | os.PathLike) -> Path:
     return out.with_name(out.name + ".parts")
 
 
-def run_key(inputs_meta: Any, config_meta: Any, block_size: int) -> str:
-    """Fingerprint of everything that decides the shards' contents (JSON-able arguments).
+def run_key(config: Any, blocks: Sequence[Any]) -> str:
+    """Fingerprint of everything that decides the shards' contents.
 
-    ``inputs_meta`` should carry each input's size and content fingerprint, ``config_meta`` the
-    scan config, so that editing either invalidates the shards of an interrupted run.
+    The config, the tool version, the number of blocks and each input's size and modification
+    time (cheap to read on shared storage; the content fingerprint is computed once, for the
+    final metadata). Each block's own range is in :func:`block_key`.
     """
-    payload = json.dumps({"inputs": inputs_meta, "config": config_meta, "block_size": block_size,
-                          "tool_version": __version__}, sort_keys=True, default=repr)
+    inputs = {}
+    for block in blocks:
+        path = str(getattr(block, "path", ""))
+        if path not in inputs:
+            try:
+                st = os.stat(path)
+                inputs[path] = [st.st_size, st.st_mtime_ns]
+            except OSError:
+                inputs[path] = None
+    config_meta = asdict(config) if is_dataclass(config) else repr(config)
+    payload = json.dumps({"config": config_meta, "tool_version": __version__, "num_blocks": len(blocks),
+                          "inputs": inputs}, sort_keys=True, default=repr)
     return bytes_fingerprint(payload.encode())
 
 
 def block_key(block: Any) -> str:
-    """Fingerprint of one block description (its ``repr``: file, format, record range, first sample)."""
+    """Fingerprint of one block description (its ``repr``: file, format, range, first sample)."""
     return bytes_fingerprint(repr(block).encode())
 
 
@@ -122,18 +120,14 @@ def import_ray():
     """Import ``ray`` and ``ray.data`` or raise a :class:`UsageError` that says how to install them."""
     try:
         import ray
-        import ray.data  # noqa: F401  (the submodule must be importable too)
+        import ray.data  # noqa: F401  (the Data library is a separate extra of ray)
     except ImportError as exc:
         raise UsageError(f"--engine ray needs Ray Data, which is not installed ({exc})", fix=_INSTALL_FIX) from None
     return ray
 
 
-def _shard_path(parts_dir: Path, index: int) -> Path:
-    return parts_dir / f"block-{index:08d}.parquet"
-
-
-def _error_path(parts_dir: Path, index: int) -> Path:
-    return parts_dir / f"block-{index:08d}.error"
+def _path(parts_dir: Path, index: int, suffix: str) -> Path:
+    return parts_dir / f"block-{index:08d}.{suffix}"
 
 
 def _shard_tag(path: Path) -> dict | None:
@@ -146,213 +140,207 @@ def _shard_tag(path: Path) -> dict | None:
 
 
 def _prepare_parts(parts_dir: Path, key: str, keys: Sequence[str]) -> list[bool]:
-    """Make ``parts_dir`` belong to run ``key``; return, per block, whether its shard is reusable."""
+    """Claim ``parts_dir`` for run ``key``; return, per block, whether its shard can be reused."""
+    parts_dir.mkdir(parents=True, exist_ok=True)
     manifest = parts_dir / _MANIFEST
-    previous = None
-    if manifest.is_file():
-        try:
-            previous = json.loads(manifest.read_text()).get("run_key")
-        except (OSError, ValueError):
-            previous = None
+    try:
+        previous = json.loads(manifest.read_text()).get("run_key")
+    except (OSError, ValueError, AttributeError):
+        previous = None
     if previous != key:
-        # Another run's shards (other inputs, config or block size): never mix them in.
-        for stale in [*parts_dir.glob(_SHARD_GLOB), *parts_dir.glob("block-*.error")]:
+        # Another run's shards (other inputs, options or tool version): never mix them in.
+        for stale in parts_dir.glob("block-*"):
             stale.unlink()
         with atomic_path(manifest) as tmp:
             tmp.write_text(json.dumps({"run_key": key, "num_blocks": len(keys), "tool_version": __version__},
                                       sort_keys=True))
         return [False] * len(keys)
-    done = []
+    reusable = []
     for index, bkey in enumerate(keys):
-        tag = _shard_tag(_shard_path(parts_dir, index))
-        done.append(tag is not None and tag.get("run_key") == key and tag.get("block_key") == bkey)
-    return done
+        tag = _shard_tag(_path(parts_dir, index, "parquet"))
+        reusable.append(tag is not None and tag.get("run_key") == key and tag.get("block_key") == bkey)
+    return reusable
 
 
 class _MeasureAndWrite:
-    """The ``map_batches`` UDF: measure each block of the batch and write its shard.
+    """The ``map_batches`` function: measure each block of the batch and write its shard.
 
-    Returns one summary row per block (index, rows, errored samples, seconds); the measured
-    table itself goes to the shard, so the object store never holds the lengths.
+    Returns one summary row per block (its index); the measured table goes to the shard, so the
+    object store never holds lengths. A bad sample under ``strict`` is written down (not raised:
+    retrying cannot fix data); any other exception is written down and re-raised for Ray to retry.
     """
 
     def __init__(self, measure: Callable, config: Any, parts_dir: str, key: str) -> None:
         self.measure, self.config, self.parts_dir, self.key = measure, config, Path(parts_dir), key
 
     def __call__(self, batch: Mapping[str, Any]) -> dict[str, list]:
-        out: dict[str, list] = {"block_index": [], "num_rows": [], "num_errors": [], "seconds": []}
+        indices = []
         for index, payload in zip(batch["block_index"], batch["block"]):
             index = int(index)
-            start = time.perf_counter()
             block = None
             try:
                 block = pickle.loads(payload)
                 table = self.measure(block, self.config)
+            except SampleError as exc:
+                _write_text(_path(self.parts_dir, index, "sample_error"), json.dumps(
+                    {"message": exc.message, "kind": exc.kind, "file": exc.file, "line": exc.line, "fix": exc.fix}))
+                indices.append(index)
+                continue
             except Exception as exc:
-                # Leave the reason where the driver finds it if the retries run out too, then
-                # let Ray retry the block.
                 reason = f"{type(exc).__name__}: {exc}"
-                with atomic_path(_error_path(self.parts_dir, index)) as tmp:
-                    tmp.write_text(reason)
-                raise RuntimeError(f"block {index} ({_describe(block) if block else '?'}): {reason}") from exc
+                _write_text(_path(self.parts_dir, index, "error"), reason)
+                raise RuntimeError(f"block {index} ({_describe(block)}): {reason}") from exc
             tag = {"run_key": self.key, "block_key": block_key(block), "block_index": index}
             table = table.replace_schema_metadata({SHARD_KEY: json.dumps(tag, sort_keys=True).encode()})
-            with atomic_path(_shard_path(self.parts_dir, index)) as tmp:
-                pq.write_table(table, tmp, compression="zstd")
-            _error_path(self.parts_dir, index).unlink(missing_ok=True)
-            out["block_index"].append(index)
-            out["num_rows"].append(table.num_rows)
-            out["num_errors"].append(_count_errors(table))
-            out["seconds"].append(time.perf_counter() - start)
-        return out
+            with atomic_path(_path(self.parts_dir, index, "parquet")) as tmp:
+                # Non-compliant nested names keep `list<item>`, so the table reads back identical.
+                pq.write_table(table, tmp, compression="zstd", use_compliant_nested_type=False)
+            for stale in ("error", "sample_error"):
+                _path(self.parts_dir, index, stale).unlink(missing_ok=True)
+            indices.append(index)
+        return {"block_index": indices}
 
 
-def _count_errors(table: pa.Table) -> int:
-    if "error" not in table.column_names:
-        return 0
-    return table.num_rows - table.column("error").null_count
+def _write_text(path: Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
 
 
 def _describe(block: Any) -> str:
-    """A short human description of a block: its file and where its records start."""
-    path = getattr(block, "path", None)
-    if path is None:
+    """A short description of a block for error messages: file, first line/row, record count."""
+    if block is None or getattr(block, "path", None) is None:
         return repr(block)[:120]
-    parts = [str(path)]
-    first_line, count = getattr(block, "first_line", None), getattr(block, "num_records", None)
-    if first_line is not None:
-        parts.append(f"line/row {first_line}")
-    if count is not None:
-        parts.append(f"{count} records")
+    parts = [str(block.path)]
+    if getattr(block, "first_line", None) is not None:
+        parts.append(f"from line/row {block.first_line}")
+    if getattr(block, "num_records", None) is not None:
+        parts.append(f"{block.num_records} records")
     return ", ".join(parts)
 
 
-def _init_ray(ray, options: RayOptions) -> bool:
-    """Connect to ``options.address`` or start a local cluster; True if this call started Ray."""
-    if ray.is_initialized():
-        return False
-    if options.address:
-        try:
-            ray.init(address=options.address, log_to_driver=False, configure_logging=False)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise InputError(f"cannot connect to the Ray cluster at {options.address!r} ({exc})",
-                             fix="start it with `ray start --head` or pass the right --ray-address") from None
-        return True
-    # A local cluster: workers must import this very copy of balancer_cli, installed or not.
-    package_parent = str(Path(__file__).resolve().parents[2])
-    pythonpath = os.pathsep.join([package_parent, *[p for p in sys.path if p]])
-    ray.init(num_cpus=options.num_cpus, object_store_memory=options.object_store_bytes,
-             include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
-    return True
-
-
-def measure_blocks_ray(
-    blocks: Iterable[Any],
-    config: Any,
-    parts_dir: str | os.PathLike,
-    key: str,
-    *,
-    measure: Callable[[Any, Any], pa.Table],
-    options: RayOptions = RayOptions(),
-    progress: bool = False,
-) -> tuple[list[pa.Table], RayScanStats]:
-    """Measure every block on Ray and return the per-block tables in block order.
-
-    Args:
-        blocks: the block descriptions, in sample order (``iter_blocks``'s output).
-        config: the scan config, passed to ``measure`` unchanged (must pickle).
-        parts_dir: the work directory for shards (see :func:`parts_dir_for`).
-        key: the run key (see :func:`run_key`); shards of another key are discarded.
-        measure: ``measure(block, config) -> pa.Table``, the local engine's function.
-        options: cluster and retry options.
-        progress: show a tqdm bar of blocks on stderr.
-
-    Returns:
-        ``(tables, stats)``: one table per block, as ``measure`` returned it, and what was done.
-
-    Raises:
-        UsageError: Ray is not installed.
-        InputError: blocks that still failed after the retries (their shards are missing; the
-            others are kept, so rerunning resumes).
-    """
-    start = time.perf_counter()
-    blocks = list(blocks)
-    parts_dir = Path(parts_dir)
-    parts_dir.mkdir(parents=True, exist_ok=True)
-    keys = [block_key(block) for block in blocks]
-    done = _prepare_parts(parts_dir, key, keys)
-    todo = [index for index, ok in enumerate(done) if not ok]
-    if todo:
-        _run_pipeline(blocks, todo, config, parts_dir, key, measure, options, progress)
-    tables = [_read_shard(_shard_path(parts_dir, index)) for index in range(len(blocks))]
-    stats = RayScanStats(blocks=len(blocks), reused=len(blocks) - len(todo), measured=len(todo),
-                         seconds=time.perf_counter() - start)
-    return tables, stats
-
-
-def finish_parts(parts_dir: str | os.PathLike, options: RayOptions) -> None:
-    """Remove the work directory after the lengths table was written (unless ``keep_parts``)."""
-    if not options.keep_parts:
-        shutil.rmtree(parts_dir, ignore_errors=True)
-
-
-def _read_shard(path: Path) -> pa.Table:
-    # One chunk per block and no shard tag: exactly what the local engine's measure returned.
-    return pq.read_table(path).combine_chunks().replace_schema_metadata(None)
-
-
-def _run_pipeline(blocks, todo, config, parts_dir, key, measure, options, progress) -> None:
+@contextlib.contextmanager
+def _ray_session(options: RayOptions) -> Iterator[Any]:
+    """Connect to ``options.address`` or start a local cluster (stopped on exit); reuse a live one."""
     ray = import_ray()
-    started = _init_ray(ray, options)
+    started = False
+    if not ray.is_initialized():
+        if options.address:
+            try:
+                ray.init(address=options.address, log_to_driver=False, configure_logging=False)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise InputError(f"cannot connect to the Ray cluster at {options.address!r} ({exc})",
+                                 fix="start it with `ray start --head`, or pass its address to --ray-address") from None
+        else:
+            # Local workers must import this very copy of balancer_cli, installed or not.
+            pythonpath = os.pathsep.join(dict.fromkeys([str(Path(__file__).resolve().parents[2]),
+                                                        *filter(None, sys.path)]))
+            ray.init(num_cpus=options.num_cpus, object_store_memory=options.object_store_bytes,
+                     include_dashboard=False, log_to_driver=False, configure_logging=False,
+                     runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+        started = True
     data_logger = logging.getLogger("ray.data")
     level = data_logger.level
     data_logger.setLevel(logging.ERROR)  # per-run INFO lines would drown the progress bar
     try:
-        import ray.data
-
-        context = ray.data.DataContext.get_current()
-        context.enable_progress_bars = False
-        # Let every other block finish when one keeps failing: its shard is simply missing.
-        context.max_errored_blocks = -1
-        retry_args: dict[str, Any] = {}
-        if hasattr(context, "max_map_retries"):
-            # Ray >= 2.5x: retry the UDF in place. Lost workers are retried by Ray Core anyway.
-            context.retried_map_errors, context.max_map_retries = True, options.block_retries
-        else:
-            retry_args = {"max_retries": options.block_retries, "retry_exceptions": True}
-        # cloudpickle, so blocks and measure functions defined in scripts travel too.
-        items = [{"block_index": index, "block": ray.cloudpickle.dumps(blocks[index])} for index in todo]
-        dataset = ray.data.from_items(items, override_num_blocks=len(items))
-        measured = dataset.map_batches(
-            _MeasureAndWrite(measure, config, str(parts_dir), key), batch_size=1, **retry_args)
-        _drain(measured, len(todo), progress)
+        yield ray
     finally:
         data_logger.setLevel(level)
         if started:
             ray.shutdown()
-    missing = [index for index in todo if not _shard_path(parts_dir, index).is_file()]
-    if missing:
-        shown = "; ".join(f"block {i} ({_describe(blocks[i])}): {_last_error(parts_dir, i)}" for i in missing[:5])
-        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+
+
+def _stream(ray, blocks, todo, config, parts_dir, key, measure, options) -> Iterator[list[int]]:
+    """Run the Ray Data pipeline over the blocks ``todo``; yield finished block indices as they come."""
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    # Let every other block finish when one keeps failing: its shard is simply missing.
+    context.max_errored_blocks = -1
+    retry_args: dict[str, Any] = {}
+    if hasattr(context, "max_map_retries"):  # Ray >= 2.5x retries the function in place
+        context.retried_map_errors, context.max_map_retries = True, options.block_retries
+    else:
+        retry_args = {"max_retries": options.block_retries, "retry_exceptions": True}
+    # cloudpickle: block classes and measure functions defined in scripts travel too.
+    items = [{"block_index": i, "block": ray.cloudpickle.dumps(blocks[i])} for i in todo]
+    dataset = ray.data.from_items(items, override_num_blocks=len(items))
+    measured = dataset.map_batches(_MeasureAndWrite(measure, config, str(parts_dir), key),
+                                   batch_size=1, **retry_args)
+    for batch in measured.iter_batches(batch_size=None, batch_format="pyarrow"):
+        yield batch.column("block_index").to_pylist()
+
+
+def _read_shard(path: Path) -> pa.Table:
+    # Without the shard tag: exactly the table ``measure`` returned on the worker.
+    return pq.read_table(path).replace_schema_metadata(None)
+
+
+def run_ray(blocks: Iterable[Any], config: Any, options: RayOptions | None = None, *,
+            measure: Callable[[Any, Any], pa.Table] | None = None) -> Iterator[tuple[Any, pa.Table]]:
+    """Measure ``blocks`` on Ray; yield ``(block, table)`` in block order, like the local engine.
+
+    Args:
+        blocks: block descriptions in sample order (``iter_blocks``).
+        config: the scan config, passed to ``measure`` (must pickle).
+        options: shards directory, cluster and retries.
+        measure: ``measure(block, config) -> pa.Table``; default ``measure_block``.
+
+    Raises:
+        UsageError: Ray is not installed.
+        SampleError: with ``config.strict``, the first bad sample in sample order.
+        InputError: blocks that failed after their retries (finished shards are kept: rerun to
+            resume), or an unreachable cluster.
+    """
+    if measure is None:
+        from balancer_cli.scan.measure import measure_block as measure
+    options = options or RayOptions()
+    blocks = list(blocks)
+    temporary = options.parts_dir is None
+    parts_dir = Path(tempfile.mkdtemp(prefix="balancer-scan-")) if temporary else Path(options.parts_dir)
+    key = run_key(config, blocks)
+    reusable = _prepare_parts(parts_dir, key, [block_key(b) for b in blocks])
+    finished = {i for i, ok in enumerate(reusable) if ok}
+    todo = [i for i, ok in enumerate(reusable) if not ok]
+    position = 0
+
+    def ready() -> Iterator[tuple[Any, pa.Table]]:
+        nonlocal position
+        while position < len(blocks) and position in finished:
+            strict_error = _path(parts_dir, position, "sample_error")
+            if strict_error.is_file():
+                fields = json.loads(strict_error.read_text())
+                raise SampleError(fields.pop("message"), **fields)
+            yield blocks[position], _read_shard(_path(parts_dir, position, "parquet"))
+            position += 1
+
+    yield from ready()
+    if todo:
+        with _ray_session(options) as ray:
+            for indices in _stream(ray, blocks, todo, config, parts_dir, key, measure, options):
+                finished.update(indices)
+                yield from ready()
+    if position < len(blocks):
+        missing = [i for i in range(len(blocks)) if i not in finished]
+        shown = "; ".join(f"block {i} ({_describe(blocks[i])}): {_last_error(parts_dir, i)}" for i in missing[:3])
+        more = f"; and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise InputError(
             f"{len(missing)} of {len(blocks)} blocks failed after {options.block_retries} retries: {shown}{more}",
-            fix=f"fix the cause; the {len(blocks) - len(missing)} finished shards are kept in "
-                f"{parts_dir}, so rerunning the same command measures only the failed blocks",
-        )
+            fix=("fix the cause and rerun" if temporary else
+                 f"fix the cause and rerun the same command: the {len(blocks) - len(missing)} finished "
+                 f"blocks are kept in {parts_dir} and are not measured again"))
+    if temporary:
+        shutil.rmtree(parts_dir, ignore_errors=True)
+
+
+def remove_parts(options: RayOptions) -> None:
+    """Delete the shards once the lengths table is safely written (unless ``keep_parts``)."""
+    if options.parts_dir is not None and not options.keep_parts:
+        shutil.rmtree(options.parts_dir, ignore_errors=True)
 
 
 def _last_error(parts_dir: Path, index: int) -> str:
     try:
-        return _error_path(parts_dir, index).read_text()
+        return _path(parts_dir, index, "error").read_text()
     except OSError:
         return "its worker was lost"
-
-
-def _drain(dataset, total: int, progress: bool) -> None:
-    """Run the pipeline, advancing a progress bar as block summaries stream back."""
-    from tqdm import tqdm
-
-    with tqdm(total=total, unit="block", desc="scan (ray)", disable=not progress, file=sys.stderr) as bar:
-        for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
-            bar.update(batch.num_rows)
