@@ -210,7 +210,7 @@ def scan(inputs: Sequence[str], config: ScanConfig, jobs: int | None = None, eng
         tables.append(table)
         if progress is not None:
             progress(block.num_records)
-    metadata = scan_metadata(config, specs, [per_spec[id(s)] for s in specs])
+    metadata = scan_metadata(config, specs, per_spec)
     lengths = assemble(tables, metadata)
     return ScanResult(lengths, _summary(lengths, metadata))
 
