@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -78,7 +79,9 @@ def _unwrap(result: pa.Table | tuple) -> pa.Table:
 
 
 def _run_local(blocks: Iterator[RecordBlock], config: ScanConfig, jobs: int) -> Iterator[tuple[RecordBlock, pa.Table]]:
-    if jobs <= 1:
+    head = list(itertools.islice(blocks, 2))
+    blocks = itertools.chain(head, blocks)
+    if jobs <= 1 or len(head) < 2:  # one block: starting workers would cost more than it saves
         for block in blocks:
             yield block, _unwrap(_measure_job(block, config))
         return

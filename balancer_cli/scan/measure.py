@@ -31,7 +31,7 @@ Example:
     ...     "conversations": [{"from": "human", "value": "<image>\\nHi"}, {"from": "gpt", "value": "Hello"}]}))
     >>> block = RecordBlock(str(p), "jsonl", "d", 0, 1, 0, p.stat().st_size, image_root=str(p.parent))
     >>> measure_block(block, ScanConfig()).select(["llm_tokens", "vision_tokens", "vision_items"]).to_pylist()
-    [{'llm_tokens': 286, 'vision_tokens': 1024, 'vision_items': 1}]
+    [{'llm_tokens': 282, 'vision_tokens': 1024, 'vision_items': 1}]
 """
 
 from __future__ import annotations

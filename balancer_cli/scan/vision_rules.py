@@ -23,7 +23,8 @@ from typing import Any, Callable
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.scan.vision_base import MediaCount, MediaRejected, VisionRule
 from balancer_cli.scan.vision_qwen import QwenVLRule, qwen_sampled_frames
-from balancer_cli.scan.vision_tiles import InternVLRule
+from balancer_cli.scan.vision_llava import LlavaNextRule, LlavaOnevisionRule, LlavaRule
+from balancer_cli.scan.vision_tiles import Idefics3Rule, InternVLRule
 
 __all__ = [
     "MediaCount",
@@ -33,6 +34,7 @@ __all__ = [
     "get_rule",
     "rule_from_processor_config",
     "video_frames",
+    "count_images",
 ]
 
 #: preset name -> factory of the released configuration.
@@ -40,6 +42,13 @@ PRESETS: dict[str, Callable[..., Any]] = {
     "qwen2-vl": lambda **kw: QwenVLRule(name="qwen2-vl", **kw),
     "qwen2.5-vl": lambda **kw: QwenVLRule(name="qwen2.5-vl", **kw),
     "internvl": lambda **kw: InternVLRule(name="internvl", **kw),
+    "llava-1.5": lambda **kw: LlavaRule(name="llava-1.5", **kw),
+    "llava-next": lambda **kw: LlavaNextRule(name="llava-next", **kw),
+    "llava-onevision": lambda **kw: LlavaOnevisionRule(name="llava-onevision", **kw),
+    "idefics3": lambda **kw: Idefics3Rule(name="idefics3", **kw),
+    "smolvlm": lambda **kw: Idefics3Rule(**{
+        "name": "smolvlm", "image_size": 512, "longest_edge": 2048, "patch_size": 16,
+        "scale_factor": 4, "video": True, **kw}),
 }
 
 # Parameter names used by the various processors / training configs -> our field names.
@@ -47,7 +56,8 @@ _ALIASES = {
     "max_num": "max_tiles", "max_dynamic_patch": "max_tiles", "max_patches": "max_tiles",
     "min_num": "min_tiles", "min_dynamic_patch": "min_tiles", "min_patches": "min_tiles",
     "force_image_size": "image_size", "num_segments": "video_frames", "num_frames": "video_frames",
-    "temporal_patch": "temporal_patch_size",
+    "temporal_patch": "temporal_patch_size", "image_grid_pinpoints": "pinpoints",
+    "max_image_size": "image_size", "tile_size": "image_size",
 }
 
 
@@ -84,12 +94,42 @@ def get_rule(name: str, **overrides: Any) -> VisionRule:
             raise UsageError(f"vision preset {key!r} has no parameter {raw!r}",
                              fix=f"use one of: {', '.join(known)}")
         expected = type(getattr(default, field))
+        if field == "pinpoints":
+            value = _pinpoints(value)
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
             raise UsageError(f"vision preset {key!r}: {raw}={value!r} must be of type {expected.__name__}")
         kwargs[field] = value
     return dataclasses.replace(default, **kwargs)
+
+
+def _pinpoints(value: Any) -> tuple[tuple[int, int], ...]:
+    try:
+        pairs = tuple((int(h), int(w)) for h, w in value)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"image_grid_pinpoints={value!r} must be a list of [height, width] pairs") from exc
+    if not pairs or min(min(p) for p in pairs) < 1:
+        raise UsageError(f"image_grid_pinpoints={value!r} must hold positive [height, width] pairs")
+    return pairs
+
+
+def count_images(rule: VisionRule, sizes: list[tuple[int, int]]) -> list[MediaCount]:
+    """Counts of all ``(width, height)`` images of ONE sample, in order.
+
+    Use this rather than calling ``count_image`` per image: LLaVA-OneVision processes a sample
+    with several images differently (each image one 384 px crop, no anyres).
+
+    Example:
+        >>> rule = get_rule("llava-onevision")
+        >>> [c.llm_tokens for c in count_images(rule, [(640, 480)])]
+        [2929]
+        >>> [c.llm_tokens for c in count_images(rule, [(640, 480), (640, 480)])]
+        [730, 730]
+    """
+    if len(sizes) > 1 and isinstance(rule, LlavaOnevisionRule) and not rule.multi_image:
+        rule = dataclasses.replace(rule, multi_image=True)
+    return [rule.count_image(w, h) for w, h in sizes]
 
 
 def video_frames(duration_s: float, fps: float = 2.0, *, total_frames: int = 0, min_frames: int = 4,
@@ -162,8 +202,62 @@ def _internvl_config(cfg: dict[str, Any], video: dict[str, Any]) -> dict[str, An
     return out
 
 
+def _llava_config(cfg: dict[str, Any], video: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    crop = _size_edges(cfg.get("crop_size"))
+    size = _size_edges(cfg.get("size"))
+    side = crop.get("height") or size.get("height") or size.get("shortest_edge")
+    if side:
+        out["image_size"] = int(side)
+    if cfg.get("patch_size") is not None:
+        out["patch_size"] = int(cfg["patch_size"])
+    if cfg.get("image_grid_pinpoints"):
+        out["pinpoints"] = cfg["image_grid_pinpoints"]
+    aspect = cfg.get("vision_aspect_ratio")
+    if isinstance(aspect, str) and aspect.startswith("anyres_max_"):
+        out["max_crops"] = int(aspect[len("anyres_max_"):])
+    if video.get("num_frames"):
+        out["video_frames"] = int(video["num_frames"])
+    return out
+
+
+def _idefics3_config(cfg: dict[str, Any], video: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    tile = _size_edges(cfg.get("max_image_size")).get("longest_edge")
+    if tile:
+        out["image_size"] = int(tile)
+    longest = _size_edges(cfg.get("size")).get("longest_edge")
+    if longest:
+        out["longest_edge"] = int(longest)
+    if cfg.get("do_image_splitting") is not None:
+        out["do_image_splitting"] = bool(cfg["do_image_splitting"])
+    vision = _size_edges(cfg.get("vision_config"))
+    if vision.get("patch_size"):
+        out["patch_size"] = int(vision["patch_size"])
+    if cfg.get("scale_factor"):
+        out["scale_factor"] = int(cfg["scale_factor"])
+    sampling = _size_edges(cfg.get("video_sampling")) or video
+    if sampling.get("fps"):
+        out["fps"] = float(sampling["fps"])
+    if sampling.get("max_frames"):
+        out["max_frames"] = int(sampling["max_frames"])
+    return out
+
+
+def _only(keys: tuple[str, ...], reader: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    def read(cfg: dict[str, Any], video: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in reader(cfg, video).items() if k in keys}
+    return read
+
+
 _CONFIG_READERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]] = {
     "qwen2-vl": _qwen_config, "qwen2.5-vl": _qwen_config, "internvl": _internvl_config,
+    "llava-1.5": _only(("image_size", "patch_size"), _llava_config),
+    "llava-next": _only(("image_size", "patch_size", "pinpoints", "max_crops"), _llava_config),
+    "llava-onevision": _llava_config,
+    "idefics3": _only(("image_size", "longest_edge", "do_image_splitting", "patch_size", "scale_factor"),
+                      _idefics3_config),
+    "smolvlm": _idefics3_config,
 }
 
 
