@@ -89,7 +89,12 @@ def _render(summary: dict[str, Any]) -> str:
 @click.option("--strict", is_flag=True, help="Stop at the first bad sample (exit 1).")
 @click.option("-j", "--jobs", type=int, default=0, help="Worker processes (default: all cores).")
 @click.option("--block-size", type=int, default=2048, show_default=True, help="Records per unit of work.")
-@click.option("--engine", default="local", show_default=True, help="Execution engine.")
+@click.option("--engine", default="local", show_default=True, type=click.Choice(["local", "ray"]),
+              help="Execution engine: local processes, or Ray Data (needs the [ray] extra; same output).")
+@click.option("--ray-address", default=None, metavar="ADDR",
+              help="--engine ray: an existing cluster (auto, HOST:6379, ray://HOST:10001); default: start a "
+                   "local one with --jobs CPUs. Shards go to OUTPUT.parts/, which every node must be able to write.")
+@click.option("--keep-parts", is_flag=True, help="--engine ray: keep OUTPUT.parts/ (the per-block shards) afterwards.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @json_option
 @handle_errors
@@ -97,7 +102,8 @@ def command(inputs: tuple[str, ...], output: str, model: str, tokenizer: str, te
             processor_config: str | None, min_pixels: int | None, max_pixels: int | None, min_tiles: int | None,
             max_tiles: int | None, params: tuple[str, ...], image_root: str | None, video_size: str,
             fields: tuple[str, ...], input_format: str | None, split: str | None, strict: bool, jobs: int,
-            block_size: int, engine: str, quiet: bool, as_json: bool) -> None:
+            block_size: int, engine: str, ray_address: str | None, keep_parts: bool, quiet: bool,
+            as_json: bool) -> None:
     """Scan datasets into a lengths table: one row per sample with its encoder and LLM tokens.
 
     \b
@@ -130,14 +136,28 @@ def command(inputs: tuple[str, ...], output: str, model: str, tokenizer: str, te
     config = ScanConfig(model=model.lower(), model_params=tuple(sorted(overrides.items())),
                         processor_config=processor_config, tokenizer=tokenizer, template=template, strict=strict,
                         video_size=_parse_size(video_size), fields=tuple(sorted(mapping.items())))
+    engine_options = None
+    if engine == "ray":
+        from balancer_cli.scan.engine_ray import RayOptions, parts_dir_for
+
+        # An interrupted ray scan resumes from OUTPUT.parts/ when the same command is rerun.
+        engine_options = RayOptions(parts_dir=str(parts_dir_for(output)), address=ray_address,
+                                    num_cpus=jobs or None, keep_parts=keep_parts)
+    elif ray_address or keep_parts:
+        raise UsageError("--ray-address and --keep-parts apply to --engine ray only", fix="add --engine ray")
     started = time.perf_counter()
     bar = tqdm(unit=" samples", desc="scan", disable=quiet or not sys.stderr.isatty(), file=sys.stderr)
     try:
         result = scan(list(inputs), config, jobs=jobs, engine=engine, block_size=block_size, image_root=image_root,
-                      format=input_format, split=split, progress=bar.update)
+                      format=input_format, split=split, progress=bar.update,
+                      engine_options=engine_options)
     finally:
         bar.close()
     write_lengths(result.lengths, output)
+    if engine_options is not None:
+        from balancer_cli.scan.engine_ray import remove_parts
+
+        remove_parts(engine_options)
     seconds = time.perf_counter() - started
     summary = {**result.summary, "output": output, "seconds": round(seconds, 3),
                "samples_per_s": round(result.summary["samples"] / max(seconds, 1e-9), 1)}

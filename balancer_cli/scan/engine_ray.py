@@ -226,7 +226,10 @@ def _ray_session(options: RayOptions) -> Iterator[Any]:
     if not ray.is_initialized():
         if options.address:
             try:
-                ray.init(address=options.address, log_to_driver=False, configure_logging=False)
+                # Ship this very balancer_cli to the workers, so every node measures with the
+                # driver's code (its dependencies must be installed on the nodes).
+                ray.init(address=options.address, log_to_driver=False, configure_logging=False,
+                         runtime_env={"py_modules": [str(Path(__file__).resolve().parents[1])]})
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise InputError(f"cannot connect to the Ray cluster at {options.address!r} ({exc})",
                                  fix="start it with `ray start --head`, or pass its address to --ray-address") from None
