@@ -90,27 +90,51 @@ def _scan(dataset, engine, parts_dir=None, strict=False, retries=3):
                 engine_options=options if engine == "ray" else None)
 
 
+def _cli(args: list[str]) -> dict:
+    from click.testing import CliRunner
+
+    from balancer_cli.cli import main
+
+    result = CliRunner().invoke(main, ["scan", *args, "--model", "qwen2-vl", "--block-size", str(BLOCK_SIZE),
+                                       "-j", "1", "--json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
 @pytest.fixture(scope="module")
 def local_file(dataset, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("local") / "lengths.parquet"
-    write_lengths(_scan(dataset, "local").lengths, out)
+    _cli([*dataset, "-o", str(out)])
     return out
 
 
-def test_ray_output_is_byte_identical_to_local(ray_session, dataset, local_file, tmp_path):
+def test_cli_ray_output_is_byte_identical_to_local(ray_session, dataset, local_file, tmp_path):
     out = tmp_path / "lengths.parquet"
-    result = _scan(dataset, "ray", parts_dir_for(out))
-    write_lengths(result.lengths, out)
+    summary = _cli([*dataset, "-o", str(out), "--engine", "ray", "--keep-parts"])
     assert out.read_bytes() == local_file.read_bytes()
     # The dataset really exercises every path: header reads, size fields, text-only, errors.
-    errors = result.summary["errors"]
-    assert result.summary["samples"] == 121
-    assert {"missing_file", "corrupt_image", "malformed_record"} <= set(errors)
-    assert result.summary["modules"]["vision"]["items"] > 0
-    assert result.lengths.num_samples - result.summary["measured"] == sum(errors.values())
-    # The shards stay until the caller removes them (the CLI does so after writing the output).
+    errors = summary["errors"]
+    assert summary["samples"] == 121
+    assert {"missing_file", "malformed_record"} <= set(errors) and len(errors) >= 3  # + the corrupt image
+    assert summary["modules"]["vision"]["items"] > 0
+    assert summary["samples"] - summary["measured"] == sum(errors.values())
+    # --keep-parts keeps one shard per block, named by block index (removed by default).
     shards = sorted(p.name for p in parts_dir_for(out).glob("block-*.parquet"))
-    assert shards == [f"block-{i:08d}.parquet" for i in range(len(shards))] and len(shards) == 9
+    assert shards == [f"block-{i:08d}.parquet" for i in range(9)]
+
+    again = tmp_path / "again.parquet"
+    _cli([*dataset, "-o", str(again), "--engine", "ray"])
+    assert again.read_bytes() == local_file.read_bytes() and not parts_dir_for(again).exists()
+
+
+def test_ray_options_without_ray_engine_are_a_usage_error(dataset, tmp_path):
+    from click.testing import CliRunner
+
+    from balancer_cli.cli import main
+
+    result = CliRunner().invoke(main, ["scan", *dataset, "-o", str(tmp_path / "x.parquet"), "--model", "qwen2-vl",
+                                       "--ray-address", "auto"])
+    assert result.exit_code == 2 and "--engine ray" in result.output
 
 
 def _fail_from(first_sample: int):
