@@ -172,6 +172,11 @@ def _image_size(media: Media, root: str) -> tuple[int, int]:
         path = _resolve(ref, root)
         try:
             return read_image_size(path)
+        except SampleError as exc:
+            if exc.kind != "missing_file":
+                raise
+            raise SampleError(f"image not found: {ref}", kind="missing_file",
+                              fix="check --image-root or the record's path") from None
         except FileNotFoundError:
             raise SampleError(f"image not found: {ref}", kind="missing_file",
                               fix="check --image-root or the record's path") from None
