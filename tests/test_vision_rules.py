@@ -18,6 +18,7 @@ from balancer_cli.errors import SampleError, UsageError
 from balancer_cli.scan.vision_rules import (
     PRESETS,
     MediaCount,
+    count_images,
     MediaRejected,
     get_rule,
     rule_from_processor_config,
@@ -199,7 +200,7 @@ def test_internvl_full_processor_on_tiny_images(got_processor):
     rule = get_rule("internvl")
     rng = np.random.default_rng(5)
     shapes = [(1, 1), (2, 30), (30, 2), (64, 48), (48, 64)] + [
-        tuple(int(x) for x in rng.integers(1, 64, 2)) for _ in range(15)]
+        tuple(int(x) for x in rng.integers(1, 64, 2)) for _ in range(5)]
     for w, h in shapes:
         out = got_processor(images=[np.zeros((h, w, 3), np.uint8)], return_tensors=None, input_data_format="channels_last")
         assert out["num_patches"][0] == len(out["pixel_values"]) == rule.count_image(w, h).items
@@ -230,7 +231,8 @@ def test_get_rule_errors():
         get_rule("internvl", max_frames=3)
     with pytest.raises(UsageError, match="int"):
         get_rule("qwen2-vl", max_pixels="big")
-    assert set(PRESETS) >= {"qwen2-vl", "qwen2.5-vl", "internvl"}
+    assert set(PRESETS) == {"qwen2-vl", "qwen2.5-vl", "internvl", "llava-1.5", "llava-next",
+                            "llava-onevision", "idefics3", "smolvlm"}
 
 
 def test_rule_from_processor_config(tmp_path):
@@ -246,3 +248,214 @@ def test_rule_from_processor_config(tmp_path):
     hf = tmp_path / "hf.json"
     hf.write_text(json.dumps({"crop_to_patches": True, "max_patches": 4, "size": {"height": 448, "width": 448}}))
     assert rule_from_processor_config("internvl", hf).max_tiles == 4
+
+
+# --------------------------------------------------------------------------- LLaVA / Idefics3 / SmolVLM
+def _tiny_tokenizer(merge_double_newline: bool = True):
+    """A word-level tokenizer where every placeholder / wrapper / newline is one token, like the
+    released ones (Idefics3's Llama-3 and SmolVLM's tokenizers merge ``\\n\\n`` into one token)."""
+    from tokenizers import AddedToken, Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>"))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    special = ["<image>", "<video>", "<fake_token_around_image>", "<global-img>"]
+    special += [f"<row_{r}_col_{c}>" for r in range(1, 9) for c in range(1, 9)]
+    fast.add_special_tokens({"additional_special_tokens": special})
+    newlines = ["\n\n", "\n"] if merge_double_newline else ["\n"]
+    fast.add_tokens([AddedToken(t, normalized=False, special=False) for t in newlines])
+    return fast
+
+
+def _image(w: int, h: int) -> np.ndarray:
+    return np.zeros((h, w, 3), np.uint8)
+
+
+def test_llava15_matches_processor():
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+    from transformers.models.llava.processing_llava import LlavaProcessor
+
+    proc = LlavaProcessor(image_processor=CLIPImageProcessorPil(size={"shortest_edge": 336},
+                                                                crop_size={"height": 336, "width": 336}),
+                          tokenizer=_tiny_tokenizer(), patch_size=14, vision_feature_select_strategy="default",
+                          num_additional_image_tokens=1)
+    rule = get_rule("llava-1.5")
+    sizes = _sizes(6, 200)
+    ref = proc._get_num_multimodal_tokens(image_sizes=[[h, w] for w, h in sizes])["num_image_tokens"]
+    assert [rule.count_image(w, h).llm_tokens for w, h in sizes] == ref == [576] * len(sizes)
+    for w, h in [(3, 5), (40, 30), (17, 64)]:
+        out = proc(text=["<image>"], images=[_image(w, h)], input_data_format="channels_last")
+        assert len(out["input_ids"][0]) == rule.count_image(w, h).llm_tokens
+    with pytest.raises(MediaRejected, match="video"):
+        rule.count_video(8, 64, 64)
+
+
+@pytest.fixture(scope="module")
+def llava_next_processor():
+    from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
+    from transformers.models.llava_next.processing_llava_next import LlavaNextProcessor
+
+    image_processor = LlavaNextImageProcessorPil(size={"shortest_edge": 336},
+                                                 crop_size={"height": 336, "width": 336})
+    return LlavaNextProcessor(image_processor=image_processor, tokenizer=_tiny_tokenizer(), patch_size=14,
+                              vision_feature_select_strategy="default", num_additional_image_tokens=1)
+
+
+def test_llava_next_matches_processor(llava_next_processor, coco_sizes, mathvista_sizes):
+    from transformers.image_processing_utils import select_best_resolution
+
+    rule = get_rule("llava-next")
+    pinpoints = llava_next_processor.image_processor.image_grid_pinpoints
+    sizes = _sizes(7, 3000) + coco_sizes[::5] + mathvista_sizes
+    ref = llava_next_processor._get_num_multimodal_tokens(image_sizes=[[h, w] for w, h in sizes])
+    for (w, h), tokens in zip(sizes, ref["num_image_tokens"]):
+        c = rule.count_image(w, h)
+        best_h, best_w = select_best_resolution([h, w], pinpoints)
+        assert c.llm_tokens == tokens, (w, h)
+        assert c.items == 1 + (best_h // 336) * (best_w // 336) and c.encoder_tokens == 576 * c.items
+        _check_invariants(c)
+
+
+def test_llava_next_full_processor_on_tiny_images(llava_next_processor):
+    rule = get_rule("llava-next")
+    for w, h in [(1, 1), (2, 9), (9, 2), (40, 30), (30, 40), (64, 16), (16, 64), (33, 35)]:
+        out = llava_next_processor(text=["<image>"], images=[_image(w, h)], input_data_format="channels_last")
+        c = rule.count_image(w, h)
+        assert len(out["input_ids"][0]) == c.llm_tokens, (w, h)
+        assert len(out["pixel_values"][0]) == c.items
+
+
+@pytest.fixture(scope="module")
+def onevision_processor():
+    from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
+        LlavaOnevisionImageProcessorPil,
+    )
+    from transformers.models.llava_onevision.processing_llava_onevision import LlavaOnevisionProcessor
+
+    # The full constructor wants a video processor (torchvision); the counting methods need none.
+    proc = object.__new__(LlavaOnevisionProcessor)
+    proc.image_processor = LlavaOnevisionImageProcessorPil()
+    proc.num_image_tokens, proc.vision_feature_select_strategy = 729, "full"
+    proc.vision_aspect_ratio, proc.image_token, proc.video_token = "anyres_max_9", "<image>", "<video>"
+    return proc
+
+
+def test_llava_onevision_matches_processor(onevision_processor, coco_sizes, mathvista_sizes):
+    from transformers.image_processing_utils import select_best_resolution
+
+    rule = get_rule("llava-onevision")
+    pinpoints = onevision_processor.image_processor.image_grid_pinpoints
+    for w, h in _sizes(8, 3000) + coco_sizes[::5] + mathvista_sizes:
+        c = rule.count_image(w, h)
+        assert c.llm_tokens == onevision_processor._get_number_of_features(h, w, 384, 384), (w, h)
+        best_h, best_w = select_best_resolution([h, w], pinpoints)
+        assert c.items == 1 + (best_h // 384) * (best_w // 384)
+        _check_invariants(c)
+
+
+def test_llava_onevision_replace_tokens_single_multi_and_video(onevision_processor):
+    proc, rule = onevision_processor, get_rule("llava-onevision")
+    for sizes in ([(40, 30)], [(30, 70)], [(40, 30), (9, 90)], [(5, 5), (6, 6), (7, 70)]):
+        inputs = proc.image_processor(images=[[_image(w, h) for w, h in sizes]], return_tensors=None,
+                                      input_data_format="channels_last")
+        expected = [c.llm_tokens for c in count_images(rule, sizes)]
+        got = [proc.replace_image_token(inputs, i).count("<image>") for i in range(len(sizes))]
+        assert got == expected, sizes
+        if len(sizes) == 1:
+            assert len(inputs["pixel_values"][0]) == rule.count_image(*sizes[0]).items
+    video = rule.count_video(0, 640, 360, duration_s=60.0)
+    fake = {"pixel_values_videos": [np.zeros((32, 3, 384, 384), np.float32)]}
+    assert video.llm_tokens == proc.replace_video_token(fake, 0).count("<video>") == 32 * 196 + 1
+    assert video.encoder_tokens == 32 * 729 and video.items == 32
+
+
+def _idefics_like(cls_proc, cls_image, preset: str, merge: bool = True):
+    rule = get_rule(preset)
+    image_processor = cls_image(size={"longest_edge": rule.longest_edge},
+                                max_image_size={"longest_edge": rule.image_size})
+    if cls_proc.__name__ == "Idefics3Processor":
+        return rule, cls_proc(image_processor=image_processor, tokenizer=_tiny_tokenizer(merge),
+                              image_seq_len=rule.image_seq_len)
+    proc = object.__new__(cls_proc)  # SmolVLMProcessor's constructor wants a video processor
+    proc.image_processor, proc.image_seq_len = image_processor, rule.image_seq_len
+    proc.fake_image_token, proc.image_token, proc.global_image_token = (
+        "<fake_token_around_image>", "<image>", "<global-img>")
+    proc.tokenizer = _tiny_tokenizer(merge)
+    return rule, proc
+
+
+def test_idefics3_matches_processor(coco_sizes, mathvista_sizes):
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+    from transformers.models.idefics3.processing_idefics3 import Idefics3Processor
+
+    rule, proc = _idefics_like(Idefics3Processor, Idefics3ImageProcessorPil, "idefics3")
+    sizes = _sizes(9, 3000) + coco_sizes[::5] + mathvista_sizes
+    ref = proc._get_num_multimodal_tokens(image_sizes=[[h, w] for w, h in sizes])
+    for (w, h), tokens, tiles in zip(sizes, ref["num_image_tokens"], ref["num_image_patches"]):
+        c = rule.count_image(w, h)
+        assert (c.llm_tokens, c.items) == (tokens, max(tiles, 1)), (w, h)
+        assert c.encoder_tokens == 676 * c.items
+        _check_invariants(c)
+    for w, h in [(1, 1), (3, 40), (40, 3), (64, 48), (20, 21), (1, 90)]:
+        out = proc(text=["<image>"], images=[[_image(w, h)]], input_data_format="channels_last")
+        c = rule.count_image(w, h)
+        assert len(out["input_ids"][0]) == c.llm_tokens, (w, h)
+        assert np.asarray(out["pixel_values"]).shape[1] == c.items
+
+
+def test_idefics3_tokenizer_without_double_newline_token():
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+    from transformers.models.idefics3.processing_idefics3 import Idefics3Processor
+
+    _, proc = _idefics_like(Idefics3Processor, Idefics3ImageProcessorPil, "idefics3", merge=False)
+    rule = get_rule("idefics3", split_newline_extra=1)
+    out = proc(text=["<image>"], images=[[_image(64, 48)]], input_data_format="channels_last")
+    assert len(out["input_ids"][0]) == rule.count_image(64, 48).llm_tokens
+
+
+def test_smolvlm_matches_processor(coco_sizes, mathvista_sizes):
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
+    from transformers.models.smolvlm.processing_smolvlm import SmolVLMProcessor
+
+    rule, proc = _idefics_like(SmolVLMProcessor, SmolVLMImageProcessorPil, "smolvlm")
+    assert rule.image_seq_len == 64 and rule.patches_per_tile == 1024
+    prompt_tokens: dict[tuple[int, int], int] = {}  # tokenize each distinct prompt string once
+    for w, h in _sizes(10, 3000) + coco_sizes[::5] + mathvista_sizes:
+        tiles, rows, cols = proc.image_processor.get_number_of_image_patches(h, w, {})
+        c = rule.count_image(w, h)
+        assert c.items == max(tiles, 1), (w, h)
+        if (rows, cols) not in prompt_tokens:
+            text = proc.replace_image_token({"rows": [[rows]], "cols": [[cols]]}, 0)
+            prompt_tokens[rows, cols] = len(proc.tokenizer(text, add_special_tokens=False)["input_ids"])
+        assert c.llm_tokens == prompt_tokens[rows, cols], (w, h)
+    for w, h in [(2, 2), (50, 7), (7, 50), (64, 48)]:
+        inputs = proc.image_processor(images=[[_image(w, h)]], return_row_col_info=True,
+                                      input_data_format="channels_last")
+        text = proc.replace_image_token(inputs, 0)
+        c = rule.count_image(w, h)
+        assert c.llm_tokens == len(proc.tokenizer(text, add_special_tokens=False)["input_ids"])
+        assert np.asarray(inputs["pixel_values"]).shape[1] == c.items
+
+
+def test_smolvlm_video_frames():
+    rule = get_rule("smolvlm")
+    c = rule.count_video(300, 640, 360, fps=30.0)  # 10 s at 1 fps
+    assert c == MediaCount(10 * 1024, 10, 10 * 67, (1024,) * 10)
+    assert rule.count_video(0, 640, 360, duration_s=3600.0).items == 64
+    assert rule.count_video(5, 640, 360, fps=1.0).items == 5       # 5 s, 5 frames
+    with pytest.raises(MediaRejected, match="video"):
+        get_rule("idefics3").count_video(8, 64, 64)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_on_random_sizes_keeps_invariants(preset):
+    rule = get_rule(preset)
+    for w, h in _sizes(11, 300):
+        try:
+            c = rule.count_image(w, h)
+        except MediaRejected:
+            assert preset.startswith("qwen") and max(w, h) / min(w, h) > 200
+            continue
+        _check_invariants(c)
+    with pytest.raises(MediaRejected):
+        rule.count_image(0, 10)

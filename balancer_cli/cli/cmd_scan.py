@@ -131,7 +131,8 @@ def command(inputs: tuple[str, ...], output: str, model: str, tokenizer: str, te
     for item in fields:
         name, _, key = item.partition("=")
         if name not in FIELD_NAMES or not key:
-            raise UsageError(f"--field {item!r}: expected NAME=KEY with NAME one of {', '.join(FIELD_NAMES)}")
+            raise UsageError(f"--field {item!r} is not NAME=KEY with a known NAME",
+                             fix=f"NAME is one of: {', '.join(FIELD_NAMES)}; e.g. --field image=file_name")
         mapping[name] = key
     config = ScanConfig(model=model.lower(), model_params=tuple(sorted(overrides.items())),
                         processor_config=processor_config, tokenizer=tokenizer, template=template, strict=strict,

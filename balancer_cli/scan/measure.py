@@ -104,13 +104,10 @@ def _load_rule(model: str, processor_config: str | None, params: tuple[tuple[str
     from balancer_cli.scan.vision_rules import get_rule, rule_from_processor_config
 
     if processor_config:
-        rule = rule_from_processor_config(model, processor_config)
-        if params:
-            try:
-                rule = dataclasses.replace(rule, **dict(params))
-            except TypeError as exc:
-                raise UsageError(f"vision preset {model!r}: {exc}") from None
-        return rule
+        # The config's parameters first, then explicit overrides (validated by get_rule).
+        base = rule_from_processor_config(model, processor_config)
+        from_config = {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.name != "name"}
+        return get_rule(model, **{**from_config, **dict(params)})
     return get_rule(model, **dict(params))
 
 
@@ -175,6 +172,11 @@ def _image_size(media: Media, root: str) -> tuple[int, int]:
         path = _resolve(ref, root)
         try:
             return read_image_size(path)
+        except SampleError as exc:
+            if exc.kind != "missing_file":
+                raise
+            raise SampleError(f"image not found: {ref}", kind="missing_file",
+                              fix="check --image-root or the record's path") from None
         except FileNotFoundError:
             raise SampleError(f"image not found: {ref}", kind="missing_file",
                               fix="check --image-root or the record's path") from None
@@ -185,12 +187,14 @@ def _image_size(media: Media, root: str) -> tuple[int, int]:
     return read_image_size(ref)
 
 
-def _measure_media(media: Media, rule: Any, config: ScanConfig, root: str) -> tuple[str, int, int, tuple, int]:
-    """``(module, encoder_tokens, items, seqlens, llm_tokens)`` of one media item."""
+def _measure_media(media: Media, rule: Any, config: ScanConfig, image_count: Any) -> tuple[str, int, int, tuple, int]:
+    """``(module, encoder_tokens, items, seqlens, llm_tokens)`` of one media item.
+
+    Images were counted per sample beforehand (``image_count``): some models process a sample
+    with several images differently.
+    """
     if media.kind == "image":
-        width, height = _image_size(media, root)
-        count = rule.count_image(width, height)
-        return "vision", count.encoder_tokens, count.items, count.seqlens, count.llm_tokens
+        return "vision", image_count.encoder_tokens, image_count.items, image_count.seqlens, image_count.llm_tokens
     if media.kind == "video":
         if media.duration is None and not media.num_frames:
             raise RecordError("video without 'duration' or 'num_frames' (videos are never opened)",
@@ -219,6 +223,8 @@ def measure_block(block: RecordBlock, config: ScanConfig) -> pa.Table:
         SampleError: the first bad sample, only with ``config.strict``.
         UsageError: unknown model preset, tokenizer or template (before any record is read).
     """
+    from balancer_cli.scan.vision_rules import count_images
+
     rule = config.rule(block.rule_overrides)
     tokenizer = load_tokenizer(config.tokenizer)
     template = config.template_name
@@ -233,8 +239,11 @@ def measure_block(block: RecordBlock, config: ScanConfig) -> pa.Table:
             if isinstance(record, MalformedLine):
                 raise RecordError(f"line is not valid JSON ({record.reason})")
             sample = parse_record(record, fields)
+            sizes = [_image_size(m, block.image_root) for m in sample.media if m.kind == "image"]
+            image_counts = iter(count_images(rule, sizes) if sizes else ())
             for media in sample.media:
-                module, tokens, items, seqlens, llm = _measure_media(media, rule, config, block.image_root)
+                module, tokens, items, seqlens, llm = _measure_media(
+                    media, rule, config, next(image_counts) if media.kind == "image" else None)
                 counts.tokens[module] += tokens
                 counts.items[module] += items
                 counts.seqlens[module].extend(seqlens)

@@ -75,8 +75,8 @@ class Sample:
 
 
 def _number(value: Any, name: str, kind: type) -> Any:
-    if value is None:
-        return None
+    if value is None or type(value) is kind:  # noqa: E721 - the fast path: already the right type
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         try:
             value = float(value)
@@ -125,6 +125,8 @@ def _media_list(kind: str, value: Any) -> list[Media]:
 
 
 def _split_placeholders(text: str) -> list[Any]:
+    if "<" not in text:  # the common case: no placeholder
+        return [text] if text else []
     parts: list[Any] = []
     pos = 0
     for match in _PLACEHOLDER.finditer(text):
@@ -206,6 +208,15 @@ def _content_part(part: Any, where: str) -> list[Any]:
 
 def _bind(turns: list[tuple[str, list[Any]]], pools: dict[str, list[Media]]) -> list[Media]:
     """Replace placeholders by the record's media, in order; returns every media item in order."""
+    if not any(pools.values()):  # fast path: only inline media (messages parts) or none
+        inline = []
+        for _, parts in turns:
+            for part in parts:
+                if isinstance(part, _Slot):
+                    raise RecordError(f"1 <{part.kind}> placeholder(s) but 0 {part.kind}(s) in the record")
+                if isinstance(part, Media):
+                    inline.append(part)
+        return inline
     slots = {kind: 0 for kind in pools}
     for _, parts in turns:
         for part in parts:
@@ -244,6 +255,8 @@ def _bind(turns: list[tuple[str, list[Any]]], pools: dict[str, list[Media]]) -> 
 
 def _apply_record_sizes(record: Mapping[str, Any], get: Any, pools: dict[str, list[Media]]) -> None:
     images, videos, audios = pools["image"], pools["video"], pools["audio"]
+    if not (images or videos or audios):
+        return
     sizes = get("image_sizes")
     if sizes is not None:
         if not isinstance(sizes, list) or len(sizes) != len(images):
@@ -262,6 +275,8 @@ def _apply_record_sizes(record: Mapping[str, Any], get: Any, pools: dict[str, li
         if target is not None:
             target.width = target.width if target.width is not None else width
             target.height = target.height if target.height is not None else height
+    if not (videos or audios):
+        return
     timing = {name: get(name) for name in ("duration", "num_frames", "fps")}
     if any(v is not None for v in timing.values()):
         target = videos[0] if len(videos) == 1 else (audios[0] if not videos and len(audios) == 1 else None)
@@ -283,15 +298,16 @@ def parse_record(record: Any, fields: Mapping[str, str] | None = None) -> Sample
     """
     if not isinstance(record, Mapping):
         raise RecordError(f"record is a JSON {type(record).__name__}, expected an object")
-    mapping = fields or {}
+    if fields:
+        def get(name: str) -> Any:
+            return record.get(fields.get(name, name))
+    else:
+        get = record.get
 
-    def get(name: str) -> Any:
-        return record.get(mapping.get(name, name))
-
-    pools = {
-        kind: _media_list(kind, get(kind) if get(kind) is not None else get(kind + "s"))
-        for kind in ("image", "video", "audio")
-    }
+    pools = {}
+    for kind in ("image", "video", "audio"):
+        value = get(kind)
+        pools[kind] = _media_list(kind, value if value is not None else get(kind + "s"))
     _apply_record_sizes(record, get, pools)
     if get("conversations") is not None:
         turns = _llava_turns(get("conversations"))

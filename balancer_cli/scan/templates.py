@@ -130,17 +130,20 @@ def _bare_media(out: Rendered, kind: str) -> None:
 
 def _chatml(turns: Sequence[Turn], system: str | None, media: Callable[[Rendered, str], None]) -> Rendered:
     out = Rendered()
+    pieces = out.pieces
     if system is not None and (not turns or turns[0][0] != "system"):
-        out.special()
-        out.text(f"system\n{system}")
-        out.special()
-        out.text("\n")
+        pieces += [f"system\n{system}", "\n"]
+        out.num_special += 2
     for role, parts in turns:
-        out.special()  # <|im_start|>
+        out.num_special += 2  # <|im_start|> ... <|im_end|>
+        if all(isinstance(p, str) for p in parts):  # fast path: a text-only turn is one piece
+            pieces += [f"{role}\n" + "".join(parts), "\n"]
+            continue
         out.text(f"{role}\n")
         _content(out, parts, media)
-        out.special()  # <|im_end|>
+        out.special(0)  # ends the turn's last piece
         out.text("\n")
+        out.special(0)
     return out.finish()
 
 
