@@ -171,9 +171,20 @@ class _MeasureAndWrite:
     """
 
     def __init__(self, measure: Callable, config: Any, parts_dir: str, key: str) -> None:
-        self.measure, self.config, self.parts_dir, self.key = measure, config, Path(parts_dir), key
+        self.measure, self.config, self.parts_dir, self.key = measure, config, Path(parts_dir).resolve(), key
+        # Blocks keep the paths as the user gave them (error texts quote them, as the local engine
+        # does), so relative paths must resolve against the driver's folder on every node.
+        self.cwd = os.getcwd()
 
     def __call__(self, batch: Mapping[str, Any]) -> dict[str, list]:
+        previous = os.getcwd()
+        os.chdir(self.cwd)
+        try:
+            return self._measure_batch(batch)
+        finally:
+            os.chdir(previous)
+
+    def _measure_batch(self, batch: Mapping[str, Any]) -> dict[str, list]:
         indices = []
         for index, payload in zip(batch["block_index"], batch["block"]):
             index = int(index)
@@ -232,7 +243,9 @@ def _ray_session(options: RayOptions) -> Iterator[Any]:
                          runtime_env={"py_modules": [str(Path(__file__).resolve().parents[1])]})
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise InputError(f"cannot connect to the Ray cluster at {options.address!r} ({exc})",
-                                 fix="start it with `ray start --head`, or pass its address to --ray-address") from None
+                                 fix="start it with `ray start --head` or pass its address to --ray-address; a "
+                                     "cluster with token authentication also needs RAY_AUTH_MODE=token and its token "
+                                     "(~/.ray/auth_token or RAY_AUTH_TOKEN)") from None
         else:
             # Local workers must import this very copy of balancer_cli, installed or not.
             pythonpath = os.pathsep.join(dict.fromkeys([str(Path(__file__).resolve().parents[2]),
