@@ -65,6 +65,29 @@ def make_dataset(folder: Path, records: int, images: int, seed: int = 0) -> Path
     return path
 
 
+def make_kind(folder: Path, kind: str, records: int, seed: int = 0) -> Path:
+    """``records`` records of one kind: ``size-fields``, ``image-files`` (headers read) or ``text-only``."""
+    from PIL import Image
+
+    rng = random.Random(seed)
+    path = folder / f"{kind}.jsonl"
+    with open(path, "w") as handle:
+        for i in range(records):
+            words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(20, 300)))
+            convo = [{"from": "human", "value": "<image>\nDescribe."}, {"from": "gpt", "value": words}]
+            if kind == "size-fields":
+                record = {"image": f"r/{i}.jpg", "width": rng.randint(64, 4000), "height": rng.randint(64, 4000),
+                          "conversations": convo}
+            elif kind == "image-files":
+                name = f"k{i:05d}.png"
+                Image.new("RGB", (rng.randint(32, 1600), rng.randint(32, 1600))).save(folder / name)
+                record = {"image": name, "conversations": convo}
+            else:
+                record = {"text": words}
+            handle.write(json.dumps(record) + "\n")
+    return path
+
+
 def _timed(label: str, inputs: list[str], config: ScanConfig, block_size: int, **kwargs) -> tuple[float, object]:
     start = time.perf_counter()
     result = scan(inputs, config, block_size=block_size, **kwargs)
@@ -78,6 +101,8 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=256)
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--model", default="qwen2-vl")
+    parser.add_argument("--per-kind", type=int, default=0, metavar="N",
+                        help="also time the local engine (1 process) on N records of each kind")
     args = parser.parse_args()
 
     folder = Path(tempfile.mkdtemp(prefix="bench-scan-"))
@@ -98,7 +123,7 @@ def main() -> None:
                           engine_options=RayOptions(parts_dir=str(parts / "cold"), num_cpus=args.cpus))
     rows.append((f"ray, {args.cpus} CPUs, incl. cluster start", cold_s))
     assert cold.lengths.table.equals(base.lengths.table)
-    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
+    ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     try:
         # The first pipeline on a fresh cluster also starts and warms the workers.
@@ -116,6 +141,10 @@ def main() -> None:
     for label, seconds in rows:
         print(f"{label:44s} {seconds:8.2f} {n / seconds:10,.0f} {base_s / seconds:10.2f}x")
     print(f"per-core rate (local, 1 process): {n / base_s:,.0f} samples/s; tables identical across engines")
+    for kind in ("size-fields", "image-files", "text-only") if args.per_kind else ():
+        path = make_kind(folder, kind, args.per_kind)
+        seconds, _ = _timed("local", [str(path)], config, args.block_size, jobs=1)
+        print(f"  {kind:12s} {args.per_kind / seconds:8,.0f} samples/s per core (local, 1 process)")
 
 
 if __name__ == "__main__":

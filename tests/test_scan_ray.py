@@ -31,8 +31,8 @@ def ray_session():
     pytest.importorskip("ray.data")
     # Functions of this module (the failing measures below) travel to workers by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False,
-             configure_logging=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    ray.init(address="local", num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False,
+             log_to_driver=False, configure_logging=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     yield ray
     ray.shutdown()
 
@@ -58,7 +58,8 @@ def dataset(tmp_path_factory) -> list[str]:
         answer = "a long answer " * (i % 17 + 1)
         convo = [turns[0], {"from": "gpt", "value": answer}]
         if kind == 0:
-            record = {"image": f"img{i % len(sizes)}.{'png' if (i % len(sizes)) % 2 else 'jpg'}", "conversations": convo}
+            j = i % len(sizes)
+            record = {"image": f"img{j}.{'png' if j % 2 else 'jpg'}", "conversations": convo}
         elif kind == 1:
             record = {"image": "remote.jpg", "width": 200 + 37 * i, "height": 150 + 11 * i, "conversations": convo}
         elif kind == 2:

@@ -247,10 +247,11 @@ def _ray_session(options: RayOptions) -> Iterator[Any]:
                                      "cluster with token authentication also needs RAY_AUTH_MODE=token and its token "
                                      "(~/.ray/auth_token or RAY_AUTH_TOKEN)") from None
         else:
+            # address="local": always a fresh cluster of our own, even if `ray start` runs here.
             # Local workers must import this very copy of balancer_cli, installed or not.
             pythonpath = os.pathsep.join(dict.fromkeys([str(Path(__file__).resolve().parents[2]),
                                                         *filter(None, sys.path)]))
-            ray.init(num_cpus=options.num_cpus, object_store_memory=options.object_store_bytes,
+            ray.init(address="local", num_cpus=options.num_cpus, object_store_memory=options.object_store_bytes,
                      include_dashboard=False, log_to_driver=False, configure_logging=False,
                      runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
         started = True
