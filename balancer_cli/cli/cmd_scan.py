@@ -143,7 +143,8 @@ def command(inputs: tuple[str, ...], output: str, model: str, tokenizer: str, te
 
         # An interrupted ray scan resumes from OUTPUT.parts/ when the same command is rerun.
         engine_options = RayOptions(parts_dir=str(parts_dir_for(output)), address=ray_address,
-                                    num_cpus=jobs or None, keep_parts=keep_parts)
+                                    num_cpus=jobs or None, keep_parts=keep_parts,
+                                    notify=None if quiet else lambda line: click.echo(line, err=True))
     elif ray_address or keep_parts:
         raise UsageError("--ray-address and --keep-parts apply to --engine ray only", fix="add --engine ray")
     started = time.perf_counter()

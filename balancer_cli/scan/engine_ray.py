@@ -73,6 +73,7 @@ class RayOptions:
         object_store_bytes: object store of the local cluster; ``None`` lets Ray choose.
         block_retries: retries of a block whose measurement raised, before it counts as failed.
         keep_parts: keep ``parts_dir`` after the output is written (see :func:`remove_parts`).
+        notify: called with one line when a run resumes (e.g. ``click.echo`` to stderr).
     """
 
     parts_dir: str | None = None
@@ -81,6 +82,7 @@ class RayOptions:
     object_store_bytes: int | None = None
     block_retries: int = 3
     keep_parts: bool = False
+    notify: Callable[[str], None] | None = None
 
 
 def parts_dir_for(out_path: str | os.PathLike) -> Path:
@@ -142,6 +144,8 @@ def _shard_tag(path: Path) -> dict | None:
 def _prepare_parts(parts_dir: Path, key: str, keys: Sequence[str]) -> list[bool]:
     """Claim ``parts_dir`` for run ``key``; return, per block, whether its shard can be reused."""
     parts_dir.mkdir(parents=True, exist_ok=True)
+    for partial in parts_dir.glob(".block-*.tmp"):  # writes cut short by a crash
+        partial.unlink(missing_ok=True)
     manifest = parts_dir / _MANIFEST
     try:
         previous = json.loads(manifest.read_text()).get("run_key")
@@ -319,6 +323,8 @@ def run_ray(blocks: Iterable[Any], config: Any, options: RayOptions | None = Non
     reusable = _prepare_parts(parts_dir, key, [block_key(b) for b in blocks])
     finished = {i for i, ok in enumerate(reusable) if ok}
     todo = [i for i, ok in enumerate(reusable) if not ok]
+    if finished and options.notify is not None:
+        options.notify(f"resuming from {parts_dir}: {len(finished)} of {len(blocks)} blocks already measured")
     position = 0
 
     def ready() -> Iterator[tuple[Any, pa.Table]]:
