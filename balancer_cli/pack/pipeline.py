@@ -43,6 +43,8 @@ __all__ = [
     "prepare_inputs",
     "resolve_thresholds",
     "place_epochs",
+    "make_packer",
+    "with_phase_ranks",
     "pack_manifest",
 ]
 
@@ -74,6 +76,8 @@ class PackConfig:
         batch_size: fixed samples per group of the ``random`` algorithm (default: the mean group
             size the caps give, rounded).
         lengths_files: input paths, recorded in the metadata for ``balancer report``.
+        post_balance: add ``<m>_rank`` columns from :mod:`balancer_cli.post_balance` (the rank
+            that runs encoder m's phase for each row).
     """
 
     world_size: int = 1
@@ -89,6 +93,7 @@ class PackConfig:
     target_group_size: int | None = None
     batch_size: int | None = None
     lengths_files: tuple[str, ...] = ()
+    post_balance: bool = False
 
 
 @dataclass(frozen=True)
@@ -336,6 +341,25 @@ def make_packer(inputs: PackInputs, config: PackConfig, caps_K: np.ndarray, boun
     raise UsageError(f"unknown algorithm {algorithm!r}", fix=f"use one of: {', '.join(ALGORITHMS)}")
 
 
+def with_phase_ranks(rows: ManifestRows, lengths: LengthsTable, config: PackConfig) -> ManifestRows:
+    """Add ``<m>_rank`` columns: the rank that runs encoder m's phase for each row (post-balancing).
+
+    Raises:
+        UsageError: the post-balancing module is not part of this installation.
+    """
+    try:
+        from balancer_cli.post_balance import manifest_phase_ranks
+    except ImportError:
+        raise UsageError("--post-balance needs balancer_cli.post_balance, which this installation lacks",
+                         fix="drop --post-balance or install a balancer_cli that ships post-balancing") from None
+    costs = sample_costs(lengths, config.cost_model)
+    phase_ranks = manifest_phase_ranks(rows, costs, config.world_size)
+    extra = dict(rows.extra)
+    for module, rank in phase_ranks.items():
+        extra[f"{module}_rank"] = np.asarray(rank, dtype=np.int32)
+    return ManifestRows(rows.step, rows.rank, rows.micro, rows.sample, extra)
+
+
 def _check_config(config: PackConfig) -> None:
     if config.world_size < 1 or config.micro_batches < 1 or config.epochs < 1:
         raise UsageError("--dp, --micro-batches and --epochs must be >= 1", fix="give positive integers")
@@ -365,6 +389,8 @@ def pack_manifest(lengths: LengthsTable, config: PackConfig) -> PackResult:
     rows, dropped_sample, dropped_reason, epoch_num_steps = place_epochs(
         inputs, packer, world_size=config.world_size, micro_batches=config.micro_batches,
         epochs=config.epochs, seed=config.seed)
+    if config.post_balance:
+        rows = with_phase_ranks(rows, lengths, config)
     summary = evaluate_rows(inputs, rows, dropped_sample, dropped_reason, caps_K=caps_K,
                             world_size=config.world_size, micro_batches=config.micro_batches,
                             epoch_num_steps=epoch_num_steps).metrics
@@ -380,6 +406,7 @@ def pack_manifest(lengths: LengthsTable, config: PackConfig) -> PackResult:
             "target_group_size": config.target_group_size,
             "batch_size": config.batch_size,
             "searched": search is not None,
+            "post_balance": config.post_balance,
         },
         "seed": config.seed,
         "epochs": config.epochs,
