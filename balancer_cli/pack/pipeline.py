@@ -158,8 +158,8 @@ def _check_columns(lengths: LengthsTable) -> None:
         hint = ""
         for suffix in ("_tokens", "_items"):
             if name.endswith(suffix):
-                other = "_items" if suffix == "_tokens" else "_tokens"
-                hint = f" (encoder '{name[: -len(suffix)]}' needs both {name[: -len(suffix)]}_tokens and ..{other})"
+                module = name[: -len(suffix)]
+                hint = f" (an encoder '{module}' needs both {module}_tokens and {module}_items)"
         raise InputError(f"lengths table has unknown column '{name}'{hint}",
                          fix="rename or remove it; columns are sample, source, llm_tokens, <m>_tokens, "
                              "<m>_items, <m>_seqlens, error")
@@ -277,10 +277,11 @@ def place_epochs(
     """
     from balancer_cli.pack.assign import assign_groups
 
-    parts, epoch_num_steps, dropped = [], [], {}
-    error_ids = np.flatnonzero(~inputs.ok_N)
-    for sample in error_ids:
-        dropped[int(sample)] = str(inputs.error_N[sample])
+    parts, epoch_num_steps = [], []
+    # sample -> reason -> epochs it applied to; a reason that held in every epoch is written plain.
+    dropped: dict[int, dict[str, list[int]]] = {}
+    for sample in np.flatnonzero(~inputs.ok_N):
+        dropped[int(sample)] = {str(inputs.error_N[sample]): list(range(epochs))}
     offset = 0
     per_step = world_size * micro_batches
     for epoch in range(epochs):
@@ -298,10 +299,10 @@ def place_epochs(
         step_P = np.asarray(assignment.step, dtype=np.int64)[group_P]
         keep = step_P >= 0
         for sample in np.asarray(packing.order)[~keep]:
-            # The assigner left the group out (an incomplete last step): dropped this epoch only.
-            dropped.setdefault(int(sample), f"not in a full step (epoch {epoch})")
+            # The assigner left the group out (an incomplete last step).
+            dropped.setdefault(int(sample), {}).setdefault("not in a full step", []).append(epoch)
         for sample, reason in zip(packing.dropped, packing.dropped_reason):
-            dropped.setdefault(int(sample), str(reason))
+            dropped.setdefault(int(sample), {}).setdefault(str(reason), []).append(epoch)
         parts.append((step_P[keep] + offset, np.asarray(assignment.rank)[group_P][keep],
                       np.asarray(assignment.micro)[group_P][keep], position_P[keep],
                       np.asarray(packing.order, dtype=np.int64)[keep]))
@@ -312,7 +313,21 @@ def place_epochs(
     rows = ManifestRows(step[order].astype(np.int32), rank[order].astype(np.int32),
                         micro[order].astype(np.int32), sample[order].astype(np.int64))
     dropped_sample = np.array(sorted(dropped), dtype=np.int64)
-    return rows, dropped_sample, tuple(dropped[int(s)] for s in dropped_sample), epoch_num_steps
+    reasons = tuple(_drop_reason(dropped[int(s)], epochs) for s in dropped_sample)
+    return rows, dropped_sample, reasons, epoch_num_steps
+
+
+def _drop_reason(epochs_by_reason: Mapping[str, list[int]], epochs: int) -> str:
+    """One reason text; ``reason (epochs 0, 2)`` when it did not hold in every epoch."""
+    parts = []
+    for reason, which in epochs_by_reason.items():
+        which = sorted(set(which))
+        if len(which) == epochs:
+            parts.append(reason)
+        else:
+            label = "epoch" if len(which) == 1 else "epochs"
+            parts.append(f"{reason} ({label} {', '.join(map(str, which))})")
+    return "; ".join(parts)
 
 
 def make_packer(inputs: PackInputs, config: PackConfig, caps_K: np.ndarray, bounds_K: np.ndarray,
