@@ -1,19 +1,210 @@
-# DEV SHIM (untracked)
+"""Our default packer: G nearly identical groups, every module balanced at once.
+
+ISF accepts groups that hit *one* bound and leaves the other modules to chance, so its balance
+across ranks depends on how groups are later sorted into steps (which makes steps homogeneous,
+unlike random batches). :func:`pack_balanced` instead makes every group carry the same share of
+every module, so any assignment of groups to ranks is balanced and steps can stay random mixes.
+
+Algorithm:
+
+1. **Number of groups.** ``G = max_k ceil(sum load_k / cap_k)`` (the binding cap's lower bound),
+   divided by ``fill`` and rounded up to a multiple of ``group_multiple`` (the assigner wants
+   ``world_size x micro_batches``). Each group's target in module k is ``t_k = sum w_k / G``.
+2. **Dealing.** Samples in decreasing normalized size (``sum_k w_ik / t_k``; ties broken by a
+   seeded shuffle) are dealt in rounds of G: the largest sample of a round goes to the group
+   with the lowest normalized load, and so on (vectorized, one sort per round). A sample that
+   would break a cap waits for the next round; whatever is left is placed best-fit. If a sample
+   fits nowhere, G grows by ``group_multiple`` and dealing restarts.
+3. **Refinement.** Local search over group pairs: for each group, candidate partners (random
+   ones and the ones whose deviation is most opposite along a random direction) are tried
+   with every one-for-one swap and every one-sample move that keeps both groups under the
+   caps; the change that most lowers ``sum_k ((sum_gk - t_k) / t_k)^2`` is applied. Integer
+   modules (items) therefore converge to exactly equal counts where the totals allow.
+
+Samples are balanced on ``cost_NK`` when given (e.g. FLOPs), else on their loads; caps always
+apply to loads. Nothing is sorted by source, so each group is a random mix of sources.
+
+Example:
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> items = rng.integers(0, 6, 400); tokens = 256 * items + rng.integers(20, 400, 400)
+    >>> p = pack_balanced(np.stack([items, tokens], 1), np.array([9, 4096]), seed=0)
+    >>> sums = group_sums(p, np.stack([items, tokens], 1))
+    >>> bool(sums[:, 0].max() - sums[:, 0].min() <= 1), bool(sums[:, 1].std() / sums[:, 1].mean() < 0.01)
+    (True, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
 import numpy as np
-from balancer_cli.pack.types import Packing
-def pack_balanced(load_NK, caps_K, *, seed=0, oversize="isolate", sample_ids=None, **tuning):
-    load_NK = np.asarray(load_NK); N = len(load_NK)
-    ids = np.arange(N) if sample_ids is None else np.asarray(sample_ids)
-    rng = np.random.default_rng(seed); perm = rng.permutation(N)
-    groups = []; cur = []; acc = np.zeros(load_NK.shape[1]); iso = []; dropped = []
-    for i in perm:
-        if (load_NK[i] > caps_K).any():
-            if oversize == "drop": dropped.append(ids[i]); continue
-            groups.append([ids[i]]); iso.append(True); continue
-        if cur and ((acc + load_NK[i]) > caps_K).any():
-            groups.append(cur); iso.append(False); cur = []; acc[:] = 0
-        cur.append(ids[i]); acc += load_NK[i]
-    if cur: groups.append(cur); iso.append(False)
-    order = np.array([s for g in groups for s in g], np.int64)
-    off = np.concatenate([[0], np.cumsum([len(g) for g in groups])]).astype(np.int64)
-    return Packing(order, off, np.array(iso, bool), np.array(dropped, np.int64), tuple("oversize" for _ in dropped))
+
+from balancer_cli.errors import UsageError
+from balancer_cli.pack._common import assemble, check_inputs, split_oversize
+from balancer_cli.pack._kernels import best_fit, refine_pass
+from balancer_cli.pack.types import Packing, group_sums
+
+__all__ = ["pack_balanced", "groups_lower_bound"]
+
+
+def groups_lower_bound(load_NK: np.ndarray, caps_K: np.ndarray) -> int:
+    """No packing under the caps has fewer groups: ``max_k ceil(sum load_k / cap_k)``, and the
+    count of samples over half a cap (no two of them can share a group).
+
+    Example:
+        >>> groups_lower_bound(np.array([[5, 100], [5, 100]]), np.array([9, 4096]))
+        2
+    """
+    load = np.asarray(load_NK, dtype=np.int64)
+    caps = np.asarray(caps_K, dtype=np.int64)
+    if load.size == 0:
+        return 1
+    by_sum = int((-(-load.sum(axis=0) // caps)).max())
+    # Two samples over half a cap can never share a group.
+    by_halves = int((2 * load > caps[None, :]).sum(axis=0).max())
+    return max(1, by_sum, by_halves)
+
+
+def _deal(rows, load, weight, caps, G, inv_t, rng):
+    """Step 2: vectorized dealing in rounds of G; returns padded members or None if something fits nowhere."""
+    K = load.shape[1]
+    shuffled = rows[rng.permutation(len(rows))]
+    size_sh = (weight[shuffled] * inv_t).sum(axis=1)
+    queue = shuffled[np.argsort(-size_sh, kind="stable")]
+    n = len(queue)
+    # Room for moves in refinement: twice the largest expected group, at least 16.
+    S = int(max(16, 2 * -(-n // G) + 8))
+    members = np.full((G, S), -1, dtype=np.int64)
+    count = np.zeros(G, dtype=np.int64)
+    wsum = np.zeros((G, K), dtype=np.float64)
+    lsum = np.zeros((G, K), dtype=np.int64)
+    carry = np.zeros(0, dtype=np.int64)
+    pos = 0
+    stalls = 0
+    while pos < n or len(carry):
+        take = max(0, G - len(carry))
+        chunk = np.concatenate([carry, queue[pos:pos + take]])
+        pos += take
+        csize = (weight[chunk] * inv_t).sum(axis=1)
+        chunk = chunk[np.argsort(-csize, kind="stable")]
+        open_g = np.flatnonzero(count < S)
+        gkey = (wsum[open_g] * inv_t).sum(axis=1)
+        bins = open_g[np.argsort(gkey, kind="stable")][: len(chunk)]
+        chunk_m, rest = chunk[: len(bins)], chunk[len(bins):]
+        fits = ((lsum[bins] + load[chunk_m]) <= caps).all(axis=1)
+        b, r = bins[fits], chunk_m[fits]
+        members[b, count[b]] = r
+        count[b] += 1
+        wsum[b] += weight[r]
+        lsum[b] += load[r]
+        carry = np.concatenate([chunk_m[~fits], rest])
+        if fits.any():
+            stalls = 0
+        else:
+            stalls += 1
+        if stalls >= 2 or (pos >= n and len(carry) and not fits.any()):
+            break
+    left = carry if pos >= n else np.concatenate([carry, queue[pos:]])
+    if len(left):
+        left = best_fit(left, load, weight, inv_t, members, count, wsum, lsum, caps)
+        if len(left):
+            return None
+    return members, count, wsum, lsum
+
+
+def pack_balanced(
+    load_NK: np.ndarray,
+    caps_K: np.ndarray,
+    *,
+    seed: int = 0,
+    oversize: str = "isolate",
+    sample_ids: np.ndarray | None = None,
+    cost_NK: np.ndarray | None = None,
+    group_multiple: int = 1,
+    num_groups: int | None = None,
+    fill: float = 1.0,
+    passes: int = 12,
+    partners: int = 8,
+    module_names: Sequence[str] | None = None,
+) -> Packing:
+    """Pack samples into nearly identical groups under per-module caps (see the module docstring).
+
+    Args:
+        load_NK: (N, K) int per-sample load: items per encoder module, LLM tokens last.
+        caps_K: (K,) caps per group (Qv..., Qt).
+        seed: seeds the tie-breaking shuffle and the refinement's partner choice.
+        oversize: ``isolate`` | ``drop`` | ``error`` for samples over a cap on their own.
+        sample_ids: (N,) sample index of each row (default ``arange(N)``).
+        cost_NK: (N, K) float cost to balance (default: the loads).
+        group_multiple: G is made a multiple of this (pass ``world_size * micro_batches``);
+            isolated oversize samples come on top and are not counted.
+        num_groups: force G (rounded up to ``group_multiple``; raised if the caps need more).
+        fill: target fill of the binding cap; G = lower bound / fill. 1.0 = fewest groups.
+        passes: refinement passes (0 disables refinement).
+        partners: candidate partner groups per group and pass.
+        module_names: names used in drop reasons and errors.
+
+    Returns:
+        A :class:`Packing` (balanced groups first, then isolated oversize samples).
+
+    Raises:
+        InputError: empty input, or an oversize sample under ``oversize="error"``.
+        UsageError: bad caps, ``fill`` or ``group_multiple``.
+    """
+    load, caps, ids = check_inputs(load_NK, caps_K, sample_ids, oversize)
+    if not 0 < fill <= 1:
+        raise UsageError(f"fill must lie in (0, 1], got {fill}", fix="use --fill 1.0")
+    if group_multiple < 1:
+        raise UsageError(f"group_multiple must be >= 1, got {group_multiple}", fix="pass world_size * micro_batches")
+    weight = load.astype(np.float64) if cost_NK is None else np.asarray(cost_NK, dtype=np.float64)
+    if weight.shape != load.shape:
+        raise UsageError(f"cost shape {weight.shape} differs from load shape {load.shape}", fix="pass (N, K) costs")
+    split = split_oversize(load, caps, policy=oversize, sample_ids=ids, module_names=module_names)
+    rows = split.fit
+    if len(rows) == 0:
+        return assemble((np.zeros(0, np.int64), np.zeros(1, np.int64)), split, ids)
+    rng = np.random.default_rng(seed)
+    lb = groups_lower_bound(load[rows], caps)
+    G = int(np.ceil(lb / fill)) if num_groups is None else max(int(num_groups), lb)
+    G = -(-G // group_multiple) * group_multiple
+    while True:
+        G = min(G, len(rows))
+        total_K = weight[rows].sum(axis=0)
+        target_K = total_K / G
+        inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
+        dealt = _deal(rows, load, weight, caps, G, inv_t, np.random.default_rng(rng.integers(2**63)))
+        if dealt is not None:
+            break
+        # Something fits nowhere: grow G by ~1% (at least one multiple) and deal again.
+        G += max(group_multiple, -(-int(0.01 * G) // group_multiple) * group_multiple)
+    members, count, wsum, lsum = dealt
+    inv_t2 = inv_t**2
+    tol = 1e-12
+    for _ in range(passes):
+        order_G = rng.permutation(G)
+        cand = _partners(wsum, target_K, inv_t, partners, rng)
+        if refine_pass(order_G, cand, members, count, wsum, lsum, weight, load, caps, target_K, inv_t2, tol) == 0:
+            break
+    offsets = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
+    mask = np.arange(members.shape[1])[None, :] < count[:, None]
+    order_rows = members[mask]  # row-major: group by group
+    return assemble((order_rows, offsets), split, ids)
+
+
+def _partners(wsum_GK, target_K, inv_t, partners, rng):
+    """(G, C) candidate partners: half random, half opposite along a random direction."""
+    G, K = wsum_GK.shape
+    n_opp = partners // 2
+    cand = rng.integers(0, G, size=(G, partners))
+    if n_opp and G > 1:
+        dev = (wsum_GK - target_K) * inv_t
+        key = dev @ rng.standard_normal(K)
+        by_key = np.argsort(key, kind="stable")
+        rank = np.empty(G, dtype=np.int64)
+        rank[by_key] = np.arange(G)
+        mirror = G - 1 - rank
+        offs = np.arange(n_opp) - n_opp // 2
+        pos = np.clip(mirror[:, None] + offs[None, :], 0, G - 1)
+        cand[:, :n_opp] = by_key[pos]
+    return cand

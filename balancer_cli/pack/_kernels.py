@@ -1,0 +1,195 @@
+"""Loops that cannot be vectorized: sequential greedy packing and local-search refinement.
+
+They are compiled with numba (``cache=True``) when it is importable and run as plain Python
+otherwise (same results, slower), so numba stays an accelerator, not a correctness dependency.
+All randomness is drawn by the callers with numpy and passed in: the kernels are deterministic.
+
+Example:
+    >>> import numpy as np
+    >>> greedy_close(np.array([[3, 10], [3, 10], [4, 10]]), np.array([9, 100])).tolist()
+    [0, 2, 3]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:  # numba is a declared dependency; the fallback keeps the package importable without it.
+    from numba import njit
+
+    HAVE_NUMBA = True
+except ImportError:  # pragma: no cover - exercised only where numba is absent
+    HAVE_NUMBA = False
+
+    def njit(*args, **kwargs):
+        if args and callable(args[0]):
+            return args[0]
+        return lambda fn: fn
+
+
+__all__ = ["HAVE_NUMBA", "greedy_close", "best_fit", "refine_pass"]
+
+
+@njit(cache=True)
+def greedy_close(load_PK, caps_K):  # pragma: no cover - compiled
+    """Offsets of groups formed by walking rows in order, closing a group when the next row would
+    exceed a cap. Every row must fit the caps on its own. The trailing open group is kept."""
+    P, K = load_PK.shape
+    offsets = np.empty(P + 1, dtype=np.int64)
+    offsets[0] = 0
+    ng = 0
+    acc = np.zeros(K, dtype=np.int64)
+    for p in range(P):
+        over = False
+        for k in range(K):
+            if acc[k] + load_PK[p, k] > caps_K[k]:
+                over = True
+                break
+        if over and p > offsets[ng]:
+            ng += 1
+            offsets[ng] = p
+            for k in range(K):
+                acc[k] = 0
+        for k in range(K):
+            acc[k] += load_PK[p, k]
+    if P > offsets[ng]:
+        ng += 1
+        offsets[ng] = P
+    return offsets[: ng + 1]
+
+
+@njit(cache=True)
+def best_fit(rows, load_NK, weight_NK, inv_target_K, members_GS, count_G, sum_GK, lsum_GK, caps_K):  # pragma: no cover
+    """Place each row in the group with room whose normalized load is lowest.
+
+    Returns the rows that fit nowhere (in their input order)."""
+    G, S = members_GS.shape
+    K = load_NK.shape[1]
+    left = np.empty(len(rows), dtype=np.int64)
+    nleft = 0
+    for r in range(len(rows)):
+        i = rows[r]
+        best = -1
+        best_key = 1e300
+        for g in range(G):
+            if count_G[g] >= S:
+                continue
+            ok = True
+            for k in range(K):
+                if lsum_GK[g, k] + load_NK[i, k] > caps_K[k]:
+                    ok = False
+                    break
+            if not ok:
+                continue
+            key = 0.0
+            for k in range(K):
+                key += sum_GK[g, k] * inv_target_K[k]
+            if key < best_key:
+                best_key = key
+                best = g
+        if best < 0:
+            left[nleft] = i
+            nleft += 1
+            continue
+        members_GS[best, count_G[best]] = i
+        count_G[best] += 1
+        for k in range(K):
+            sum_GK[best, k] += weight_NK[i, k]
+            lsum_GK[best, k] += load_NK[i, k]
+    return left[:nleft]
+
+
+@njit(cache=True)
+def _penalty(sum_GK, g, delta_K, sign, target_K, inv_t2_K):  # pragma: no cover
+    total = 0.0
+    for k in range(len(target_K)):
+        d = sum_GK[g, k] + sign * delta_K[k] - target_K[k]
+        total += d * d * inv_t2_K[k]
+    return total
+
+
+@njit(cache=True)
+def refine_pass(order_G, cand_GC, members_GS, count_G, sum_GK, lsum_GK, weight_NK, load_NK, caps_K,
+                target_K, inv_t2_K, tol):  # pragma: no cover
+    """One pass of local search: for each group (in ``order_G``), try every swap of one sample
+    with one of a candidate partner's samples, and every move of one sample between the two,
+    that keeps both under the caps; apply the one that most lowers
+    ``sum_k ((sum_gk - target_k) / target_k)^2`` over the pair. Returns the number of changes."""
+    G, S = members_GS.shape
+    K = len(target_K)
+    C = cand_GC.shape[1]
+    zero = np.zeros(K)
+    delta = np.zeros(K)
+    changes = 0
+    for idx in range(G):
+        g = order_G[idx]
+        fg = _penalty(sum_GK, g, zero, 0.0, target_K, inv_t2_K)
+        if fg <= tol:
+            continue
+        best_gain = 1e-15
+        best_h = -1
+        best_a = -1
+        best_b = -1  # a, b: positions in g and h; -1 means "nothing" (a move)
+        for c in range(C):
+            h = cand_GC[g, c]
+            if h == g:
+                continue
+            fh = _penalty(sum_GK, h, zero, 0.0, target_K, inv_t2_K)
+            base = fg + fh
+            ng = count_G[g]
+            nh = count_G[h]
+            for a in range(-1, ng):
+                i = members_GS[g, a] if a >= 0 else -1
+                for b in range(-1, nh):
+                    if a < 0 and b < 0:
+                        continue
+                    j = members_GS[h, b] if b >= 0 else -1
+                    # sizes after the exchange must stay in [1, S]
+                    new_ng = ng - (a >= 0) + (b >= 0)
+                    new_nh = nh - (b >= 0) + (a >= 0)
+                    if new_ng < 1 or new_nh < 1 or new_ng > S or new_nh > S:
+                        continue
+                    ok = True
+                    for k in range(K):
+                        dl = (load_NK[j, k] if j >= 0 else 0) - (load_NK[i, k] if i >= 0 else 0)
+                        if lsum_GK[g, k] + dl > caps_K[k] or lsum_GK[h, k] - dl > caps_K[k]:
+                            ok = False
+                            break
+                    if not ok:
+                        continue
+                    for k in range(K):
+                        delta[k] = (weight_NK[j, k] if j >= 0 else 0.0) - (weight_NK[i, k] if i >= 0 else 0.0)
+                    gain = base - _penalty(sum_GK, g, delta, 1.0, target_K, inv_t2_K) - _penalty(
+                        sum_GK, h, delta, -1.0, target_K, inv_t2_K)
+                    if gain > best_gain:
+                        best_gain = gain
+                        best_h = h
+                        best_a = a
+                        best_b = b
+        if best_h < 0:
+            continue
+        h = best_h
+        i = members_GS[g, best_a] if best_a >= 0 else -1
+        j = members_GS[h, best_b] if best_b >= 0 else -1
+        for k in range(K):
+            dw = (weight_NK[j, k] if j >= 0 else 0.0) - (weight_NK[i, k] if i >= 0 else 0.0)
+            dl = (load_NK[j, k] if j >= 0 else 0) - (load_NK[i, k] if i >= 0 else 0)
+            sum_GK[g, k] += dw
+            sum_GK[h, k] -= dw
+            lsum_GK[g, k] += dl
+            lsum_GK[h, k] -= dl
+        # remove i from g / j from h (swap with the last member), then append the other.
+        if best_a >= 0:
+            count_G[g] -= 1
+            members_GS[g, best_a] = members_GS[g, count_G[g]]
+        if best_b >= 0:
+            count_G[h] -= 1
+            members_GS[h, best_b] = members_GS[h, count_G[h]]
+        if j >= 0:
+            members_GS[g, count_G[g]] = j
+            count_G[g] += 1
+        if i >= 0:
+            members_GS[h, count_G[h]] = i
+            count_G[h] += 1
+        changes += 1
+    return changes
