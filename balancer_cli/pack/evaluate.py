@@ -139,13 +139,16 @@ def evaluate_rows(
 
 
 def _steps(inputs, rows: ManifestRows, caps_K: np.ndarray, per_step: int, epoch_num_steps: Sequence[int]) -> dict:
-    """Steps per epoch against a lower bound: ceil(max_k sum(load_k) / cap_k) groups, R x M per step."""
+    """Steps per epoch against a lower bound: the fewest groups the caps allow
+    (:func:`~balancer_cli.pack.packer.groups_lower_bound`), R x M of them per step."""
+    from balancer_cli.pack.packer import groups_lower_bound
+
     bounds, first = [], 0
     step = np.asarray(rows.step, np.int64)
     for steps in epoch_num_steps:
         lo, hi = np.searchsorted(step, [first, first + steps])
-        load_K = inputs.load_NK[np.asarray(rows.sample[lo:hi], np.int64)].sum(axis=0)
-        groups = max([math.ceil(int(s) / int(c)) for s, c in zip(load_K, caps_K)] + [0])
+        placed_NK = inputs.load_NK[np.asarray(rows.sample[lo:hi], np.int64)]
+        groups = groups_lower_bound(placed_NK, np.asarray(caps_K)) if len(placed_NK) else 0
         bounds.append(math.ceil(groups / per_step))
         first += steps
     total, bound = int(sum(epoch_num_steps)), int(sum(bounds))

@@ -336,16 +336,20 @@ def make_packer(inputs: PackInputs, config: PackConfig, caps_K: np.ndarray, boun
     algorithm = algorithm or config.algorithm
     ids = np.flatnonzero(inputs.ok_N)
     load = inputs.load_NK[ids]
+    cost = inputs.cost_NK[ids]
     common = dict(oversize=config.oversize, sample_ids=ids)
     if algorithm == "balanced":
         from balancer_cli.pack.packer import pack_balanced
 
-        return lambda epoch: pack_balanced(load, caps_K, seed=config.seed + epoch, **common)
+        # G a multiple of R x M, so no group is left out of a full step.
+        group_multiple = config.world_size * config.micro_batches
+        return lambda epoch: pack_balanced(load, caps_K, seed=config.seed + epoch, cost_NK=cost,
+                                           group_multiple=group_multiple, module_names=inputs.modules, **common)
     if algorithm == "isf":
         from balancer_cli.pack.isf import pack_isf
 
         return lambda epoch: pack_isf(load, caps_K, bounds_K, iterations=config.iterations,
-                                      seed=config.seed + epoch, **common)
+                                      seed=config.seed + epoch, module_names=inputs.modules, **common)
     from balancer_cli.pack import baselines
 
     if algorithm == "llm-ffd":
