@@ -76,6 +76,12 @@ def render_summary(summary: Mapping[str, Any]) -> str:
         "",
         format_text_table(*summary_table(summary)),
     ]
+    if "post_balance" in summary:
+        post = summary["post_balance"]
+        phases = ", ".join(f"{m} {summary['modules'][m]['utilization']:.3f} -> {v['utilization']:.3f}"
+                           for m, v in post["modules"].items())
+        lines.append(f"post-balancing: utilization {phases}; step {summary['step']['utilization']:.3f} -> "
+                     f"{post['step']['utilization']:.3f}")
     return "\n".join(lines)
 
 
