@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover - exercised only where numba is absent
         return lambda fn: fn
 
 
-__all__ = ["HAVE_NUMBA", "greedy_close", "best_fit", "refine_pass"]
+__all__ = ["HAVE_NUMBA", "greedy_close", "first_fit", "refine_pass"]
 
 
 @njit(cache=True)
@@ -59,44 +59,61 @@ def greedy_close(load_PK, caps_K):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def best_fit(rows, load_NK, weight_NK, inv_target_K, members_GS, count_G, sum_GK, lsum_GK, caps_K):  # pragma: no cover
-    """Place each row in the group with room whose normalized load is lowest.
+def first_fit(rows, load_NK, caps_K, min_rest_PK, lookback):  # pragma: no cover - compiled
+    """First fit over the open groups, in the given row order (decreasing size for FFD).
 
-    Returns the rows that fit nowhere (in their input order)."""
-    G, S = members_GS.shape
+    A group leaves the open list once some module's room is below what every remaining row
+    needs (``min_rest_PK[p]``: per-module minimum load of rows p..end), so scans stay short;
+    at most ``lookback`` open groups are tried (circularly, from where the last scan stopped)
+    before a new group opens.
+
+    Returns:
+        (P,) group id per row, in ``rows`` order, and the number of groups."""
+    P = len(rows)
     K = load_NK.shape[1]
-    left = np.empty(len(rows), dtype=np.int64)
-    nleft = 0
-    for r in range(len(rows)):
-        i = rows[r]
-        best = -1
-        best_key = 1e300
-        for g in range(G):
-            if count_G[g] >= S:
-                continue
-            ok = True
+    gid = np.empty(P, dtype=np.int64)
+    lsum = np.zeros((P, K), dtype=np.int64)
+    open_ids = np.empty(P, dtype=np.int64)
+    n_open = 0
+    G = 0
+    cursor = 0
+    for p in range(P):
+        i = rows[p]
+        placed = -1
+        tried = 0
+        # Circular scan from where the last one stopped: a group that failed a larger row gets
+        # revisited when smaller rows come (rows arrive in decreasing size).
+        while n_open > 0 and tried < lookback:
+            if cursor >= n_open:
+                cursor = 0
+            b = open_ids[cursor]
+            dead = False
+            fits = True
             for k in range(K):
-                if lsum_GK[g, k] + load_NK[i, k] > caps_K[k]:
-                    ok = False
+                room = caps_K[k] - lsum[b, k]
+                if room < min_rest_PK[p, k]:
+                    dead = True
                     break
-            if not ok:
+                if load_NK[i, k] > room:
+                    fits = False
+            if dead:
+                n_open -= 1
+                open_ids[cursor] = open_ids[n_open]
                 continue
-            key = 0.0
-            for k in range(K):
-                key += sum_GK[g, k] * inv_target_K[k]
-            if key < best_key:
-                best_key = key
-                best = g
-        if best < 0:
-            left[nleft] = i
-            nleft += 1
-            continue
-        members_GS[best, count_G[best]] = i
-        count_G[best] += 1
+            tried += 1
+            if fits:
+                placed = b
+                break
+            cursor += 1
+        if placed < 0:
+            placed = G
+            G += 1
+            open_ids[n_open] = placed
+            n_open += 1
+        gid[p] = placed
         for k in range(K):
-            sum_GK[best, k] += weight_NK[i, k]
-            lsum_GK[best, k] += load_NK[i, k]
-    return left[:nleft]
+            lsum[placed, k] += load_NK[i, k]
+    return gid, G
 
 
 @njit(cache=True)

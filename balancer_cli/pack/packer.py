@@ -40,9 +40,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from balancer_cli.errors import UsageError
+from balancer_cli.errors import InputError, UsageError
 from balancer_cli.pack._common import assemble, check_inputs, split_oversize
-from balancer_cli.pack._kernels import best_fit, refine_pass
+from balancer_cli.pack._kernels import first_fit, refine_pass
 from balancer_cli.pack.types import Packing, group_sums
 
 __all__ = ["pack_balanced", "groups_lower_bound"]
@@ -66,51 +66,50 @@ def groups_lower_bound(load_NK: np.ndarray, caps_K: np.ndarray) -> int:
     return max(1, by_sum, by_halves)
 
 
-def _deal(rows, load, weight, caps, G, inv_t, rng):
-    """Step 2: vectorized dealing in rounds of G; returns padded members or None if something fits nowhere."""
-    K = load.shape[1]
+def _first_fit_decreasing(rows, load, caps, rng, lookback):
+    """Step 2: rows by decreasing normalized size (seeded tie-breaks), first fit; returns the
+    group id of each row (aligned with ``rows``) and the number of groups."""
     shuffled = rows[rng.permutation(len(rows))]
-    size_sh = (weight[shuffled] * inv_t).sum(axis=1)
-    queue = shuffled[np.argsort(-size_sh, kind="stable")]
-    n = len(queue)
-    # Room for moves in refinement: twice the largest expected group, at least 16.
-    S = int(max(16, 2 * -(-n // G) + 8))
+    size = (load[shuffled] / caps).sum(axis=1)
+    queue = shuffled[np.argsort(-size, kind="stable")]
+    # Suffix minimum of each module's load: what every row still to come needs at least.
+    min_rest = np.minimum.accumulate(load[queue][::-1], axis=0)[::-1]
+    gid, G = first_fit(queue, load, caps, np.ascontiguousarray(min_rest), lookback)
+    return queue, gid, G
+
+
+def _padded(queue, gid, G, weight, load, slack):
+    """(G, S) member table with room for ``slack`` extra members per group, counts and sums."""
+    order = np.argsort(gid, kind="stable")
+    count = np.bincount(gid, minlength=G).astype(np.int64)
+    S = int(count.max()) + slack
     members = np.full((G, S), -1, dtype=np.int64)
-    count = np.zeros(G, dtype=np.int64)
-    wsum = np.zeros((G, K), dtype=np.float64)
-    lsum = np.zeros((G, K), dtype=np.int64)
-    carry = np.zeros(0, dtype=np.int64)
-    pos = 0
-    stalls = 0
-    while pos < n or len(carry):
-        take = max(0, G - len(carry))
-        chunk = np.concatenate([carry, queue[pos:pos + take]])
-        pos += take
-        csize = (weight[chunk] * inv_t).sum(axis=1)
-        chunk = chunk[np.argsort(-csize, kind="stable")]
-        open_g = np.flatnonzero(count < S)
-        gkey = (wsum[open_g] * inv_t).sum(axis=1)
-        bins = open_g[np.argsort(gkey, kind="stable")][: len(chunk)]
-        chunk_m, rest = chunk[: len(bins)], chunk[len(bins):]
-        fits = ((lsum[bins] + load[chunk_m]) <= caps).all(axis=1)
-        b, r = bins[fits], chunk_m[fits]
-        members[b, count[b]] = r
-        count[b] += 1
-        wsum[b] += weight[r]
-        lsum[b] += load[r]
-        carry = np.concatenate([chunk_m[~fits], rest])
-        if fits.any():
-            stalls = 0
-        else:
-            stalls += 1
-        if stalls >= 2 or (pos >= n and len(carry) and not fits.any()):
-            break
-    left = carry if pos >= n else np.concatenate([carry, queue[pos:]])
-    if len(left):
-        left = best_fit(left, load, weight, inv_t, members, count, wsum, lsum, caps)
-        if len(left):
-            return None
+    starts = np.concatenate([[0], np.cumsum(count)[:-1]])
+    sorted_g = gid[order]
+    members[sorted_g, np.arange(len(order)) - starts[sorted_g]] = queue[order]
+    wsum = np.zeros((G, weight.shape[1]))
+    lsum = np.zeros((G, load.shape[1]), dtype=np.int64)
+    np.add.at(wsum, gid, weight[queue])
+    np.add.at(lsum, gid, load[queue])
     return members, count, wsum, lsum
+
+
+def _fill_empty(members, count, wsum, lsum, weight, load):
+    """Give every empty group the last sample of one of the groups with the most samples."""
+    while (count == 0).any():
+        empty = np.flatnonzero(count == 0)
+        donors = np.argsort(-count, kind="stable")[: len(empty)]
+        donors = donors[count[donors] >= 2]
+        empty = empty[: len(donors)]
+        count[donors] -= 1
+        moved = members[donors, count[donors]]
+        members[donors, count[donors]] = -1
+        members[empty, 0] = moved
+        count[empty] = 1
+        wsum[donors] -= weight[moved]
+        lsum[donors] -= load[moved]
+        wsum[empty] = weight[moved]
+        lsum[empty] = load[moved]
 
 
 def pack_balanced(
@@ -124,8 +123,10 @@ def pack_balanced(
     group_multiple: int = 1,
     num_groups: int | None = None,
     fill: float = 1.0,
-    passes: int = 12,
+    passes: int = 8,
     partners: int = 8,
+    lookback: int = 64,
+    count_slack: int = 8,
     module_names: Sequence[str] | None = None,
 ) -> Packing:
     """Pack samples into nearly identical groups under per-module caps (see the module docstring).
@@ -165,20 +166,17 @@ def pack_balanced(
     if len(rows) == 0:
         return assemble((np.zeros(0, np.int64), np.zeros(1, np.int64)), split, ids)
     rng = np.random.default_rng(seed)
+    queue, gid, G_ffd = _first_fit_decreasing(rows, load, caps, rng, lookback)
     lb = groups_lower_bound(load[rows], caps)
-    G = int(np.ceil(lb / fill)) if num_groups is None else max(int(num_groups), lb)
-    G = -(-G // group_multiple) * group_multiple
-    while True:
-        G = min(G, len(rows))
-        total_K = weight[rows].sum(axis=0)
-        target_K = total_K / G
-        inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
-        dealt = _deal(rows, load, weight, caps, G, inv_t, np.random.default_rng(rng.integers(2**63)))
-        if dealt is not None:
-            break
-        # Something fits nowhere: grow G by ~1% (at least one multiple) and deal again.
-        G += max(group_multiple, -(-int(0.01 * G) // group_multiple) * group_multiple)
-    members, count, wsum, lsum = dealt
+    G = max(G_ffd, int(np.ceil(lb / fill))) if num_groups is None else max(int(num_groups), G_ffd)
+    G = min(-(-G // group_multiple) * group_multiple, len(rows))
+    members, count, wsum, lsum = _padded(queue, gid, G, weight, load, slack=max(4, int(count_slack)))
+    if (count == 0).any():
+        if count.max() < 2 and (count == 0).sum() > 0:
+            raise InputError(f"{len(rows)} samples cannot fill {G} groups", fix="lower --world-size or --micro-batches")
+        _fill_empty(members, count, wsum, lsum, weight, load)
+    target_K = wsum.sum(axis=0) / G
+    inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
     inv_t2 = inv_t**2
     tol = 1e-12
     for _ in range(passes):

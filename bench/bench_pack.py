@@ -1,0 +1,146 @@
+"""Packing benchmark: our packer vs OmniBal's ISF (and random batching) in the same process.
+
+Prints, per scenario: Dist Ratio and utilization per module, steps vs their lower bound, step
+mix (mean total-variation distance between each step's source histogram and the global one,
+as a ratio to random batching with the same number of steps), dropped samples, and wall times
+with their ratio to ISF.
+
+Usage (from the repository root):
+    python -m bench.bench_pack                       # all scenarios
+    python -m bench.bench_pack --scenario internvl   # one of: internvl, synthetic, audio, large
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import time
+from pathlib import Path
+
+import numpy as np
+
+from balancer_cli.pack.assign import assign_groups, split_to_multiple
+from balancer_cli.pack.isf import pack_isf
+from balancer_cli.pack.metrics import dist_ratio, step_loads, utilization
+from balancer_cli.pack.packer import groups_lower_bound, pack_balanced
+from balancer_cli.pack.types import check_packing, group_sums
+from bench.synthetic import make_synthetic
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def step_mix(source_P: np.ndarray, step_P: np.ndarray, num_steps: int) -> float:
+    """Mean over steps of the total-variation distance between the step's source histogram and
+    the global one (0 = every step has the global mix)."""
+    _, src = np.unique(source_P, return_inverse=True)
+    n_src = int(src.max()) + 1
+    hist = np.bincount(step_P * n_src + src, minlength=num_steps * n_src).reshape(num_steps, n_src).astype(float)
+    hist /= np.maximum(hist.sum(axis=1, keepdims=True), 1)
+    glob_mix = np.bincount(src, minlength=n_src) / len(src)
+    return float(0.5 * np.abs(hist - glob_mix).sum(axis=1).mean())
+
+
+def random_batching_mix(source_N: np.ndarray, num_steps: int, seed: int = 0) -> float:
+    """Step mix of plain random batching: shuffle, cut into ``num_steps`` equal steps."""
+    perm = np.random.default_rng(seed).permutation(len(source_N))
+    step = np.empty(len(source_N), np.int64)
+    step[perm] = np.arange(len(source_N)) * num_steps // len(source_N)
+    return step_mix(source_N, step, num_steps)
+
+
+def evaluate(packing, assignment, cost_NK, source_N, R):
+    """Per-module Dist Ratio / utilization and the step mix of a packed, assigned epoch."""
+    gid = packing.group_ids()
+    samples = packing.order
+    step_P = assignment.step[gid].astype(np.int64)
+    rank_P = assignment.rank[gid].astype(np.int64)
+    out = {"steps": assignment.num_steps, "groups": packing.num_groups, "dropped": len(packing.dropped)}
+    for k in range(cost_NK.shape[1]):
+        load_SR = step_loads(step_P, rank_P, cost_NK[samples, k], num_steps=assignment.num_steps, world_size=R)
+        out[f"dist{k}"] = dist_ratio(load_SR)
+        out[f"util{k}"] = utilization(load_SR)
+    out["mix"] = step_mix(source_N[samples], step_P, assignment.num_steps)
+    out["mix_random"] = random_batching_mix(source_N, assignment.num_steps)
+    return out
+
+
+def random_assign(num_groups, R, M, seed=0):
+    """OmniBal's evaluation: groups in random order, dealt to ranks as a random sampler does."""
+    from balancer_cli.pack.types import Assignment
+
+    perm = np.random.default_rng(seed).permutation(num_groups)
+    slot = np.empty(num_groups, np.int64)
+    slot[perm] = np.arange(num_groups)
+    S = num_groups // (R * M)
+    return Assignment((slot // (R * M)).astype(np.int32), (slot % R).astype(np.int32),
+                      (slot // R % M).astype(np.int32), S)
+
+
+def run_scenario(name, load_NK, cost_NK, source_N, modules, caps_K, R, M, isf_bounds=None, search=False):
+    print(f"\n## {name}: N={len(load_NK):,}, modules={modules}, caps={caps_K.tolist()}, world_size={R}, micro_batches={M}")
+    rows = []
+    isf_bounds = caps_K - np.maximum(1, caps_K // 32) if isf_bounds is None else isf_bounds
+    isf_bounds[:-1] = caps_K[:-1]
+    t = time.perf_counter()
+    p_isf = pack_isf(load_NK, caps_K, isf_bounds, iterations=50, seed=0)
+    t_isf = time.perf_counter() - t
+    p_isf = split_to_multiple(p_isf, cost_NK[:, -1], R * M)
+    check_packing(p_isf, len(load_NK), load_NK, caps_K)
+    rows.append(("ISF + random sampler", evaluate(p_isf, random_assign(p_isf.num_groups, R, M), cost_NK, source_N, R), t_isf))
+    t = time.perf_counter()
+    a = assign_groups(group_sums(p_isf, cost_NK), world_size=R, micro_batches=M)
+    rows.append(("ISF + our assigner", evaluate(p_isf, a, cost_NK, source_N, R), t_isf + time.perf_counter() - t))
+    if search:
+        from balancer_cli.pack.search import search_thresholds
+
+        t = time.perf_counter()
+        res = search_thresholds(load_NK, cost_NK, world_size=R, micro_batches=M, max_caps_K=caps_K)
+        caps_ours = res.best_caps_K
+        t_search = time.perf_counter() - t
+    else:
+        caps_ours, t_search = caps_K, 0.0
+    t = time.perf_counter()
+    p = pack_balanced(load_NK, caps_ours, cost_NK=cost_NK, group_multiple=R * M, seed=0)
+    a = assign_groups(group_sums(p, cost_NK), world_size=R, micro_batches=M)
+    t_ours = time.perf_counter() - t + t_search
+    check_packing(p, len(load_NK), load_NK, caps_ours)
+    rows.append((f"ours{' (searched caps ' + str(caps_ours.tolist()) + ')' if search else ''}", evaluate(p, a, cost_NK, source_N, R), t_ours))
+    lb_steps = -(-groups_lower_bound(load_NK, caps_ours) // (R * M))
+    head = "| method | " + " | ".join(f"dist {m}" for m in modules) + " | " + " | ".join(f"util {m}" for m in modules)
+    print(head + " | steps (lb) | mix vs random | dropped | time s (x ISF) |")
+    print("|" + "---|" * (3 + 2 * len(modules) + 3))
+    for label, r, dt in rows:
+        dist = " | ".join(f"{r[f'dist{k}']:.4f}" for k in range(len(modules)))
+        util = " | ".join(f"{r[f'util{k}']:.4f}" for k in range(len(modules)))
+        print(f"| {label} | {dist} | {util} | {r['steps']} ({lb_steps}) | {r['mix'] / r['mix_random']:.2f}x "
+              f"| {r['dropped']} | {dt:.2f} ({dt / t_isf:.2f}x) |")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenario", default="all")
+    ap.add_argument("--world-size", type=int, default=None)
+    ap.add_argument("--micro-batches", type=int, default=1)
+    args = ap.parse_args(argv)
+    want = lambda s: args.scenario in ("all", s)  # noqa: E731
+    if want("internvl"):
+        from balancer_cli.lengths import read_lengths
+
+        files = sorted(glob.glob(str(ROOT.parent / "shared" / "data" / "internvl-lengths" / "*.json")))
+        lt = read_lengths(files)
+        load = np.stack([lt.items("vision"), lt.llm_tokens()], 1).astype(np.int64)
+        cost = np.stack([lt.tokens("vision"), lt.llm_tokens()], 1).astype(np.float64)
+        run_scenario("internvl-lengths (4 files)", load, cost, lt.sources(), ("vision", "llm"),
+                     np.array([10, 4096]), args.world_size or 8, args.micro_batches)
+    if want("synthetic"):
+        d = make_synthetic(200_000, seed=0)
+        run_scenario("synthetic 200k", d["load_NK"], d["cost_NK"], d["source"], d["modules"],
+                     np.array([40, 8192]), args.world_size or 16, args.micro_batches)
+    if want("audio"):
+        d = make_synthetic(200_000, seed=0, audio_share=0.1)
+        run_scenario("synthetic 200k + audio (10%)", d["load_NK"], d["cost_NK"], d["source"], d["modules"],
+                     np.array([40, 8, 8192]), args.world_size or 32, args.micro_batches)
+
+
+if __name__ == "__main__":
+    main()
