@@ -47,7 +47,7 @@ from balancer_cli.pack.pipeline import PackConfig, prepare_inputs
 __all__ = ["Report", "build_report", "write_report", "render_markdown", "summary_table", "check_fingerprint"]
 
 #: Baseline drawn next to the manifest in report.png, first available wins.
-PLOT_BASELINE_PREFERENCE = ("isf", "llm-ffd", "random")
+PLOT_BASELINE_PREFERENCE = ("dataloader", "isf", "llm-ffd", "random")
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable, *, baselines: Se
             continue
         evaluation: Evaluation = evaluate_rows(inputs, b_rows, b_dropped, b_reasons, epoch_num_steps=b_epochs, **shape)
         data["baselines"][name] = evaluation.metrics
-        if name == "random":
+        if name in ("random", "dataloader"):
             data["baselines"][name]["batch_size"] = base_config.batch_size
         loads[name] = evaluation.loads
     return Report(data, loads)
@@ -194,8 +194,11 @@ def render_markdown(data: Mapping[str, Any]) -> str:
         "dist = Dist Ratio (mean over steps of sum_r (max T - T_r) / (max T x R)); pad = Pad Ratio if each group "
         "were a padded micro-batch (packed groups with variable-length attention pad nothing); util = "
         "sum T / (R x sum_s max_r T); step util counts modules one after another; steps vs the lower bound "
-        "ceil(max_m sum(load_m)/Q_m / (R x M)); mix dist = mean total-variation distance of each step's "
-        "source mix from the overall mix.", "",
+        "(the fewest groups the caps allow) / (R x M); mix dist = mean total-variation distance of each "
+        "step's source mix from the overall mix "
+        f"({data['step_mix']['shuffled_mean_distance']:.3f} for the same step sizes filled by a plain shuffle).",
+        "", "Baselines: dataloader = random batches placed in order (no balancing); random = the same batches "
+        "through our assigner; llm-ffd = first-fit decreasing on LLM tokens; isf = OmniBal's ISF.", "",
         "## Dropped samples", "",
     ]
     dropped = data["dropped"]

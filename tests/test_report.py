@@ -64,19 +64,21 @@ def test_report_from_written_manifest_matches_the_pack_summary(tmp_path):
     lt = _lengths()
     config = PackConfig(world_size=4, micro_batches=2, epochs=2, caps=(("llm", 3000), ("vision", 10)))
     result = _write(tmp_path, lt, config)
-    report = build_report(open_manifest(tmp_path), lt, baselines=("random", "llm-ffd", "isf"))
+    report = build_report(open_manifest(tmp_path), lt, baselines=("dataloader", "random", "llm-ffd", "isf"))
     data = report.data
     summary = result.meta["summary"]
     for key in ("modules", "step", "steps", "dropped", "groups", "step_mix"):
         assert data[key] == summary[key], key
     assert data["dropped"]["by_reason"] == {"corrupt image": {"count": 1, "share": round(1 / 600, 6)}}
-    assert set(data["baselines"]) == {"random", "llm-ffd", "isf"}
+    assert set(data["baselines"]) == {"dataloader", "random", "llm-ffd", "isf"}
     for name, base in data["baselines"].items():
         assert set(base["modules"]) == {"vision", "llm"}, name
         assert {"dist_ratio", "pad_ratio", "utilization"} <= set(base["modules"]["llm"])
-    # ours balances both modules better than random batching of the same mean group size
+    # ours balances both modules better than a data loader's random batches of the same mean size
     for module in ("vision", "llm"):
-        assert data["modules"][module]["dist_ratio"] < data["baselines"]["random"]["modules"][module]["dist_ratio"]
+        assert data["modules"][module]["dist_ratio"] < data["baselines"]["dataloader"]["modules"][module]["dist_ratio"]
+    assert data["baselines"]["dataloader"]["batch_size"] == data["baselines"]["random"]["batch_size"]
+    assert 0 < data["step_mix"]["shuffled_mean_distance"] < 1
     assert data["baselines"]["random"]["groups"]["over_cap"] >= 0
     assert data["steps"]["per_epoch"] == result.epoch_num_steps
 

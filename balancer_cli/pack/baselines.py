@@ -1,13 +1,17 @@
 """Baselines a manifest is compared with: random batching, LLM-only FFD packing, faithful ISF.
 
-- ``random``: shuffle, then cut into groups of a fixed batch size (what a plain DataLoader does);
-  no cap is looked at, so groups can exceed memory caps.
+- ``random``: shuffle, then cut into groups of a fixed batch size; no cap is looked at, so groups
+  can exceed memory caps.
+- ``dataloader``: the same random batches placed in order (batch g at step g // (R x M)), as a
+  plain distributed data loader does, without the balancing assigner: the status quo.
 - ``llm-ffd``: first-fit decreasing on LLM tokens under the LLM cap only, as LLM trainers pack
   sequences; encoder items are ignored, so encoder load is left to chance.
 - ``isf``: OmniBal's iterative sampling-and-filtering (:func:`balancer_cli.pack.isf.pack_isf`).
 
-Each baseline's groups go through the same assigner and row ordering as the manifest itself
-(:func:`balancer_cli.pack.pipeline.place_epochs`), so every metric compares like with like.
+Each baseline's groups (but ``dataloader``'s) go through the same assigner and row ordering as the
+manifest itself (:func:`balancer_cli.pack.pipeline.place_epochs`), so every metric compares like
+with like; that assigner alone already balances random batches across ranks, which is why the
+``dataloader`` baseline shows what training without balancing looks like.
 
 Example:
     >>> import numpy as np
@@ -28,7 +32,7 @@ from balancer_cli.pack.types import Packing
 
 __all__ = ["BASELINES", "pack_random", "pack_llm_ffd", "default_batch_size", "run_baseline"]
 
-BASELINES = ("random", "llm-ffd", "isf")
+BASELINES = ("dataloader", "random", "llm-ffd", "isf")
 
 
 def default_batch_size(load_NK: np.ndarray, caps_K: np.ndarray) -> int:
@@ -125,4 +129,4 @@ def run_baseline(name: str, inputs, config, caps_K: np.ndarray, bounds_K: np.nda
 
     packer = make_packer(inputs, config, caps_K, bounds_K, algorithm=name)
     return place_epochs(inputs, packer, world_size=config.world_size, micro_batches=config.micro_batches,
-                        epochs=config.epochs, seed=config.seed)
+                        epochs=config.epochs, seed=config.seed, sequential=name == "dataloader")

@@ -168,7 +168,13 @@ def _groups(inputs, group_P: np.ndarray, sample_P: np.ndarray, caps_K: np.ndarra
 
 
 def _step_mix(inputs, step_P: np.ndarray, sample_P: np.ndarray, num_steps: int) -> dict:
-    distances = step_mix_distances(step_P, inputs.source_codes_N[sample_P], num_steps, len(inputs.source_names))
+    source_P = inputs.source_codes_N[sample_P]
+    distances = step_mix_distances(step_P, source_P, num_steps, len(inputs.source_names))
+    # Reference: the same step sizes filled by an i.i.d. shuffle (what random batching gives;
+    # small steps deviate from the global mix by chance alone).
+    shuffled_P = source_P[np.random.default_rng(0).permutation(len(source_P))]
+    reference = step_mix_distances(step_P, shuffled_P, num_steps, len(inputs.source_names))
     return {"mean_distance": _round(distances.mean()) if len(distances) else 0.0,
             "max_distance": _round(distances.max()) if len(distances) else 0.0,
+            "shuffled_mean_distance": _round(reference.mean()) if len(reference) else 0.0,
             "num_sources": len(inputs.source_names)}

@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 #: Packers ``pack`` can write a manifest with; the last two are the baselines' packers.
-ALGORITHMS = ("balanced", "isf", "llm-ffd", "random")
+ALGORITHMS = ("balanced", "isf", "llm-ffd", "random", "dataloader")
 OVERSIZE_POLICIES = ("isolate", "drop", "error")
 #: ISF acceptance bound as a share of the cap when neither the user nor the search gives one.
 DEFAULT_BOUND_SHARE = 0.9
@@ -262,6 +262,7 @@ def place_epochs(
     micro_batches: int,
     epochs: int,
     seed: int,
+    sequential: bool = False,
 ) -> tuple[ManifestRows, np.ndarray, tuple[str, ...], list[int]]:
     """Pack and assign every epoch; return sorted rows, dropped samples/reasons and steps per epoch.
 
@@ -271,11 +272,13 @@ def place_epochs(
         world_size, micro_batches: the step shape.
         epochs: number of epochs; epoch e assigns with seed ``seed + e``.
         seed: base seed.
+        sequential: place groups in packing order (group g at step g // (R x M)), as a plain
+            distributed data loader does, instead of the balancing assigner.
 
     Raises:
         UsageError: fewer groups than one step needs (``world_size * micro_batches``).
     """
-    from balancer_cli.pack.assign import assign_groups
+    from balancer_cli.pack.assign import assign_groups, split_to_multiple
 
     parts, epoch_num_steps = [], []
     # sample -> reason -> epochs it applied to; a reason that held in every epoch is written plain.
@@ -291,9 +294,22 @@ def place_epochs(
                 f"--dp {world_size} x --micro-batches {micro_batches} needs {per_step} groups per step, "
                 f"but the samples form only {packing.num_groups} groups",
                 fix="lower --dp or --micro-batches, or lower the caps so that more groups form")
+        # The assigner wants G to be a multiple of R x M: split the heaviest groups (caps still hold).
+        try:
+            packing = split_to_multiple(packing, inputs.cost_NK[:, -1], per_step)
+        except InputError as error:
+            raise UsageError(
+                f"--dp {world_size} x --micro-batches {micro_batches} needs a multiple of {per_step} groups "
+                f"(groups per step), and the {packing.num_groups} groups cannot be split to one ({error.message})",
+                fix="lower --dp or --micro-batches, or lower the caps so that more groups form") from None
         cost_GK = group_sums(packing, inputs.cost_NK)
-        assignment: Assignment = assign_groups(cost_GK, world_size=world_size, micro_batches=micro_batches,
-                                               seed=seed + epoch)
+        if sequential:
+            slot = np.arange(packing.num_groups)
+            assignment = Assignment(step=(slot // per_step).astype(np.int32),
+                                    rank=((slot % per_step) // micro_batches).astype(np.int32),
+                                    micro=(slot % micro_batches).astype(np.int32), num_steps=len(slot) // per_step)
+        else:
+            assignment = assign_groups(cost_GK, world_size=world_size, micro_batches=micro_batches, seed=seed + epoch)
         group_P = packing.group_ids()
         position_P = np.arange(len(packing.order)) - packing.group_offsets[group_P]
         step_P = np.asarray(assignment.step, dtype=np.int64)[group_P]
@@ -354,7 +370,7 @@ def make_packer(inputs: PackInputs, config: PackConfig, caps_K: np.ndarray, boun
 
     if algorithm == "llm-ffd":
         return lambda epoch: baselines.pack_llm_ffd(load, caps_K, seed=config.seed + epoch, **common)
-    if algorithm == "random":
+    if algorithm in ("random", "dataloader"):
         batch = config.batch_size or baselines.default_batch_size(load, caps_K)
         return lambda epoch: baselines.pack_random(len(ids), batch, seed=config.seed + epoch, sample_ids=ids)
     raise UsageError(f"unknown algorithm {algorithm!r}", fix=f"use one of: {', '.join(ALGORITHMS)}")
