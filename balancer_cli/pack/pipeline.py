@@ -43,6 +43,7 @@ __all__ = [
     "PackResult",
     "prepare_inputs",
     "resolve_thresholds",
+    "run_search",
     "place_epochs",
     "make_packer",
     "with_phase_ranks",
@@ -152,6 +153,26 @@ def _default_max_caps(inputs: PackInputs) -> np.ndarray:
     return np.maximum(np.maximum(largest, typical), 1).astype(np.int64)
 
 
+def run_search(inputs: PackInputs, config: PackConfig, **search_options: Any) -> Any:
+    """Run the threshold search over the samples without error.
+
+    Caps given in ``config.caps`` are the search's upper limits (memory limits); other modules are
+    limited by :func:`_default_max_caps`. ``search_options`` go to
+    :func:`balancer_cli.pack.search.search_thresholds` (``grid``, ``sample_size``, ...).
+    """
+    from balancer_cli.pack.search import search_thresholds  # the packer's search; heavy, import late
+
+    caps = _by_module(config.caps, inputs.modules, "cap")
+    max_caps_K = _default_max_caps(inputs)
+    for k, module in enumerate(inputs.modules):
+        max_caps_K[k] = caps.get(module, max_caps_K[k])
+    algorithm = config.algorithm if config.algorithm in ("balanced", "isf") else "balanced"
+    return search_thresholds(
+        inputs.load_NK[inputs.ok_N], inputs.cost_NK[inputs.ok_N], world_size=config.world_size,
+        micro_batches=config.micro_batches, max_caps_K=max_caps_K, target_group_size=config.target_group_size,
+        seed=config.seed, algorithm=algorithm, **search_options)
+
+
 def resolve_thresholds(inputs: PackInputs, config: PackConfig) -> tuple[np.ndarray, np.ndarray, Any]:
     """Caps and ISF bounds per module (K,), running the search when a cap is missing.
 
@@ -164,20 +185,11 @@ def resolve_thresholds(inputs: PackInputs, config: PackConfig) -> tuple[np.ndarr
     if all(m in caps for m in inputs.modules):
         caps_K = np.array([caps[m] for m in inputs.modules], dtype=np.int64)
     else:
-        from balancer_cli.pack.search import search_thresholds  # the packer's search; heavy, import late
-
-        max_caps_K = _default_max_caps(inputs)
-        for k, module in enumerate(inputs.modules):
-            max_caps_K[k] = caps.get(module, max_caps_K[k])
-        search = search_thresholds(
-            inputs.load_NK[inputs.ok_N], inputs.cost_NK[inputs.ok_N], world_size=config.world_size,
-            micro_batches=config.micro_batches, max_caps_K=max_caps_K,
-            target_group_size=config.target_group_size, seed=config.seed)
-        caps_K = np.asarray(search.caps_K, dtype=np.int64)
-        searched_bounds = getattr(search, "bounds_K", None)
-        if searched_bounds is not None:
+        search = run_search(inputs, config)
+        caps_K = np.asarray(search.best_caps_K, dtype=np.int64)
+        if config.algorithm == "isf":  # our packer's search reports bounds = caps: keep ISF's defaults then
             for k, module in enumerate(inputs.modules):
-                bounds.setdefault(module, int(searched_bounds[k]))
+                bounds.setdefault(module, int(search.best_bounds_K[k]))
     _check_caps_fit(inputs, caps_K)
     bounds_K = np.array([bounds.get(m, max(1, math.floor(DEFAULT_BOUND_SHARE * c)))
                          for m, c in zip(inputs.modules, caps_K)], dtype=np.int64)
