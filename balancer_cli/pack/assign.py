@@ -72,7 +72,8 @@ def assign_groups(
     world_size: int,
     micro_batches: int,
     seed: int = 0,
-    window: int = 16,
+    window: int = 0,
+    tolerance: float = 0.002,
     discrete_levels: int = 32,
 ) -> Assignment:
     """Place G groups on steps x ranks x micro-batches (see the module docstring).
@@ -84,6 +85,8 @@ def assign_groups(
         seed: seeds the shuffles.
         window: blocks per sorting window; larger balances better, smaller keeps steps more
             random. 0 sorts each class entirely (homogeneous steps, OmniBal-style).
+        tolerance: groups whose costs differ by less than this share of the mean sort as equal
+            (and stay in shuffled order); 0 sorts exactly.
         discrete_levels: a module whose group costs take at most this many distinct values
             (item counts, tiles x 256 tokens) is balanced exactly: its value joins the class.
 
@@ -115,6 +118,14 @@ def assign_groups(
     rng = np.random.default_rng(seed)
     pattern = _classes(cost, R, discrete_levels)
     keys = _spread_order(cost)
+    # Sort keys quantized to ``tolerance`` of each module's mean: groups within tolerance of each
+    # other tie, and ties keep their shuffled order, so near-equal groups stay randomly mixed.
+    mean_K = cost.mean(axis=0)
+    if tolerance > 0:
+        scale_K = np.divide(1.0, tolerance * mean_K, out=np.zeros_like(mean_K), where=mean_K > 0)
+        sort_key = np.floor(cost * scale_K)[:, keys[::-1]]
+    else:
+        sort_key = cost[:, keys[::-1]]
     full_blocks: list[np.ndarray] = []
     leftovers: list[np.ndarray] = []
     for cls in np.unique(pattern):
@@ -125,14 +136,14 @@ def assign_groups(
         body = members[:nfull]
         for lo in range(0, nfull, win):
             chunk = body[lo:lo + win]
-            chunk = chunk[np.lexsort(cost[chunk][:, keys[::-1]].T)]
+            chunk = chunk[np.lexsort(sort_key[chunk].T)]
             full_blocks.append(chunk.reshape(-1, R))
         if nfull < len(members):
             leftovers.append(members[nfull:])
     blocks_BR = np.concatenate(full_blocks) if full_blocks else np.zeros((0, R), np.int64)
     if leftovers:
         rest = np.concatenate(leftovers)
-        rest = rest[np.lexsort(cost[rest][:, keys[::-1]].T)]
+        rest = rest[np.lexsort(sort_key[rest].T)]
         blocks_BR = np.concatenate([blocks_BR, rest.reshape(-1, R)])
     blocks_BR = blocks_BR[rng.permutation(len(blocks_BR))]
     S = G // per_step

@@ -78,6 +78,39 @@ def _first_fit_decreasing(rows, load, caps, rng, lookback):
     return queue, gid, G
 
 
+def _deal(rows, load, weight, caps, G, rng):
+    """Step 2b: deal rows in rounds of G, largest normalized row to the lightest group.
+
+    Balanced from the start (unlike first fit) but may strand rows when caps are tight.
+
+    Returns:
+        (queue, gid): rows and their group ids, or None when some row found no room.
+    """
+    target_K = weight[rows].sum(axis=0) / G
+    inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
+    shuffled = rows[rng.permutation(len(rows))]
+    queue = shuffled[np.argsort(-(weight[shuffled] * inv_t).sum(axis=1), kind="stable")]
+    gid = np.full(len(queue), -1, dtype=np.int64)
+    wsum = np.zeros((G, weight.shape[1]))
+    lsum = np.zeros((G, load.shape[1]), dtype=np.int64)
+    pending = np.arange(len(queue))  # positions in queue, largest first
+    pos = 0
+    while pos < len(pending):
+        chunk = pending[pos:pos + G]
+        bins = np.argsort((wsum * inv_t).sum(axis=1), kind="stable")[: len(chunk)]
+        r = queue[chunk]
+        fits = ((lsum[bins] + load[r]) <= caps).all(axis=1)
+        if not fits.any():
+            return None
+        gid[chunk[fits]] = bins[fits]
+        wsum[bins[fits]] += weight[r[fits]]
+        lsum[bins[fits]] += load[r[fits]]
+        # Rows that did not fit retry in the next round (with the next rows).
+        pending = np.concatenate([pending[:pos], chunk[fits], chunk[~fits], pending[pos + G:]])
+        pos += int(fits.sum())
+    return queue, gid
+
+
 def _padded(queue, gid, G, weight, load, slack):
     """(G, S) member table with room for ``slack`` extra members per group, counts and sums."""
     order = np.argsort(gid, kind="stable")
@@ -87,10 +120,9 @@ def _padded(queue, gid, G, weight, load, slack):
     starts = np.concatenate([[0], np.cumsum(count)[:-1]])
     sorted_g = gid[order]
     members[sorted_g, np.arange(len(order)) - starts[sorted_g]] = queue[order]
-    wsum = np.zeros((G, weight.shape[1]))
-    lsum = np.zeros((G, load.shape[1]), dtype=np.int64)
-    np.add.at(wsum, gid, weight[queue])
-    np.add.at(lsum, gid, load[queue])
+    wsum = np.stack([np.bincount(gid, weight[queue, k], minlength=G) for k in range(weight.shape[1])], axis=1)
+    lsum = np.stack([np.bincount(gid, load[queue, k], minlength=G) for k in range(load.shape[1])], axis=1)
+    lsum = np.rint(lsum).astype(np.int64)
     return members, count, wsum, lsum
 
 
@@ -123,10 +155,11 @@ def pack_balanced(
     group_multiple: int = 1,
     num_groups: int | None = None,
     fill: float = 1.0,
-    passes: int = 8,
-    partners: int = 8,
+    passes: int | None = None,
+    partners: int = 6,
     lookback: int = 64,
     count_slack: int = 8,
+    deal: bool = True,
     module_names: Sequence[str] | None = None,
 ) -> Packing:
     """Pack samples into nearly identical groups under per-module caps (see the module docstring).
@@ -142,8 +175,12 @@ def pack_balanced(
             isolated oversize samples come on top and are not counted.
         num_groups: force G (rounded up to ``group_multiple``; raised if the caps need more).
         fill: target fill of the binding cap; G = lower bound / fill. 1.0 = fewest groups.
-        passes: refinement passes (0 disables refinement).
+        passes: refinement passes (0 disables refinement); default: 8 for small inputs down
+            to 2 for a million samples or more.
         partners: candidate partner groups per group and pass.
+        lookback: open groups first fit tries per sample.
+        count_slack: extra members a group may gain during refinement.
+        deal: try dealing (balanced start) before falling back to first fit.
         module_names: names used in drop reasons and errors.
 
     Returns:
@@ -170,6 +207,9 @@ def pack_balanced(
     lb = groups_lower_bound(load[rows], caps)
     G = max(G_ffd, int(np.ceil(lb / fill))) if num_groups is None else max(int(num_groups), G_ffd)
     G = min(-(-G // group_multiple) * group_multiple, len(rows))
+    dealt = _deal(rows, load, weight, caps, G, rng) if deal else None
+    if dealt is not None:
+        queue, gid = dealt
     members, count, wsum, lsum = _padded(queue, gid, G, weight, load, slack=max(4, int(count_slack)))
     if (count == 0).any():
         if count.max() < 2 and (count == 0).sum() > 0:
@@ -179,6 +219,9 @@ def pack_balanced(
     inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
     inv_t2 = inv_t**2
     tol = 1e-12
+    if passes is None:
+        # About 10M pair evaluations' worth of passes: 8 for 70k samples, 2 for 1.2M.
+        passes = int(np.clip(round(2.5e6 / len(rows)), 2, 8))
     for _ in range(passes):
         order_G = rng.permutation(G)
         cand = _partners(wsum, target_K, inv_t, partners, rng)
