@@ -118,14 +118,17 @@ def plot_search(path: str | os.PathLike, data: Mapping[str, Any]) -> None:
         ax.set_ylabel(f"{y_mod} cap (items)")
     else:
         ax.set_yticks([])
+    finite = mat[np.isfinite(mat)]
+    middle = (finite.min() + finite.max()) / 2 if len(finite) else 0.0
     for (i, j), value in np.ndenumerate(mat):
-        if np.isfinite(value):
-            ax.text(j, i, f"{value:.3f}", ha="center", va="center", fontsize=7, color="white")
+        if np.isfinite(value):  # dark text on the light (low, good) end of viridis_r
+            ax.text(j, i, f"{value:.3f}", ha="center", va="center", fontsize=7,
+                    color="black" if value < middle else "white")
     best = data["best"]["caps"]
     if best[modules[-1]] in axes[-1] and (y_mod is None or best[y_mod] in axes[0]):
         col = axes[-1].index(best[modules[-1]])
         row = 0 if y_mod is None else axes[0].index(best[y_mod])
-        ax.scatter([col], [row], marker="*", s=250, color="red", label="best")
+        ax.scatter([col], [row], marker="s", s=900, facecolors="none", edgecolors="red", linewidths=2, label="best")
         ax.legend(loc="upper left", fontsize=8)
     ax.set_title(f"threshold search ({data['algorithm']}, {data['sample_size']} samples)")
     fig.subplots_adjust(left=0.15, right=0.95, top=0.9, bottom=0.15)
