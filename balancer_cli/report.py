@@ -188,7 +188,8 @@ def render_markdown(data: Mapping[str, Any]) -> str:
         f"{man['num_samples']} samples, lengths fingerprint `{man['lengths_fingerprint'][:12]}`.", "",
         f"- caps (Q): {caps}" + (" (found by the threshold search)" if params.get("searched") else ""),
         f"- ISF bounds (Q'): {', '.join(f'{m} {b}' for m, b in params['bounds'].items())}; "
-        f"iterations {params.get('iterations')}; oversize {params.get('oversize')}; cost model {params.get('cost_model')}",
+        f"iterations {params.get('iterations')}; oversize {params.get('oversize')}; "
+        f"cost model {params.get('cost_model')}",
         "", "## Balance (lower is better for dist/pad/mix; higher for util)", "",
         _markdown_table(*summary_table(data)), "",
         "dist = Dist Ratio (mean over steps of sum_r (max T - T_r) / (max T x R)); pad = Pad Ratio if each group "

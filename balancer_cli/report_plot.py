@@ -59,7 +59,8 @@ def plot_report(path: str | os.PathLike, ours: Mapping[str, np.ndarray], baselin
                 continue
             steps = np.arange(len(load_SR))
             left.fill_between(steps, load_SR.min(axis=1), load_SR.max(axis=1), color=color, alpha=0.25, step="mid")
-            left.plot(steps, load_SR.mean(axis=1), color=color, drawstyle="steps-mid", label=f"{label} (mean, min..max)")
+            left.plot(steps, load_SR.mean(axis=1), color=color, drawstyle="steps-mid",
+                      label=f"{label} (mean, min..max)")
             rel = _relative(np.asarray(loads[module]))
             # np.histogram + stairs: one artist instead of 80 bar patches (10x faster to draw).
             counts, edges = np.histogram(np.clip(rel, 0, 2), bins=np.linspace(0, 2, 81))

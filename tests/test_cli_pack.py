@@ -152,7 +152,8 @@ def test_bad_lengths_exit_with_one_line_and_fix(tmp_path, table, code, message):
 
 @pytest.mark.parametrize("args, message", [
     (["--max-llm-tokens", "10", "--max-vision-items", "10"],
-     "--max-llm-tokens 10 is smaller than every sample (smallest: 30 tokens); fix: raise --max-llm-tokens to at least 30"),
+     "--max-llm-tokens 10 is smaller than every sample (smallest: 30 tokens); "
+     "fix: raise --max-llm-tokens to at least 30"),
     (["--dp", "5000", *CAPS], "--dp 5000 x --micro-batches 1 needs 5000 groups per step, but the samples form only"),
     (["--cap", "vision", *CAPS], "--cap 'vision' is not MODULE=INTEGER"),
     (["--cap", "audio=3", *CAPS], "cap for unknown module 'audio'"),

@@ -31,7 +31,8 @@ def test_metric_definitions_on_known_loads():
 
 
 def test_evaluate_counts_over_cap_groups_and_post_balance_ranks():
-    lt = make_lengths_table(np.array([100, 100, 10, 10]), {"vision": (np.array([512, 512, 0, 0]), np.array([2, 2, 0, 0]))})
+    vision = (np.array([512, 512, 0, 0]), np.array([2, 2, 0, 0]))
+    lt = make_lengths_table(np.array([100, 100, 10, 10]), {"vision": vision})
     inputs = prepare_inputs(lt)
     rows = ManifestRows(np.zeros(4, int), np.array([0, 0, 1, 1]), np.zeros(4, int), np.arange(4),
                         extra={"vision_rank": np.array([0, 1, 1, 1])})

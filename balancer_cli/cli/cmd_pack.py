@@ -39,7 +39,8 @@ def parse_baselines(value: str) -> tuple[str, ...]:
     names = tuple(x.strip() for x in value.split(",") if x.strip() and x.strip() != "none")
     unknown = [n for n in names if n not in BASELINES]
     if unknown:
-        raise UsageError(f"unknown baseline {unknown[0]!r}", fix=f"use a comma list of: {', '.join(BASELINES)}, or none")
+        raise UsageError(f"unknown baseline {unknown[0]!r}",
+                         fix=f"use a comma list of: {', '.join(BASELINES)}, or none")
     return names
 
 

@@ -22,7 +22,8 @@ def _render(summary: Mapping[str, Any]) -> str:
     caps = ", ".join(f"{m}={c}" for m, c in best["caps"].items())
     lines = [
         f"searched {len(summary['candidates'])} candidates ({summary['algorithm']}) on {summary['sample_size']} of "
-        f"{summary['num_samples']} samples for {summary['world_size']} ranks x {summary['micro_batches']} micro-batches",
+        f"{summary['num_samples']} samples for {summary['world_size']} ranks x "
+        f"{summary['micro_batches']} micro-batches",
         f"best caps: {caps}" + (f"; bounds: {', '.join(f'{m}={b}' for m, b in best['bounds'].items())}"
                                 if summary["algorithm"] == "isf" else ""),
         "",

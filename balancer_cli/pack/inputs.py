@@ -7,7 +7,8 @@ Columns the lengths contract does not know are refused rather than silently igno
 Example:
     >>> import numpy as np
     >>> from balancer_cli.lengths import make_lengths_table
-    >>> inputs = prepare_inputs(make_lengths_table(np.array([300, 40]), {"vision": (np.array([512, 0]), np.array([2, 0]))}))
+    >>> lengths = make_lengths_table(np.array([300, 40]), {"vision": (np.array([512, 0]), np.array([2, 0]))})
+    >>> inputs = prepare_inputs(lengths)
     >>> inputs.modules, inputs.load_NK.tolist(), inputs.cost_NK[:, 0].tolist()
     (('vision', 'llm'), [[2, 300], [0, 40]], [512.0, 0.0])
 """
