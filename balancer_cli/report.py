@@ -205,9 +205,10 @@ def render_markdown(data: Mapping[str, Any]) -> str:
     dropped = data["dropped"]
     lines.append(f"{dropped['count']} of {man['num_samples']} samples ({100 * dropped['share']:.2f}%) not placed.")
     if dropped["by_reason"]:
-        lines += ["", _markdown_table(["reason", "count", "share"],
-                                      [[r, str(v["count"]), f"{100 * v['share']:.2f}%"]
-                                       for r, v in list(dropped["by_reason"].items())[:20]])]
+        lines += ["", _markdown_table(["reason", "count", "share", "example"],
+                                      [[r, str(v["count"]), f"{100 * v['share']:.2f}%", v["example"]]
+                                       for r, v in list(dropped["by_reason"].items())[:20]]),
+                  "", "Every dropped sample and its full reason is in `dropped.parquet`."]
     if "post_balance" in data:
         pb = data["post_balance"]
         lines += ["", "## Post-balancing (per-phase ranks)", "",

@@ -45,6 +45,19 @@ def test_evaluate_counts_over_cap_groups_and_post_balance_ranks():
     assert ev.loads["vision"].tolist() == [[1024.0, 0.0]]
 
 
+def test_drop_reasons_are_counted_by_kind():
+    inputs = prepare_inputs(make_lengths_table(np.arange(1, 5)))
+    rows = ManifestRows(np.zeros(1, int), np.zeros(1, int), np.zeros(1, int), np.array([0]))
+    reasons = ("missing_file: a.jsonl:3: x.jpg not found", "missing_file: a.jsonl:9: y.jpg not found",
+               "oversize: llm 900 > cap 100")
+    ev = evaluate_rows(inputs, rows, np.array([1, 2, 3]), reasons, caps_K=np.array([100]), world_size=1,
+                       micro_batches=1, epoch_num_steps=[1])
+    by_reason = ev.metrics["dropped"]["by_reason"]
+    assert list(by_reason) == ["missing_file", "oversize"]
+    assert by_reason["missing_file"] == {"count": 2, "share": 0.5, "example": reasons[0]}
+    assert ev.metrics["dropped"]["share"] == 0.75
+
+
 def _lengths(n=600, seed=0):
     rng = np.random.default_rng(seed)
     items = rng.integers(0, 8, n)
@@ -70,7 +83,8 @@ def test_report_from_written_manifest_matches_the_pack_summary(tmp_path):
     summary = result.meta["summary"]
     for key in ("modules", "step", "steps", "dropped", "groups", "step_mix"):
         assert data[key] == summary[key], key
-    assert data["dropped"]["by_reason"] == {"corrupt image": {"count": 1, "share": round(1 / 600, 6)}}
+    assert data["dropped"]["by_reason"] == {"corrupt image": {"count": 1, "share": round(1 / 600, 6),
+                                                              "example": "corrupt image"}}
     assert set(data["baselines"]) == {"dataloader", "random", "llm-ffd", "isf"}
     for name, base in data["baselines"].items():
         assert set(base["modules"]) == {"vision", "llm"}, name

@@ -30,7 +30,7 @@ from balancer_cli.lengths import LLM
 from balancer_cli.manifest import ManifestRows
 from balancer_cli.pack.metrics import dist_ratio, pad_ratio, step_loads, step_utilization, utilization
 
-__all__ = ["Evaluation", "evaluate_rows", "step_mix_distances"]
+__all__ = ["Evaluation", "evaluate_rows", "reason_kind", "step_mix_distances"]
 
 
 @dataclass(frozen=True)
@@ -69,13 +69,29 @@ def step_mix_distances(step_P: np.ndarray, source_P: np.ndarray, num_steps: int,
     return 0.5 * np.abs(mix_SC - overall_C).sum(axis=1)
 
 
+def reason_kind(reason: str) -> str:
+    """The kind a drop reason is counted under: the text before the first ``:``.
+
+    Scan errors read ``kind: file:line: message`` and oversize drops ``oversize: module v > cap c``,
+    so per-sample details do not explode the table.
+
+    Example:
+        >>> reason_kind("missing_file: data.jsonl:3: img.jpg not found"), reason_kind("not in a full step")
+        ('missing_file', 'not in a full step')
+    """
+    return str(reason).split(":", 1)[0].strip() or str(reason)
+
+
 def _dropped(dropped_sample: np.ndarray, dropped_reason: Sequence[str], num_samples: int) -> dict:
-    by_reason = Counter(str(r) for r in dropped_reason)
+    kinds = Counter(reason_kind(r) for r in dropped_reason)
+    examples: dict[str, str] = {}
+    for reason in dropped_reason:
+        examples.setdefault(reason_kind(reason), str(reason))
     return {
         "count": int(len(dropped_sample)),
         "share": _round(len(dropped_sample) / max(num_samples, 1)),
-        "by_reason": {r: {"count": c, "share": _round(c / max(num_samples, 1))}
-                      for r, c in sorted(by_reason.items(), key=lambda rc: (-rc[1], rc[0]))},
+        "by_reason": {k: {"count": c, "share": _round(c / max(num_samples, 1)), "example": examples[k]}
+                      for k, c in sorted(kinds.items(), key=lambda kc: (-kc[1], kc[0]))},
     }
 
 
