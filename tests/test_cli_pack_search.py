@@ -55,3 +55,15 @@ def test_pack_runs_the_search_when_caps_are_missing(tmp_path):
     params = open_manifest(tmp_path / "out").meta["params"]
     assert params["searched"] is True and params["caps"]["llm"] <= 6000
     assert json.loads(result.output)["manifest"]["params"]["caps"] == params["caps"]
+
+
+def test_text_only_lengths_pack_and_search(tmp_path):
+    path = tmp_path / "text.parquet"
+    write_lengths(make_lengths_table(np.random.default_rng(1).integers(20, 3000, 800)), path)
+    result = _run("search", path, "--dp", 2, "--grid", 3, "--sample-size", 800, "--plot", tmp_path / "s.png", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["modules"] == ["llm"] and (tmp_path / "s.png").is_file()
+    result = _run("pack", path, "--dp", 2, "-o", tmp_path / "out", "--baselines", "dataloader", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["modules"]["llm"]["dist_ratio"] < summary["baselines"]["dataloader"]["modules"]["llm"]["dist_ratio"]
