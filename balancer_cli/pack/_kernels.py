@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover - exercised only where numba is absent
         return lambda fn: fn
 
 
-__all__ = ["HAVE_NUMBA", "greedy_close", "first_fit", "refine_pass"]
+__all__ = ["HAVE_NUMBA", "greedy_close", "first_fit", "refine_pass", "targeted_pass"]
 
 
 @njit(cache=True)
@@ -208,5 +208,95 @@ def refine_pass(order_G, cand_GC, members_GS, count_G, sum_GK, lsum_GK, weight_N
         if i >= 0:
             members_GS[h, count_G[h]] = i
             count_G[h] += 1
+        changes += 1
+    return changes
+
+
+@njit(cache=True)
+def targeted_pass(order_G, members_GS, count_G, group_of_N, pos_N, sum_GK, lsum_GK, weight_NK, load_NK, caps_K,
+                  target_K, inv_t_K, inv_t2_K, cell_of_N, cell_start, cell_rows, width, dims_K, scan, tol):  # pragma: no cover
+    """One pass of targeted swaps: for each off-target group g and member i, look up samples j
+    whose weight is near ``w_i - t * dev_g`` (t = 1/2 and 1) in a grid of normalized weights,
+    and apply the swap (i <-> j) that most lowers the pair's penalty within the caps.
+
+    ``cell_of_N``/``cell_start``/``cell_rows``: rows bucketed by ``floor(w * inv_t / width)``
+    per module (``dims_K`` cells each, row-major). Returns the number of swaps."""
+    G, S = members_GS.shape
+    K = len(target_K)
+    want = np.zeros(K)
+    zero = np.zeros(K)
+    delta = np.zeros(K)
+    changes = 0
+    for idx in range(G):
+        g = order_G[idx]
+        fg = _penalty(sum_GK, g, zero, 0.0, target_K, inv_t2_K)
+        if fg <= tol:
+            continue
+        best_gain = 1e-15
+        best_i = -1
+        best_j = -1
+        for a in range(count_G[g]):
+            i = members_GS[g, a]
+            for half in range(2):
+                t = 0.5 if half == 0 else 1.0
+                cell = 0
+                inside = True
+                for k in range(K):
+                    u = (weight_NK[i, k] - t * (sum_GK[g, k] - target_K[k])) * inv_t_K[k]
+                    c = int(np.floor(u / width)) if u >= 0 else -1
+                    if c < 0 or c >= dims_K[k]:
+                        inside = False
+                        break
+                    cell = cell * dims_K[k] + c
+                if not inside:
+                    continue
+                lo = cell_start[cell]
+                hi = cell_start[cell + 1]
+                n = hi - lo
+                if n == 0:
+                    continue
+                off = (i * 2654435761 + idx) % n
+                for s in range(min(scan, n)):
+                    j = cell_rows[lo + (off + s) % n]
+                    h = group_of_N[j]
+                    if h < 0 or h == g:
+                        continue
+                    ok = True
+                    for k in range(K):
+                        dl = load_NK[j, k] - load_NK[i, k]
+                        if lsum_GK[g, k] + dl > caps_K[k] or lsum_GK[h, k] - dl > caps_K[k]:
+                            ok = False
+                            break
+                    if not ok:
+                        continue
+                    for k in range(K):
+                        delta[k] = weight_NK[j, k] - weight_NK[i, k]
+                    fh = _penalty(sum_GK, h, zero, 0.0, target_K, inv_t2_K)
+                    gain = fg + fh - _penalty(sum_GK, g, delta, 1.0, target_K, inv_t2_K) - _penalty(
+                        sum_GK, h, delta, -1.0, target_K, inv_t2_K)
+                    if gain > best_gain:
+                        best_gain = gain
+                        best_i = i
+                        best_j = j
+        if best_i < 0:
+            continue
+        i = best_i
+        j = best_j
+        h = group_of_N[j]
+        for k in range(K):
+            dw = weight_NK[j, k] - weight_NK[i, k]
+            dl = load_NK[j, k] - load_NK[i, k]
+            sum_GK[g, k] += dw
+            sum_GK[h, k] -= dw
+            lsum_GK[g, k] += dl
+            lsum_GK[h, k] -= dl
+        pi = pos_N[i]
+        pj = pos_N[j]
+        members_GS[g, pi] = j
+        members_GS[h, pj] = i
+        group_of_N[j] = g
+        pos_N[j] = pi
+        group_of_N[i] = h
+        pos_N[i] = pj
         changes += 1
     return changes

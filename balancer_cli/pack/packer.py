@@ -28,10 +28,10 @@ Example:
     >>> import numpy as np
     >>> rng = np.random.default_rng(0)
     >>> items = rng.integers(0, 6, 400); tokens = 256 * items + rng.integers(20, 400, 400)
-    >>> p = pack_balanced(np.stack([items, tokens], 1), np.array([9, 4096]), seed=0)
+    >>> p = pack_balanced(np.stack([items, tokens], 1), np.array([24, 8192]), seed=0)
     >>> sums = group_sums(p, np.stack([items, tokens], 1))
-    >>> bool(sums[:, 0].max() - sums[:, 0].min() <= 1), bool(sums[:, 1].std() / sums[:, 1].mean() < 0.01)
-    (True, True)
+    >>> p.num_groups, bool(np.ptp(sums[:, 0]) <= 1), bool(sums[:, 1].std() / sums[:, 1].mean() < 0.001)
+    (46, True, True)
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import numpy as np
 
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.pack._common import assemble, check_inputs, split_oversize
-from balancer_cli.pack._kernels import first_fit, refine_pass
+from balancer_cli.pack._kernels import first_fit, refine_pass, targeted_pass
 from balancer_cli.pack.types import Packing, group_sums
 
 __all__ = ["pack_balanced", "groups_lower_bound"]
@@ -101,7 +101,20 @@ def _deal(rows, load, weight, caps, G, rng):
         r = queue[chunk]
         fits = ((lsum[bins] + load[r]) <= caps).all(axis=1)
         if not fits.any():
-            return None
+            # The lightest groups are full in some module: place the (few) stragglers in the
+            # lightest group that still has room, or give up (first fit takes over).
+            rest = queue[pending[pos:]]
+            if len(rest) > 256:
+                return None
+            for i_pos, i in zip(pending[pos:], rest):
+                room = ((lsum + load[i]) <= caps).all(axis=1)
+                if not room.any():
+                    return None
+                b = int(np.flatnonzero(room)[np.argmin((wsum[room] * inv_t).sum(axis=1))])
+                gid[i_pos] = b
+                wsum[b] += weight[i]
+                lsum[b] += load[i]
+            break
         gid[chunk[fits]] = bins[fits]
         wsum[bins[fits]] += weight[r[fits]]
         lsum[bins[fits]] += load[r[fits]]
@@ -160,6 +173,9 @@ def pack_balanced(
     lookback: int = 64,
     count_slack: int = 8,
     deal: bool = True,
+    targeted: bool = True,
+    cell_width: float = 0.01,
+    scan: int = 8,
     module_names: Sequence[str] | None = None,
 ) -> Packing:
     """Pack samples into nearly identical groups under per-module caps (see the module docstring).
@@ -171,8 +187,8 @@ def pack_balanced(
         oversize: ``isolate`` | ``drop`` | ``error`` for samples over a cap on their own.
         sample_ids: (N,) sample index of each row (default ``arange(N)``).
         cost_NK: (N, K) float cost to balance (default: the loads).
-        group_multiple: G is made a multiple of this (pass ``world_size * micro_batches``);
-            isolated oversize samples come on top and are not counted.
+        group_multiple: the number of groups, isolated oversize ones included, is made a
+            multiple of this (pass ``world_size * micro_batches``).
         num_groups: force G (rounded up to ``group_multiple``; raised if the caps need more).
         fill: target fill of the binding cap; G = lower bound / fill. 1.0 = fewest groups.
         passes: refinement passes (0 disables refinement); default: 8 for small inputs down
@@ -181,6 +197,10 @@ def pack_balanced(
         lookback: open groups first fit tries per sample.
         count_slack: extra members a group may gain during refinement.
         deal: try dealing (balanced start) before falling back to first fit.
+        targeted: run targeted swaps (grid lookup of the sample that cancels a group's
+            deviation) before each random-partner pass.
+        cell_width: grid cell size of targeted swaps, as a share of a group's target.
+        scan: samples tried per grid cell lookup.
         module_names: names used in drop reasons and errors.
 
     Returns:
@@ -206,7 +226,9 @@ def pack_balanced(
     queue, gid, G_ffd = _first_fit_decreasing(rows, load, caps, rng, lookback)
     lb = groups_lower_bound(load[rows], caps)
     G = max(G_ffd, int(np.ceil(lb / fill))) if num_groups is None else max(int(num_groups), G_ffd)
-    G = min(-(-G // group_multiple) * group_multiple, len(rows))
+    # The total, isolated oversize groups included, is what must be a multiple.
+    n_iso = len(split.isolated)
+    G = min(-(-(G + n_iso) // group_multiple) * group_multiple - n_iso, len(rows))
     dealt = _deal(rows, load, weight, caps, G, rng) if deal else None
     if dealt is not None:
         queue, gid = dealt
@@ -222,15 +244,50 @@ def pack_balanced(
     if passes is None:
         # About 10M pair evaluations' worth of passes: 8 for 70k samples, 2 for 1.2M.
         passes = int(np.clip(round(2.5e6 / len(rows)), 2, 8))
+    grid = _weight_grid(rows, weight, inv_t, cell_width) if targeted else None
     for _ in range(passes):
-        order_G = rng.permutation(G)
+        changed = 0
+        if grid is not None:
+            group_of, pos = _membership(members, count, len(load))
+            changed += targeted_pass(rng.permutation(G), members, count, group_of, pos, wsum, lsum, weight, load, caps,
+                                     target_K, inv_t, inv_t2, *grid, scan, tol)
         cand = _partners(wsum, target_K, inv_t, partners, rng)
-        if refine_pass(order_G, cand, members, count, wsum, lsum, weight, load, caps, target_K, inv_t2, tol) == 0:
+        changed += refine_pass(rng.permutation(G), cand, members, count, wsum, lsum, weight, load, caps, target_K,
+                               inv_t2, tol)
+        if changed == 0:
             break
     offsets = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
     mask = np.arange(members.shape[1])[None, :] < count[:, None]
     order_rows = members[mask]  # row-major: group by group
     return assemble((order_rows, offsets), split, ids)
+
+
+def _membership(members_GS, count_G, num_rows):
+    """(group_of_N, pos_N) for the packed rows (-1 elsewhere)."""
+    G, S = members_GS.shape
+    mask = np.arange(S)[None, :] < count_G[:, None]
+    group_of = np.full(num_rows, -1, dtype=np.int64)
+    pos = np.full(num_rows, -1, dtype=np.int64)
+    rows = members_GS[mask]
+    group_of[rows] = np.repeat(np.arange(G), count_G)
+    pos[rows] = np.nonzero(mask)[1]
+    return group_of, pos
+
+
+def _weight_grid(rows, weight_NK, inv_t_K, width):
+    """Bucket rows by normalized weight (cells of ``width`` per module, at most ~2M cells)."""
+    u = weight_NK[rows] * inv_t_K
+    top = u.max(axis=0)
+    while np.prod(np.floor(top / width) + 1) > 2**21:
+        width *= 1.5
+    dims = (np.floor(top / width) + 1).astype(np.int64)
+    cell_k = np.minimum(np.floor(u / width).astype(np.int64), dims - 1)
+    cell = np.ravel_multi_index(cell_k.T, dims)
+    order = np.argsort(cell, kind="stable")
+    cell_start = np.concatenate([[0], np.cumsum(np.bincount(cell, minlength=int(np.prod(dims))))]).astype(np.int64)
+    cell_of = np.full(len(weight_NK), -1, dtype=np.int64)
+    cell_of[rows] = cell
+    return cell_of, cell_start, rows[order].astype(np.int64), float(width), dims
 
 
 def _partners(wsum_GK, target_K, inv_t, partners, rng):
