@@ -21,12 +21,16 @@ pytestmark = pytest.mark.dist
 
 WORLD = 3
 FEAT_IN, FEAT_OUT = 4, 5
-# rows (vision items) per sample on each rank; rank 2 has a text-only sample (0 rows)
-ROWS = [[5, 4, 3, 1], [1, 2], [0, 2]]
-LLM_COST = [[1.0, 1.0, 1.0, 1.0], [50.0, 1.0], [1.0, 1.0]]
+# (rows (vision items) per sample on each rank, LLM cost per sample, balance_llm); a text-only
+# sample has 0 rows; in the last scenario rank 1 has no samples at all
+SCENARIOS = [
+    ([[5, 4, 3, 1], [1, 2], [0, 2]], [[1.0, 1.0, 1.0, 1.0], [50.0, 1.0], [1.0, 1.0]], False),
+    ([[5, 4, 3, 1], [1, 2], [0, 2]], [[1.0, 1.0, 1.0, 1.0], [50.0, 1.0], [1.0, 1.0]], True),
+    ([[6, 2], [], [1, 0, 3]], [[1.0, 1.0], [], [1.0, 1.0, 1.0]], False),
+]
 
 
-def _global_data():
+def _global_data(ROWS):
     gen = torch.Generator().manual_seed(1234)
     x = [[torch.randn(n, FEAT_IN, generator=gen, dtype=torch.float64) for n in rows] for rows in ROWS]
     w = [[torch.randn(1, FEAT_OUT, generator=gen, dtype=torch.float64) for _ in rows] for rows in ROWS]
@@ -43,9 +47,9 @@ def _loss(rows_out, pooled, w):
     return sum((r ** 2).sum() * 0.5 + (p * wi).sum() for r, p, wi in zip(rows_out, pooled, w))
 
 
-def _reference():
+def _reference(ROWS):
     """The same step without dispatching: every sample's encoder runs on its own rank."""
-    x, w = _global_data()
+    x, w = _global_data(ROWS)
     lin = _encoder()
     xs = [[t.clone().requires_grad_(True) for t in rank] for rank in x]
     outs = [[lin(t) for t in rank] for rank in xs]
@@ -66,10 +70,11 @@ def _worker(rank, init_file):
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
-        ref_out, ref_pooled, ref_grad_x, ref_grad_w = _reference()
-        x, w = _global_data()
-        for balance_llm in (False, True):
-            costs_nM = np.stack([np.array(ROWS[rank], dtype=np.float64) ** 2, LLM_COST[rank]], axis=1)
+        for ROWS, LLM_COST, balance_llm in SCENARIOS:
+            ref_out, ref_pooled, ref_grad_x, ref_grad_w = _reference(ROWS)
+            x, w = _global_data(ROWS)
+            costs_nM = np.stack([np.array(ROWS[rank], dtype=np.float64) ** 2,
+                                 np.array(LLM_COST[rank], dtype=np.float64)], axis=1).reshape(-1, 2)
             plan = plan_from_local_costs(costs_nM, modules=("vision", "llm"), balance_llm=balance_llm)
             assert plan.moved[0] > 0, "the scenario must move vision samples"
             assert (plan.moved[1] > 0) == balance_llm
@@ -77,19 +82,21 @@ def _worker(rank, init_file):
             x_local = [t.clone().requires_grad_(True) for t in x[rank]]
             packed = torch.cat(x_local) if x_local else torch.zeros(0, FEAT_IN, dtype=torch.float64)
             vision = PhaseDispatcher(plan, "vision")
-            remote = vision.scatter(packed, lengths=ROWS[rank])
+            # a rank without samples passes a plain empty tensor: every rank syncs the backward
+            remote = vision.scatter(packed, lengths=ROWS[rank], sync_backward=True)
             feats = lin(remote)
             rows_back = vision.gather(feats, lengths=vision.remote_lengths)
             home_lengths = vision.home_lengths
             pooled_back = vision.gather(_segment_sum(feats, vision.remote_lengths))  # one row per sample
             # the LLM-phase rank also needs each sample's LLM inputs (here: its loss weight)
-            w_llm = PhaseDispatcher(plan, "llm").scatter(list(w[rank])) if w[rank] else []
+            w_packed = torch.cat(w[rank]) if w[rank] else torch.zeros(0, FEAT_OUT, dtype=torch.float64)
+            w_llm = PhaseDispatcher(plan, "llm").scatter(w_packed)
             src, idx = plan.phase_samples("llm", rank)
             rows_list = list(torch.split(rows_back, home_lengths.tolist()))
             for k, (s, j) in enumerate(zip(src.tolist(), idx.tolist())):
                 torch.testing.assert_close(rows_list[k], ref_out[s][j].detach())
                 torch.testing.assert_close(pooled_back[k:k + 1], ref_pooled[s][j].detach())
-                torch.testing.assert_close(w_llm[k], w[s][j])
+                torch.testing.assert_close(w_llm[k:k + 1], w[s][j])
             if not balance_llm:  # LLM phase at home: own samples in own order
                 assert src.tolist() == [rank] * len(ROWS[rank])
             loss = _loss(rows_list, [pooled_back[k:k + 1] for k in range(len(src))], w_llm)

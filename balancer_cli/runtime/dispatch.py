@@ -25,7 +25,9 @@ Example (every rank runs this; ``pixels`` is this rank's packed vision input)::
     # local_feats[i] rows belong to this rank's sample i (vision.home_lengths rows each)
 
 Every rank must call ``scatter``/``gather`` (collectives), and every rank's gathered output must
-reach the loss so that every rank also runs the backward all-to-all. Tensors must have the same
+reach the loss (``loss + out.sum() * 0`` where a rank has nothing to use) so that every rank also
+runs the backward all-to-all; if inputs require grad on some ranks only (a rank without samples
+passing a plain empty tensor), pass ``sync_backward=True`` on every rank. Tensors must have the same
 dtype and trailing shape on all ranks; a rank without samples passes a (0, ...) tensor.
 """
 
@@ -44,10 +46,14 @@ __all__ = ["PhaseDispatcher", "all_to_all_rows", "plan_from_local_costs"]
 
 
 class _AllToAllRows(torch.autograd.Function):
-    """``all_to_all_single`` over rows whose backward sends gradients back the reverse way."""
+    """``all_to_all_single`` over rows whose backward sends gradients back the reverse way.
+
+    ``anchor`` (a scalar that requires grad, or None) makes the output require grad even when
+    ``x`` does not, so that this rank joins the backward all-to-all like the others.
+    """
 
     @staticmethod
-    def forward(ctx, x, recv_rows, send_rows, group):
+    def forward(ctx, x, recv_rows, send_rows, group, anchor):
         ctx.recv_rows, ctx.send_rows, ctx.group = recv_rows, send_rows, group
         out = x.new_empty((sum(recv_rows), *x.shape[1:]))
         dist.all_to_all_single(out, x.contiguous(), recv_rows, send_rows, group=group)
@@ -57,10 +63,11 @@ class _AllToAllRows(torch.autograd.Function):
     def backward(ctx, grad_out):
         grad_x = grad_out.new_empty((sum(ctx.send_rows), *grad_out.shape[1:]))
         dist.all_to_all_single(grad_x, grad_out.contiguous(), ctx.send_rows, ctx.recv_rows, group=ctx.group)
-        return grad_x, None, None, None
+        return (grad_x if ctx.needs_input_grad[0] else None), None, None, None, None
 
 
-def all_to_all_rows(x: torch.Tensor, send_rows: Sequence[int], recv_rows: Sequence[int], group=None) -> torch.Tensor:
+def all_to_all_rows(x: torch.Tensor, send_rows: Sequence[int], recv_rows: Sequence[int], group=None, *,
+                    sync_backward: bool = False) -> torch.Tensor:
     """Differentiable variable-size all-to-all: rows ``x[sum(send_rows[:q]):...]`` go to rank q.
 
     Args:
@@ -68,11 +75,16 @@ def all_to_all_rows(x: torch.Tensor, send_rows: Sequence[int], recv_rows: Sequen
         send_rows: R rows to send to each rank.
         recv_rows: R rows to receive from each rank (must match the senders' ``send_rows``).
         group: process group (default: the world).
+        sync_backward: join the backward all-to-all even if ``x`` does not require grad (set it
+            on every rank when some ranks' inputs require grad and others' do not, e.g. empty).
 
     Returns:
         (sum(recv_rows), ...) rows grouped by source rank.
     """
-    return _AllToAllRows.apply(x, [int(v) for v in recv_rows], [int(v) for v in send_rows], group)
+    anchor = None
+    if sync_backward and torch.is_grad_enabled() and not x.requires_grad and x.is_floating_point():
+        anchor = torch.zeros((), device=x.device, requires_grad=True)
+    return _AllToAllRows.apply(x, [int(v) for v in recv_rows], [int(v) for v in send_rows], group, anchor)
 
 
 def _row_index(sample_order: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -98,7 +110,7 @@ class _Route:
         self.to_canonical = np.argsort(arrival, kind="stable")  # arrival position of canonical k
         self.identity = bool((self.to_canonical == np.arange(len(arrival))).all())
 
-    def run(self, x: torch.Tensor, lengths: np.ndarray, group) -> tuple[torch.Tensor, np.ndarray]:
+    def run(self, x: torch.Tensor, lengths: np.ndarray, group, sync_backward: bool) -> tuple[torch.Tensor, np.ndarray]:
         lengths = np.asarray(lengths, dtype=np.int64)
         send_len = lengths[self.send_order]
         len_in = torch.from_numpy(np.ascontiguousarray(send_len))
@@ -110,7 +122,7 @@ class _Route:
         rows = _row_index(self.send_order, lengths)
         in_place = len(rows) == x.shape[0] and bool((rows == np.arange(len(rows))).all())
         send = x if in_place else x.index_select(0, torch.from_numpy(rows).to(x.device))
-        out = all_to_all_rows(send, send_rows.tolist(), recv_rows.tolist(), group)
+        out = all_to_all_rows(send, send_rows.tolist(), recv_rows.tolist(), group, sync_backward=sync_backward)
         if self.identity:
             return out, recv_len
         back = _row_index(self.to_canonical, recv_len)
@@ -163,37 +175,40 @@ class PhaseDispatcher:
         """``(data_rank, local_index)`` of the samples :meth:`scatter` delivers here, in order."""
         return self.plan.phase_samples(self.module, self.rank)
 
-    def scatter(self, inputs, lengths: Sequence[int] | None = None):
+    def scatter(self, inputs, lengths: Sequence[int] | None = None, *, sync_backward: bool = False):
         """Send this rank's samples' inputs to the ranks that run this phase for them.
 
         Args:
             inputs: a list of per-sample tensors ``(L_j, ...)`` (this rank's samples, in order),
                 or one packed tensor ``(sum L_j, ...)`` with ``lengths``.
             lengths: rows per sample of a packed tensor (default: one row per sample).
+            sync_backward: take part in the backward all-to-all even if ``inputs`` do not require
+                grad here (needed on every rank when inputs require grad on some ranks only).
 
         Returns:
             The samples this rank runs in this phase, in canonical order: a list of tensors for
             a list input, else a packed tensor (rows per sample in :attr:`remote_lengths`).
         """
-        out, self.remote_lengths = self._run(self._scatter, inputs, lengths, self.num_local)
+        out, self.remote_lengths = self._run(self._scatter, inputs, lengths, self.num_local, sync_backward)
         return out
 
-    def gather(self, outputs, lengths: Sequence[int] | None = None):
+    def gather(self, outputs, lengths: Sequence[int] | None = None, *, sync_backward: bool = False):
         """Send this phase's outputs to each sample's LLM-phase rank (differentiable).
 
         Args:
             outputs: per-sample outputs for the samples :meth:`scatter` delivered, in that order:
                 a list of tensors or a packed tensor with ``lengths`` (rows per sample; default
                 one row per sample). Outputs may have a different row count than the inputs.
+            sync_backward: as in :meth:`scatter`.
 
         Returns:
             This rank's LLM-phase samples' outputs in canonical order (with the LLM phase at
             home: this rank's own samples in order), as a list or packed (:attr:`home_lengths`).
         """
-        out, self.home_lengths = self._run(self._gather, outputs, lengths, self.num_remote)
+        out, self.home_lengths = self._run(self._gather, outputs, lengths, self.num_remote, sync_backward)
         return out
 
-    def _run(self, route: _Route, data, lengths, expected: int):
+    def _run(self, route: _Route, data, lengths, expected: int, sync_backward: bool):
         as_list = isinstance(data, (list, tuple))
         if as_list:
             if len(data) != expected:
@@ -211,7 +226,7 @@ class PhaseDispatcher:
                 raise UsageError(f"rank {self.rank}: {len(lengths_n)} lengths summing to {int(lengths_n.sum())} "
                                  f"for {expected} samples and {packed.shape[0]} rows",
                                  fix="pass one row count per sample that add up to the tensor's rows")
-        out, out_lengths = route.run(packed, lengths_n, self.group)
+        out, out_lengths = route.run(packed, lengths_n, self.group, sync_backward)
         if as_list:
             return list(torch.split(out, out_lengths.tolist(), dim=0)), out_lengths
         return out, out_lengths
