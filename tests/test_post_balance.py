@@ -65,9 +65,10 @@ def _check_plan(plan, costs, attention):
 
 
 @settings(max_examples=150, deadline=None)
-@given(costs=steps(), balance_llm=st.booleans(), rpn=st.sampled_from([None, 1, 2, 3]))
-def test_varlen_plan_properties(costs, balance_llm, rpn):
-    plan = plan_post_balance(costs, rpn, balance_llm=balance_llm)
+@given(costs=steps(), balance_llm=st.booleans(), rpn=st.sampled_from([None, 1, 2, 3]),
+       matching=st.sampled_from(["greedy", "hungarian"]))
+def test_varlen_plan_properties(costs, balance_llm, rpn, matching):
+    plan = plan_post_balance(costs, rpn, balance_llm=balance_llm, matching=matching)
     _check_plan(plan, costs, "varlen")
     costs_NM = np.concatenate(costs)
     for m in range(3):
@@ -81,8 +82,18 @@ def test_varlen_plan_properties(costs, balance_llm, rpn):
     if llm_moved:
         assert plan.load_after[-1].max() < plan.load_before[-1].max()
     # determinism
-    again = plan_post_balance(costs, rpn, balance_llm=balance_llm)
+    again = plan_post_balance(costs, rpn, balance_llm=balance_llm, matching=matching)
     assert np.array_equal(again.dest_MN, plan.dest_MN)
+
+
+@settings(max_examples=60, deadline=None)
+@given(costs=steps(modules=2), tolerance=st.sampled_from([0.05, 0.2]))
+def test_move_tolerance_trades_balance_for_fewer_moves(costs, tolerance):
+    strict = plan_post_balance(costs)
+    loose = plan_post_balance(costs, move_tolerance=tolerance)
+    _check_plan(loose, costs, "varlen")
+    # the looser plan stays within its tolerance of the strict one's maximum
+    assert loose.load_after[0].max() <= strict.load_after[0].max() * (1 + tolerance) + 1e-9
 
 
 @settings(max_examples=100, deadline=None)
