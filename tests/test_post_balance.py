@@ -23,6 +23,12 @@ from balancer_cli.post_balance import (
 from balancer_cli.post_balance import _kernels as K
 from balancer_cli.post_balance import plan as plan_module
 
+try:
+    import scipy  # noqa: F401  (matching="hungarian")
+    MATCHINGS = ["greedy", "hungarian"]
+except ImportError:  # pragma: no cover - scipy is in the test extra
+    MATCHINGS = ["greedy"]
+
 
 def plain_lpt_max(cost_n: np.ndarray, num_ranks: int) -> float:
     """Reference LPT (heapq): largest first (stable), each to the least loaded bin (lowest index)."""
@@ -66,7 +72,7 @@ def _check_plan(plan, costs, attention):
 
 @settings(max_examples=150, deadline=None)
 @given(costs=steps(), balance_llm=st.booleans(), rpn=st.sampled_from([None, 1, 2, 3]),
-       matching=st.sampled_from(["greedy", "hungarian"]))
+       matching=st.sampled_from(MATCHINGS))
 def test_varlen_plan_properties(costs, balance_llm, rpn, matching):
     plan = plan_post_balance(costs, rpn, balance_llm=balance_llm, matching=matching)
     _check_plan(plan, costs, "varlen")
@@ -148,8 +154,9 @@ def test_balances_real_step_near_lower_bound_with_few_moves(internvl_lengths):
     assert plan.moved[0] < 0.5 * len(sample)  # most samples stay where they are
     assert plan.moved_cross_node()[0] <= plan.moved[0]
     assert plan.moved[1] == 0
-    hungarian = plan_post_balance(list(costs_NM.reshape(64, 16, 2)), 8, matching="hungarian")
-    assert hungarian.load_after[0].max() <= plain_lpt_max(vision, 64) + 1e-9
+    if "hungarian" in MATCHINGS:
+        hungarian = plan_post_balance(list(costs_NM.reshape(64, 16, 2)), 8, matching="hungarian")
+        assert hungarian.load_after[0].max() <= plain_lpt_max(vision, 64) + 1e-9
 
 
 def test_phase_samples_are_in_canonical_order():
