@@ -32,6 +32,7 @@ __all__ = [
     "padded_split",
     "match_bins",
     "move_back",
+    "repair_from_home",
 ]
 
 
@@ -331,9 +332,10 @@ def repair_from_home(cost, home_n, num_ranks, limit, ranks_per_node, policy):
     Each overloaded rank sheds items while above ``limit``. ``policy`` 0: the smallest item that
     brings it under ``limit`` if one exists, else its largest item (fewest items). ``policy`` 1:
     the largest item no larger than the excess if one exists, else the smallest that fixes it
-    (small items, which fit elsewhere even when the limit is tight). The shed items, largest first, go to the
-    fullest rank that still has room (best fit), preferring the item's own node; an item that
-    fits nowhere goes to the least loaded rank (the caller's local search then repairs it).
+    (small items, which fit elsewhere even when the limit is tight). The shed items, largest
+    first, go to the fullest rank that still has room (best fit), preferring the item's own
+    node; an item that fits nowhere goes to the least loaded rank (the caller's local search
+    then repairs it).
 
     Returns:
         ``(dest_n int64, load_R float64)``.
@@ -404,3 +406,4 @@ def repair_from_home(cost, home_n, num_ranks, limit, ranks_per_node, policy):
         dest_n[i] = target
         load[target] += c
     return dest_n, load
+

@@ -227,10 +227,10 @@ def _balance_phase(cost_n, home_n, num_ranks, ranks_per_node, attention, refine_
     order = np.argsort(-cost_n, kind="stable")
     cost_sorted = np.ascontiguousarray(cost_n[order])
     bin_n = np.empty(len(cost_n), np.int64)
+    iters = 4 * num_ranks + 64 if refine_iters is None else refine_iters
     if attention == "varlen":
         bins_sorted, load = K.lpt_bins(cost_sorted, num_ranks)
         bin_n[order] = bins_sorted
-        iters = 4 * num_ranks + 64 if refine_iters is None else refine_iters
         K.refine_bins(cost_n, bin_n, load, iters, refine_candidates)
     else:
         starts = _padded_starts(cost_sorted, num_ranks)
@@ -249,6 +249,8 @@ def _balance_phase(cost_n, home_n, num_ranks, ranks_per_node, attention, refine_
         # More candidates: start from home and move only the excess (two shedding policies,
         # node-aware and flat), then local search. They usually move far fewer samples; the one
         # with the fewest moves (cross-node moves first) among those within the cap wins.
+        # (Padded phases have none: a balanced padded split regroups samples by length, and
+        # shedding from home never met the cap in our measurements.)
         rpn = ranks_per_node or 1
         best_key = _move_key(dest_n, home_n, rpn)
         for node_aware in ((True, False) if rpn > 1 else (False,)):
