@@ -195,10 +195,10 @@ def padded_split(cost_sorted, num_bins, limit):
         if head <= 0.0:
             take = n - pos
         else:
-            take = int(limit / head)
-            if take < 1:
+            fit = limit / head  # may overflow to inf for tiny costs: compare before int()
+            if fit < 1.0:
                 return num_bins + 1, np.inf, starts
-            take = min(take, n - pos)
+            take = n - pos if fit >= n - pos else int(fit)
         achieved = max(achieved, take * head)
         pos += take
         used += 1

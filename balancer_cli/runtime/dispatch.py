@@ -113,10 +113,11 @@ class _Route:
     def run(self, x: torch.Tensor, lengths: np.ndarray, group, sync_backward: bool) -> tuple[torch.Tensor, np.ndarray]:
         lengths = np.asarray(lengths, dtype=np.int64)
         send_len = lengths[self.send_order]
-        len_in = torch.from_numpy(np.ascontiguousarray(send_len))
-        len_out = torch.empty(sum(self.recv_counts), dtype=torch.int64)
+        # the counts travel on the data's device (NCCL only moves GPU tensors)
+        len_in = torch.from_numpy(np.ascontiguousarray(send_len)).to(x.device)
+        len_out = torch.empty(sum(self.recv_counts), dtype=torch.int64, device=x.device)
         dist.all_to_all_single(len_out, len_in, self.recv_counts, self.send_counts, group=group)
-        recv_len = len_out.numpy()
+        recv_len = len_out.cpu().numpy()
         send_rows = np.bincount(self.send_to, weights=lengths, minlength=self.world_size).astype(np.int64)
         recv_rows = np.bincount(self.recv_from, weights=recv_len, minlength=self.world_size).astype(np.int64)
         rows = _row_index(self.send_order, lengths)
@@ -232,6 +233,13 @@ class PhaseDispatcher:
         return out, out_lengths
 
 
+def _collective_device(group) -> torch.device:
+    """Where collective buffers must live: the current GPU under NCCL, else the CPU."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def plan_from_local_costs(costs_nM: np.ndarray, group=None, **plan_kwargs) -> PostBalancePlan:
     """Build this step's plan at run time from every rank's local costs (one all_gather).
 
@@ -247,13 +255,18 @@ def plan_from_local_costs(costs_nM: np.ndarray, group=None, **plan_kwargs) -> Po
     costs = torch.as_tensor(np.asarray(costs_nM, dtype=np.float64))
     if costs.ndim != 2:
         raise UsageError(f"local costs must be (samples, modules), got shape {tuple(costs.shape)}")
+    device = _collective_device(group)
     size = dist.get_world_size(group)
-    count = torch.tensor([costs.shape[0]], dtype=torch.int64)
-    counts = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
-    dist.all_gather(counts, count, group=group)
-    n = [int(c.item()) for c in counts]
-    padded = torch.zeros((max(n), costs.shape[1]), dtype=torch.float64)
-    padded[: costs.shape[0]] = costs
+    # counts and module count first, so that every rank pads to the same shape
+    shape = torch.tensor([costs.shape[0], costs.shape[1]], dtype=torch.int64, device=device)
+    shapes = [torch.zeros(2, dtype=torch.int64, device=device) for _ in range(size)]
+    dist.all_gather(shapes, shape, group=group)
+    n = [int(s[0]) for s in shapes]
+    width = max(int(s[1]) for s in shapes)
+    padded = torch.zeros((max(n), width), dtype=torch.float64, device=device)
+    padded[: costs.shape[0], : costs.shape[1]] = costs.to(device)
     gathered = [torch.empty_like(padded) for _ in range(size)]
     dist.all_gather(gathered, padded, group=group)
-    return plan_post_balance([g[:k].numpy() for g, k in zip(gathered, n)], **plan_kwargs)
+    # a rank with another module count is named by the planner's own check
+    return plan_post_balance([g[:k, : int(s[1])].cpu().numpy() for g, k, s in zip(gathered, n, shapes)],
+                             **plan_kwargs)
