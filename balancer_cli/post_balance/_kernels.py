@@ -32,6 +32,7 @@ __all__ = [
     "padded_split",
     "match_bins",
     "move_back",
+    "repair_from_home",
 ]
 
 
@@ -194,10 +195,10 @@ def padded_split(cost_sorted, num_bins, limit):
         if head <= 0.0:
             take = n - pos
         else:
-            take = int(limit / head)
-            if take < 1:
+            fit = limit / head  # may overflow to inf for tiny costs: compare before int()
+            if fit < 1.0:
                 return num_bins + 1, np.inf, starts
-            take = min(take, n - pos)
+            take = n - pos if fit >= n - pos else int(fit)
         achieved = max(achieved, take * head)
         pos += take
         used += 1
@@ -324,14 +325,17 @@ def move_back(cost, dest_n, home_n, order, num_ranks, cap, ranks_per_node, padde
 
 
 @_njit
-def repair_from_home(cost, home_n, num_ranks, limit, ranks_per_node):
+def repair_from_home(cost, home_n, num_ranks, limit, ranks_per_node, policy):
     """Keep samples home and move only the excess: shed items from ranks above ``limit`` into
     the ranks with room (summed loads).
 
-    Each overloaded rank sheds, while above ``limit``, the smallest item that brings it under
-    ``limit`` if one exists, else its largest item. The shed items, largest first, go to the
-    fullest rank that still has room (best fit), preferring the item's own node; an item that
-    fits nowhere goes to the least loaded rank (the caller's local search then repairs it).
+    Each overloaded rank sheds items while above ``limit``. ``policy`` 0: the smallest item that
+    brings it under ``limit`` if one exists, else its largest item (fewest items). ``policy`` 1:
+    the largest item no larger than the excess if one exists, else the smallest that fixes it
+    (small items, which fit elsewhere even when the limit is tight). The shed items, largest
+    first, go to the fullest rank that still has room (best fit), preferring the item's own
+    node; an item that fits nowhere goes to the least loaded rank (the caller's local search
+    then repairs it).
 
     Returns:
         ``(dest_n int64, load_R float64)``.
@@ -352,8 +356,9 @@ def repair_from_home(cost, home_n, num_ranks, limit, ranks_per_node):
     for r in range(num_ranks):
         while load[r] > limit:
             excess = load[r] - limit
-            pick = -1
+            pick = -1  # smallest item >= excess
             largest = -1
+            under = -1  # largest item <= excess
             for i in range(start[r], start[r + 1]):
                 if dest_n[i] != r or cost[i] <= 0.0:
                     continue
@@ -361,6 +366,10 @@ def repair_from_home(cost, home_n, num_ranks, limit, ranks_per_node):
                     pick = i
                 if largest < 0 or cost[i] > cost[largest]:
                     largest = i
+                if cost[i] <= excess and (under < 0 or cost[i] > cost[under]):
+                    under = i
+            if policy == 1 and under >= 0:
+                pick = under
             if pick < 0:
                 pick = largest
             if pick < 0:
@@ -397,3 +406,4 @@ def repair_from_home(cost, home_n, num_ranks, limit, ranks_per_node):
         dest_n[i] = target
         load[target] += c
     return dest_n, load
+

@@ -227,10 +227,10 @@ def _balance_phase(cost_n, home_n, num_ranks, ranks_per_node, attention, refine_
     order = np.argsort(-cost_n, kind="stable")
     cost_sorted = np.ascontiguousarray(cost_n[order])
     bin_n = np.empty(len(cost_n), np.int64)
+    iters = 4 * num_ranks + 64 if refine_iters is None else refine_iters
     if attention == "varlen":
         bins_sorted, load = K.lpt_bins(cost_sorted, num_ranks)
         bin_n[order] = bins_sorted
-        iters = 4 * num_ranks + 64 if refine_iters is None else refine_iters
         K.refine_bins(cost_n, bin_n, load, iters, refine_candidates)
     else:
         starts = _padded_starts(cost_sorted, num_ranks)
@@ -246,16 +246,32 @@ def _balance_phase(cost_n, home_n, num_ranks, ranks_per_node, attention, refine_
     back_order = order[::-1].copy()
     K.move_back(cost_n, dest_n, home_n, back_order, num_ranks, cap, ranks_per_node or 1, attention == "padded")
     if attention == "varlen":
-        # Second candidate: start from home and move only the excess, then local search. It
-        # usually moves far fewer samples; it is taken only if its maximum is no worse.
-        repaired, load = K.repair_from_home(cost_n, home_n, num_ranks, cap, ranks_per_node or 1)
-        if load.max() > cap:
-            K.refine_bins(cost_n, repaired, load, iters, refine_candidates)
-        if load.max() <= cap:
-            K.move_back(cost_n, repaired, home_n, back_order, num_ranks, cap, ranks_per_node or 1, False)
-            if (repaired != home_n).sum() <= (dest_n != home_n).sum():
-                dest_n = repaired
+        # More candidates: start from home and move only the excess (two shedding policies,
+        # node-aware and flat), then local search. They usually move far fewer samples; the one
+        # with the fewest moves (cross-node moves first) among those within the cap wins.
+        # (Padded phases have none: a balanced padded split regroups samples by length, and
+        # shedding from home never met the cap in our measurements.)
+        rpn = ranks_per_node or 1
+        best_key = _move_key(dest_n, home_n, rpn)
+        for node_aware in ((True, False) if rpn > 1 else (False,)):
+            for policy in (0, 1):
+                repaired, load = K.repair_from_home(cost_n, home_n, num_ranks, cap, rpn if node_aware else 1, policy)
+                if load.max() > cap:
+                    K.refine_bins(cost_n, repaired, load, iters, refine_candidates)
+                if load.max() <= cap:
+                    K.move_back(cost_n, repaired, home_n, back_order, num_ranks, cap, rpn, False)
+                    key = _move_key(repaired, home_n, rpn)
+                    if key < best_key:
+                        dest_n, best_key = repaired, key
     return dest_n
+
+
+def _move_key(dest_n, home_n, ranks_per_node):
+    """(cross-node moves, moves): what a candidate costs in traffic, slow links first."""
+    moved = int((dest_n != home_n).sum())
+    if ranks_per_node <= 1:
+        return (moved, moved)
+    return (int((dest_n // ranks_per_node != home_n // ranks_per_node).sum()), moved)
 
 
 def _padded_starts(cost_sorted: np.ndarray, num_bins: int) -> np.ndarray:
