@@ -191,3 +191,11 @@ def test_internvl_lengths_end_to_end(internvl_lengths, tmp_path):
     ours, isf = summary["modules"], summary["baselines"]["isf"]["modules"]
     assert ours["vision"]["dist_ratio"] < isf["vision"]["dist_ratio"]
     assert ours["llm"]["dist_ratio"] < isf["llm"]["dist_ratio"]
+
+
+def test_unwritable_output_is_a_one_line_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = _run("pack", _lengths_file(tmp_path), "-o", blocker / "out", "--baselines", "none", *CAPS)
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("Error: cannot write to") and "fix: pass a writable directory" in result.output

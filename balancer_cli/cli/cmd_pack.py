@@ -12,7 +12,7 @@ import click
 
 from balancer_cli.cli._common import emit, handle_errors, json_option
 from balancer_cli.cost import COST_MODELS
-from balancer_cli.errors import UsageError
+from balancer_cli.errors import InputError, UsageError
 from balancer_cli.lengths import LLM
 from balancer_cli.pack.baselines import BASELINES
 from balancer_cli.pack.pipeline import OVERSIZE_POLICIES
@@ -152,11 +152,16 @@ def command(lengths, out, world_size, micro_batches, algorithm, max_llm_tokens, 
             lengths_files=tuple(os.path.abspath(p) for p in lengths), post_balance=post_balance)
         result = pack_manifest(table, config)
         bar.update()
-        write_manifest(out, result.rows, dropped_sample=result.dropped_sample, dropped_reason=result.dropped_reason,
-                       meta=result.meta, epoch_num_steps=result.epoch_num_steps)
-        bar.update()
-        report = build_report(open_manifest(out), table, baselines=baseline_names)
-        paths = write_report(out, report)
+        try:
+            write_manifest(out, result.rows, dropped_sample=result.dropped_sample,
+                           dropped_reason=result.dropped_reason, meta=result.meta,
+                           epoch_num_steps=result.epoch_num_steps)
+            bar.update()
+            report = build_report(open_manifest(out), table, baselines=baseline_names)
+            paths = write_report(out, report)
+        except OSError as error:
+            raise InputError(f"cannot write to {out}: {error.strerror or error}",
+                             fix="pass a writable directory with -o") from None
         bar.update()
     summary = {"out": str(Path(out)), "files": {k: str(v) for k, v in paths.items()}, **report.data}
     emit(summary, as_json, render_summary)

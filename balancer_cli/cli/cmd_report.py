@@ -8,7 +8,7 @@ import click
 
 from balancer_cli.cli._common import emit, handle_errors, json_option
 from balancer_cli.cli.cmd_pack import parse_baselines, render_summary
-from balancer_cli.errors import ManifestError
+from balancer_cli.errors import InputError, ManifestError
 from balancer_cli.pack.baselines import BASELINES
 
 __all__ = ["command"]
@@ -47,6 +47,10 @@ def command(out, lengths_files, baselines, as_json):
                             fix="pass the lengths files with --lengths FILE")
     table = read_lengths(paths)
     report = build_report(manifest, table, baselines=baseline_names)
-    written = write_report(out, report)
+    try:
+        written = write_report(out, report)
+    except OSError as error:
+        raise InputError(f"cannot write the report into {out}: {error.strerror or error}",
+                         fix="make the manifest directory writable") from None
     summary = {"out": str(Path(out)), "files": {k: str(v) for k, v in written.items()}, **report.data}
     emit(summary, as_json, render_summary)
