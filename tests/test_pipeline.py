@@ -129,6 +129,7 @@ def test_search_runs_when_a_cap_is_missing():
     result = pack_manifest(lt, PackConfig(world_size=2, caps=(("llm", 4096),)))
     assert result.meta["params"]["searched"] and result.search is not None
     assert result.meta["params"]["caps"]["llm"] <= 4096
+    assert result.meta["params"]["search"]["candidates"] == len(result.search.candidates)
 
 
 @pytest.mark.parametrize("config, match", [

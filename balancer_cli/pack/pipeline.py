@@ -391,6 +391,11 @@ def pack_manifest(lengths: LengthsTable, config: PackConfig) -> PackResult:
             "target_group_size": config.target_group_size,
             "batch_size": config.batch_size,
             "searched": search is not None,
+            "search": None if search is None else {
+                "algorithm": search.algorithm, "sample_size": int(search.sample_size),
+                "candidates": len(search.candidates), "best_objective": round(float(search.candidates[0].objective), 6),
+                "grid_axes": {m: [int(v) for v in axis] for m, axis in zip(inputs.modules, search.grid_axes)},
+            },
             "post_balance": config.post_balance,
         },
         "seed": config.seed,
