@@ -238,28 +238,35 @@ def _peak(layers, modes, heavy, inflight, per_param) -> tuple[float, int | None]
 
 def _fit(layers, heavy, typical, inflight, per_param, budget, resolution, full_all) -> np.ndarray:
     """Knapsack on the heaviest group, re-checked on all groups; tighten and retry when another
-    group (heavier under the chosen modes) does not fit."""
+    group (heavier under the chosen modes) does not fit. The working set depends on which layers
+    are recomputed, so each distinct layer size is tried as the largest recomputed one."""
     _, g = _peak(layers, np.zeros(len(layers), dtype=np.int64), heavy, inflight, per_param)
     target = budget
     for _ in range(8):
         feats = _pick(heavy, g)
         state, act, _ = stage_memory(layers, np.zeros(len(layers), dtype=np.int64), feats, inflight=inflight,
                                      bytes_per_param=per_param)
-        work = max((float(evaluate(layer.act[NONE], feats)) for layer in layers if layer.recomputable), default=0.0)
-        need = float(state + act + work - target)
+        none = np.array([float(evaluate(layer.act[NONE], feats)) for layer in layers])
         saving = np.zeros((len(layers), 3))
         cost = np.zeros((len(layers), 3))
         for k, layer in enumerate(layers):
             if not layer.recomputable:
                 continue
-            none = float(evaluate(layer.act[NONE], feats))
             for mode in (SELECTIVE, FULL):
-                saving[k, mode] = inflight * (none - float(evaluate(layer.act[mode], feats)))
+                saving[k, mode] = inflight * (none[k] - float(evaluate(layer.act[mode], feats)))
                 cost[k, mode] = float(evaluate(layer.extra[mode], typical))
-        modes = _knapsack(saving, cost, need, resolution)
-        if modes is None:
+        best, best_cost = None, np.inf
+        recomputable = np.array([layer.recomputable for layer in layers])
+        for work in sorted(set(none[recomputable].tolist())):
+            allowed = recomputable & (none <= work)
+            modes = _knapsack(np.where(allowed[:, None], saving, 0.0), cost, float(state + act + work - target), resolution)
+            if modes is not None:
+                total = float(sum(cost[k, m] for k, m in enumerate(modes)))
+                if best is None or total < best_cost - 1e-9 * max(1.0, best_cost):
+                    best, best_cost = modes, total
+        if best is None:
             return full_all
-        modes = _canonical(layers, modes)
+        modes = _canonical(layers, best)
         peak, g_worst = _peak(layers, modes, heavy, inflight, per_param)
         if peak <= budget:
             return modes
