@@ -156,6 +156,6 @@ def render_recompute(s: Mapping[str, Any]) -> str:
     lines += ["", "Megatron-LM, per pipeline stage (a launcher sets them by pipeline rank):"]
     lines += [f"  stage {st['stage']}: {st['megatron']}" for st in s["stages"]]
     if s["uniform_full_layers"]:
-        lines.append(f"  one value for every stage (stock launch): --recompute-granularity full --recompute-method block "
+        lines.append(f"  one value for the LLM layers of every stage (stock launch): --recompute-granularity full --recompute-method block "
                      f"--recompute-num-layers {s['uniform_full_layers']}")
     return "\n".join(lines)
