@@ -102,7 +102,7 @@ def test_vision_presets_tokens_per_item():
 def test_sample_costs_flops_one_sample_by_hand():
     lt = make_lengths_table(np.array([300]), {"vision": (np.array([256 * 2]), np.array([2]))})
     costs = sample_costs(lt, "flops", vision="internvit-300m", llm="qwen2-7b")
-    v, q = get_model("internvit-300m"), get_model("qwen2-7b")
+    q = get_model("qwen2-7b")
     h = 1024
     vision_fwd = 24 * (24 * h * h * 2050 + 4 * h * 2 * 1025 ** 2) + 2 * 588 * h * 2050 \
         + 2 * (4096 * 3584 + 3584 * 3584) * 512
@@ -171,3 +171,22 @@ def test_model_file_roundtrip_and_errors(tmp_path):
         assert str(bad) in str(info.value)
     with pytest.raises(InputError, match="cannot read"):
         get_model(str(tmp_path / "missing.yaml"))
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import balancer_cli.cost
+    import balancer_cli.flops
+    import balancer_cli.models
+    import balancer_cli.planners.chain
+    import balancer_cli.planners.flags
+    import balancer_cli.planners.partition
+    import balancer_cli.planners.recompute
+    import balancer_cli.planners.summary
+
+    for module in (balancer_cli.cost, balancer_cli.flops, balancer_cli.models, balancer_cli.planners.chain,
+                   balancer_cli.planners.flags, balancer_cli.planners.partition, balancer_cli.planners.recompute,
+                   balancer_cli.planners.summary):
+        failed, _ = doctest.testmod(module)
+        assert failed == 0, module.__name__

@@ -15,7 +15,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +24,8 @@ from balancer_cli import flops as F
 from balancer_cli.cost import CostModel, module_features
 from balancer_cli.lengths import LLM, LengthsTable
 
-__all__ = ["Form", "Layer", "build_chain", "evaluate", "group_features", "features_at", "sequential_groups"]
+__all__ = ["Form", "Layer", "build_chain", "evaluate", "group_features", "features_at", "sequential_groups",
+           "explicit_features"]
 
 #: A linear form: ``((feature, coefficient), ...)``.
 Form = tuple
@@ -175,15 +176,3 @@ def explicit_features(model: CostModel, llm_tokens: int, items: Mapping[str, int
         side = n * (cfg.llm_tokens_per_item if cfg.tokens_per_item else per / cfg.merge)
         feats.update({f"{module}.tokens": n * per, f"{module}.sumsq": n * per * per, f"{module}.side": side})
     return feats
-
-
-__all__.append("explicit_features")
-
-
-def stage_sums(values: Sequence[float] | np.ndarray, bounds: Sequence[tuple[int, int]]) -> np.ndarray:
-    """Sum of ``values`` over each inclusive ``(first, last)`` range."""
-    prefix = np.concatenate([[0.0], np.cumsum(np.asarray(values, dtype=np.float64))])
-    return np.array([prefix[b + 1] - prefix[a] for a, b in bounds])
-
-
-__all__.append("stage_sums")
