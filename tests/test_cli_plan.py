@@ -133,3 +133,30 @@ def test_bad_models_and_inputs(tmp_path):
     assert code == 2 and "exceeds" in out
     code, out = run(["plan-partition", "--llm", "llama3-8b", "--stages", "2", "--lengths", str(tmp_path / "nope.parquet")])
     assert code == 1 and "no such file" in out
+
+
+def test_cost_model_options_for_other_commands():
+    import click
+
+    from balancer_cli.cli._common import handle_errors
+    from balancer_cli.cli._cost_options import cost_model_options, costs_from_options
+
+    lt = make_lengths_table(np.array([100, 200]), {"vision": (np.array([256, 512]), np.array([1, 2]))})
+
+    @click.command()
+    @cost_model_options
+    @handle_errors
+    def cmd(cost_model, vision_model, audio_model, llm_model):
+        costs = costs_from_options(lt, cost_model, vision_model, audio_model, llm_model)
+        click.echo(json.dumps({m: c.tolist() for m, c in costs.items()}))
+
+    runner = CliRunner()
+    assert json.loads(runner.invoke(cmd, []).output) == {"vision": [256.0, 512.0], "llm": [100.0, 200.0]}
+    out = json.loads(runner.invoke(cmd, ["--cost-model", "flops", "--vision-model", "internvit-300m",
+                                         "--llm-model", "qwen2-7b"]).output)
+    assert out["vision"][1] == 2 * out["vision"][0] and out["llm"][1] > 2 * out["llm"][0]
+    bad = runner.invoke(cmd, ["--cost-model", "flops", "--llm-model", "qwen2-7b"])
+    assert bad.exit_code == 2 and "--vision-model" in bad.output
+    code, out = run(["plan-partition", "--vision-model", "internvit-300m", "--llm-model", "qwen2-7b", "--stages", "2",
+                     "--group-vision-items", "4", "--json"])
+    assert code == 0 and json.loads(out)["models"] == {"vision": "internvit-300m", "llm": "qwen2-7b"}

@@ -32,9 +32,9 @@ DEFAULT_GROUP_LLM_TOKENS = 4096
 def model_options(fn):
     """--vision/--audio/--llm/--stages/--attention/--tp."""
     options = [
-        click.option("--vision", "vision", metavar="PRESET|FILE", help="Vision encoder preset or YAML/JSON model file."),
-        click.option("--audio", "audio", metavar="PRESET|FILE", help="Audio encoder preset or model file."),
-        click.option("--llm", "llm", metavar="PRESET|FILE", required=True, help="LLM preset or YAML/JSON model file."),
+        click.option("--vision", "--vision-model", "vision", metavar="PRESET|FILE", help="Vision encoder preset or YAML/JSON model file."),
+        click.option("--audio", "--audio-model", "audio", metavar="PRESET|FILE", help="Audio encoder preset or model file."),
+        click.option("--llm", "--llm-model", "llm", metavar="PRESET|FILE", required=True, help="LLM preset or YAML/JSON model file."),
         click.option("--stages", "stages", type=click.IntRange(min=1), required=True, help="Pipeline stages P."),
         click.option("--attention", type=click.Choice(["flash", "eager"]), default="flash", show_default=True,
                      help="Attention kernel (eager stores the s x s scores; flash does not)."),
