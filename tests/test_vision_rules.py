@@ -138,6 +138,37 @@ def test_qwen_video_matches_video_processor():
         _check_invariants(c)
 
 
+def _qwen_vl_utils_video(total_frames: int, video_fps: float, width: int, height: int) -> tuple[int, int, int]:
+    """qwen-vl-utils' ``smart_nframes`` + ``fetch_video`` resize (the reference implementation,
+    float budget division), transcribed; returns ``(grid_t, grid_h, grid_w)``."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    min_frames = math.ceil(4 / 2) * 2
+    max_frames = math.floor(min(768, total_frames) / 2) * 2
+    nframes = total_frames / video_fps * 2.0
+    nframes = min(min(max(nframes, min_frames), max_frames), total_frames)
+    nframes = math.floor(nframes / 2) * 2
+    min_pixels, total_pixels = 128 * 28 * 28, int(128000 * 28 * 28 * 0.9)
+    max_pixels = max(min(768 * 28 * 28, total_pixels / nframes * 2), int(min_pixels * 1.05))
+    h, w = smart_resize(height, width, 28, min_pixels, max_pixels)
+    return nframes // 2, h // 14, w // 14
+
+
+def test_qwen_video_matches_reference_sampling_and_budget():
+    rule = get_rule("qwen2-vl")
+    rng = np.random.default_rng(12)
+    for _ in range(1500):
+        src_fps = float(rng.choice([1.0, 10.0, 23.976, 25.0, 30.0, 60.0]))
+        total = int(rng.integers(2, 60 * 60 * 30))
+        w, h = (int(x) for x in rng.integers(16, 4000, 2))
+        if max(w, h) / min(w, h) > 200:
+            continue
+        t, gh, gw = _qwen_vl_utils_video(total, src_fps, w, h)
+        c = rule.count_video(total, w, h, fps=src_fps)
+        assert (c.items, c.encoder_tokens, c.llm_tokens) == (t, t * gh * gw, t * gh * gw // 4), (total, src_fps, w, h)
+        assert c.llm_tokens <= 128000
+
+
 def test_qwen_video_budget_and_sampling():
     rule = get_rule("qwen2-vl")
     assert video_frames(755.0) == 768 and video_frames(1.0) == 4 and video_frames(10.3) == 20
@@ -459,3 +490,13 @@ def test_every_preset_on_random_sizes_keeps_invariants(preset):
         _check_invariants(c)
     with pytest.raises(MediaRejected):
         rule.count_image(0, 10)
+
+
+def test_docstring_examples():
+    import doctest
+
+    from balancer_cli.scan import image_header, vision_base, vision_llava, vision_qwen, vision_rules, vision_tiles
+
+    for module in (vision_base, vision_qwen, vision_tiles, vision_llava, vision_rules, image_header):
+        failed, attempted = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert attempted > 0 and failed == 0, module.__name__
