@@ -262,6 +262,15 @@ def test_get_rule_errors():
         get_rule("internvl", max_frames=3)
     with pytest.raises(UsageError, match="int"):
         get_rule("qwen2-vl", max_pixels="big")
+    with pytest.raises(UsageError, match="patch_size=0"):
+        get_rule("llava-next", patch_size=0)
+    with pytest.raises(UsageError, match="exceeds"):
+        get_rule("qwen2-vl", min_pixels=10**8)
+    with pytest.raises(UsageError, match="min_tiles"):
+        get_rule("internvl", min_num=13)
+    with pytest.raises(UsageError, match="pinpoints"):
+        get_rule("llava-next", image_grid_pinpoints=[[336]])
+    assert get_rule("llava-next", image_grid_pinpoints=[[336, 336]]).count_image(640, 480).items == 2
     assert set(PRESETS) == {"qwen2-vl", "qwen2.5-vl", "internvl", "llava-1.5", "llava-next",
                             "llava-onevision", "idefics3", "smolvlm"}
 

@@ -101,7 +101,29 @@ def get_rule(name: str, **overrides: Any) -> VisionRule:
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
             raise UsageError(f"vision preset {key!r}: {raw}={value!r} must be of type {expected.__name__}")
         kwargs[field] = value
-    return dataclasses.replace(default, **kwargs)
+    rule = dataclasses.replace(default, **kwargs)
+    _check_values(key, rule)
+    return rule
+
+
+_MAY_BE_ZERO = {"split_newline_extra", "max_crops", "max_video_tokens"}
+_ORDERED = (("min_pixels", "max_pixels"), ("video_min_pixels", "video_max_pixels"),
+            ("min_tiles", "max_tiles"), ("min_frames", "max_frames"))
+
+
+def _check_values(key: str, rule: Any) -> None:
+    """Reject values that would make a rule divide by zero or produce nonsense counts."""
+    for f in dataclasses.fields(rule):
+        value = getattr(rule, f.name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        lowest = 0 if f.name in _MAY_BE_ZERO else (1 if isinstance(value, int) else 1e-9)
+        if value < lowest:
+            raise UsageError(f"vision preset {key!r}: {f.name}={value} must be >= {lowest:g}")
+    for low, high in _ORDERED:
+        if hasattr(rule, low) and getattr(rule, low) > getattr(rule, high):
+            raise UsageError(f"vision preset {key!r}: {low}={getattr(rule, low)} exceeds "
+                             f"{high}={getattr(rule, high)}")
 
 
 def _pinpoints(value: Any) -> tuple[tuple[int, int], ...]:
