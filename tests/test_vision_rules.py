@@ -509,3 +509,17 @@ def test_docstring_examples():
     for module in (vision_base, vision_qwen, vision_tiles, vision_llava, vision_rules, image_header):
         failed, attempted = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert attempted > 0 and failed == 0, module.__name__
+
+
+def test_smolvlm_2b_from_model_folder(tmp_path):
+    """SmolVLM-2.2B: 384 px tiles, SigLIP patch 14, shuffle 3 -> 81 tokens per tile."""
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(
+        {"max_image_size": {"longest_edge": 384}, "size": {"longest_edge": 1536}, "do_image_splitting": True,
+         "video_sampling": {"fps": 1, "max_frames": 64, "video_size": {"longest_edge": 384}}}))
+    (tmp_path / "processor_config.json").write_text(json.dumps({"image_seq_len": 81}))
+    (tmp_path / "config.json").write_text(json.dumps({"scale_factor": 3, "vision_config": {"patch_size": 14}}))
+    rule = rule_from_processor_config("smolvlm", tmp_path)
+    assert (rule.image_size, rule.longest_edge, rule.patch_size, rule.image_seq_len) == (384, 1536, 14, 81)
+    assert rule.patches_per_tile == 729 and rule.max_frames == 64
+    c = rule.count_image(640, 480)  # 1536 x 1152 -> 3 rows x 4 cols + global
+    assert (c.items, c.llm_tokens) == (13, 3 * (4 * 83 + 1) + 84)

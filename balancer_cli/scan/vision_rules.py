@@ -57,7 +57,7 @@ _ALIASES = {
     "min_num": "min_tiles", "min_dynamic_patch": "min_tiles", "min_patches": "min_tiles",
     "force_image_size": "image_size", "num_segments": "video_frames", "num_frames": "video_frames",
     "temporal_patch": "temporal_patch_size", "image_grid_pinpoints": "pinpoints",
-    "max_image_size": "image_size", "tile_size": "image_size",
+    "max_image_size": "image_size", "tile_size": "image_size", "image_seq_len": "tokens_per_tile",
 }
 
 
@@ -106,7 +106,7 @@ def get_rule(name: str, **overrides: Any) -> VisionRule:
     return rule
 
 
-_MAY_BE_ZERO = {"split_newline_extra", "max_crops", "max_video_tokens"}
+_MAY_BE_ZERO = {"split_newline_extra", "max_crops", "max_video_tokens", "tokens_per_tile"}
 _ORDERED = (("min_pixels", "max_pixels"), ("video_min_pixels", "video_max_pixels"),
             ("min_tiles", "max_tiles"), ("min_frames", "max_frames"))
 
@@ -258,6 +258,8 @@ def _idefics3_config(cfg: dict[str, Any], video: dict[str, Any]) -> dict[str, An
         out["patch_size"] = int(vision["patch_size"])
     if cfg.get("scale_factor"):
         out["scale_factor"] = int(cfg["scale_factor"])
+    if cfg.get("image_seq_len"):
+        out["tokens_per_tile"] = int(cfg["image_seq_len"])
     sampling = _size_edges(cfg.get("video_sampling")) or video
     if sampling.get("fps"):
         out["fps"] = float(sampling["fps"])
@@ -277,8 +279,8 @@ _CONFIG_READERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], dict[str, 
     "llava-1.5": _only(("image_size", "patch_size"), _llava_config),
     "llava-next": _only(("image_size", "patch_size", "pinpoints", "max_crops"), _llava_config),
     "llava-onevision": _llava_config,
-    "idefics3": _only(("image_size", "longest_edge", "do_image_splitting", "patch_size", "scale_factor"),
-                      _idefics3_config),
+    "idefics3": _only(("image_size", "longest_edge", "do_image_splitting", "patch_size", "scale_factor",
+                       "tokens_per_tile"), _idefics3_config),
     "smolvlm": _idefics3_config,
 }
 

@@ -224,6 +224,7 @@ class Idefics3Rule:
     scale_factor: int = 2
     do_image_splitting: bool = True
     split_newline_extra: int = 0
+    tokens_per_tile: int = 0  # 0: (image_size / patch_size)**2 / scale_factor**2
     video: bool = False
     fps: float = 1.0
     max_frames: int = 64
@@ -237,8 +238,8 @@ class Idefics3Rule:
 
     @property
     def image_seq_len(self) -> int:
-        """LLM tokens of one tile after pixel shuffle (169 / 64)."""
-        return self.patches_per_tile // self.scale_factor**2
+        """LLM tokens of one tile after pixel shuffle (169 / 64), or ``tokens_per_tile`` if set."""
+        return self.tokens_per_tile or self.patches_per_tile // self.scale_factor**2
 
     def count_image(self, width: int, height: int) -> MediaCount:
         """Tiles (rows x cols + global image) through the encoder; the prompt string to the LLM."""
