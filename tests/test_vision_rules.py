@@ -249,6 +249,17 @@ def test_mathvista_range_under_qwen(mathvista_sizes):
     assert (min(qwen), max(qwen)) == (6, 16224)
 
 
+def test_internvl_multi_image_budget_of_the_finetuning_code():
+    sizes = [(640, 480), (1920, 1080), (300, 3000)]
+    plain = get_rule("internvl")
+    assert [c.items for c in count_images(plain, sizes)] == [plain.count_image(w, h).items for w, h in sizes]
+    budget = get_rule("internvl", multi_image_budget=True)
+    got = [c.items for c in count_images(budget, sizes)]
+    assert got == [_internvl_reference_tiles(w, h, max_num=12 // 3) for w, h in sizes]
+    assert [c.items for c in count_images(budget, [(640, 480)] * 13)] == [1] * 13  # max(1, 12 // 13)
+    assert count_images(budget, [(640, 480)])[0].items == 13
+
+
 def test_internvl_video_is_one_tile_per_frame():
     c = get_rule("internvl", num_segments=16).count_video(0, 1920, 1080, duration_s=90.0)
     assert c == MediaCount(16 * 1024, 16, 16 * 258, (1024,) * 16)

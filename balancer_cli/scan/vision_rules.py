@@ -140,7 +140,8 @@ def count_images(rule: VisionRule, sizes: list[tuple[int, int]]) -> list[MediaCo
     """Counts of all ``(width, height)`` images of ONE sample, in order.
 
     Use this rather than calling ``count_image`` per image: LLaVA-OneVision processes a sample
-    with several images differently (each image one 384 px crop, no anyres).
+    with several images differently (each image one 384 px crop, no anyres), and InternVL with
+    ``multi_image_budget=True`` splits its tile budget among the images.
 
     Example:
         >>> rule = get_rule("llava-onevision")
@@ -148,9 +149,14 @@ def count_images(rule: VisionRule, sizes: list[tuple[int, int]]) -> list[MediaCo
         [2929]
         >>> [c.llm_tokens for c in count_images(rule, [(640, 480), (640, 480)])]
         [730, 730]
+        >>> budget = get_rule("internvl", multi_image_budget=True)   # InternVL's fine-tuning code
+        >>> [c.items for c in count_images(budget, [(1920, 1080)] * 3)]   # max_num 12 // 3 = 4
+        [3, 3, 3]
     """
     if len(sizes) > 1 and isinstance(rule, LlavaOnevisionRule) and not rule.multi_image:
         rule = dataclasses.replace(rule, multi_image=True)
+    if len(sizes) > 1 and isinstance(rule, InternVLRule) and rule.multi_image_budget:
+        rule = dataclasses.replace(rule, max_tiles=max(1, rule.max_tiles // len(sizes)))
     return [rule.count_image(w, h) for w, h in sizes]
 
 

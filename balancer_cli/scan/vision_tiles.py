@@ -76,6 +76,11 @@ class InternVLRule:
     (``num_segments``; InternVL's own video examples use 8, its ``load_video`` default is 32) and
     each frame is ``<img>`` + 256 + ``</img>``; the ``FrameN: `` labels and ``\\n`` separators the
     processor also writes are text (a few tokens per frame) and not counted here.
+
+    ``multi_image_budget=True`` reproduces InternVL's own fine-tuning code
+    (``internvl_chat_finetune.py``), which splits the tile budget among a sample's images
+    (``max_num = max(1, max_dynamic_patch // num_images)``); transformers' processor gives every
+    image the full budget (the default). Apply it through ``vision_rules.count_images``.
     """
 
     name: str = "internvl"
@@ -85,6 +90,7 @@ class InternVLRule:
     min_tiles: int = 1
     max_tiles: int = 12
     use_thumbnail: bool = True
+    multi_image_budget: bool = False
     video_frames: int = 8
     image_token: str = "<image>"
     video_token: str = "<video>"
