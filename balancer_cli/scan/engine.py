@@ -45,6 +45,8 @@ __all__ = ["ScanResult", "scan", "assemble", "scan_metadata", "default_jobs", "E
 
 ENGINES = ("local",)
 DEFAULT_BLOCK_SIZE = 2048
+# Below this many records in total, measuring in this process beats starting worker processes.
+_MIN_POOL_RECORDS = 4096
 
 
 @dataclass(frozen=True)
@@ -79,9 +81,10 @@ def _unwrap(result: pa.Table | tuple) -> pa.Table:
 
 
 def _run_local(blocks: Iterator[RecordBlock], config: ScanConfig, jobs: int) -> Iterator[tuple[RecordBlock, pa.Table]]:
-    head = list(itertools.islice(blocks, 2))
+    head = list(itertools.islice(blocks, jobs + 2))
     blocks = itertools.chain(head, blocks)
-    if jobs <= 1 or len(head) < 2:  # one block: starting workers would cost more than it saves
+    small = len(head) <= jobs + 1 and sum(b.num_records for b in head) < _MIN_POOL_RECORDS
+    if jobs <= 1 or len(head) < 2 or small:  # starting workers would cost more than it saves
         for block in blocks:
             yield block, _unwrap(_measure_job(block, config))
         return

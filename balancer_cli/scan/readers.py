@@ -418,8 +418,12 @@ def read_block(block: RecordBlock, fields: dict[str, str] | None = None) -> Iter
         with open(block.path, "rb") as handle:
             handle.seek(block.start)
             data = handle.read(block.stop - block.start)
+        try:
+            lines: list[str] | list[bytes] = data.decode("utf-8").split("\n")  # str: json skips detection
+        except UnicodeDecodeError:
+            lines = data.split(b"\n")  # rare: find the bad line(s) one by one
         line = block.first_line
-        for raw in data.split(b"\n"):
+        for raw in lines:
             if raw.strip():
                 try:
                     yield line, json.loads(raw)
