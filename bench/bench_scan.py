@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import sys
 import tempfile
 import time
@@ -51,6 +52,11 @@ def _record(caption: str, image: str, size: tuple[int, int] | None) -> str:
     if size:
         record.update(width=size[0], height=size[1])
     return json.dumps(record)
+
+
+def _cpu_with_children() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _timed(fn) -> tuple[float, float]:
@@ -90,9 +96,14 @@ def main() -> None:
         wall, cpu = _timed(lambda: scan([str(sized)], config, jobs=1))
         results["size_fields_per_core"] = {"samples": args.samples, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
                                            "samples_per_s_per_core": round(args.samples / cpu)}
+        cpu_before = _cpu_with_children()
         wall_parallel, _ = _timed(lambda: scan([str(sized)], config, jobs=args.jobs, block_size=2048))
+        cpu_parallel = _cpu_with_children() - cpu_before  # workers included (reaped at pool shutdown)
         results["size_fields_parallel"] = {"jobs": args.jobs, "wall_s": round(wall_parallel, 3),
-                                           "samples_per_s": round(args.samples / wall_parallel)}
+                                           "samples_per_s": round(args.samples / wall_parallel),
+                                           "cpu_s_all_processes": round(cpu_parallel, 3),
+                                           "samples_per_cpu_s": round(args.samples / cpu_parallel),
+                                           "load_average_1min": round(os.getloadavg()[0], 1)}
 
         def bare_loop() -> None:
             for path in paths:
@@ -115,7 +126,9 @@ def main() -> None:
     size, par, head = results["size_fields_per_core"], results["size_fields_parallel"], results["headers"]
     print(f"size-field records : {size['samples_per_s_per_core']:>9,} samples/s per core "
           f"({args.samples:,} samples, {size['cpu_s']} s CPU, tokenizer {args.tokenizer})")
-    print(f"  with -j {par['jobs']:<10}: {par['samples_per_s']:>9,} samples/s wall")
+    print(f"  with -j {par['jobs']:<10}: {par['samples_per_s']:>9,} samples/s wall, "
+          f"{par['samples_per_cpu_s']:,} samples per CPU-second over all processes "
+          f"(load average {par['load_average_1min']})")
     print(f"header reading     : {head['scan_samples_per_s_per_core']:>9,} samples/s per core "
           f"(bare PIL loop {head['bare_pil_per_s_per_core']:,}/s; scan/bare time ratio "
           f"{head['ratio_scan_to_bare_pil']}x)")

@@ -22,6 +22,7 @@ import dataclasses
 import itertools
 import multiprocessing
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, is_dataclass
@@ -80,6 +81,13 @@ def _unwrap(result: pa.Table | tuple) -> pa.Table:
     return result
 
 
+def _start_method() -> str:
+    """``fork`` where available: workers start in milliseconds, and scans from notebooks or
+    ``python -`` work (``spawn`` re-imports ``__main__``). All workers fork when the pool starts,
+    before this process has measured or decoded anything; only ``spawn`` exists elsewhere."""
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() and sys.platform == "linux" else "spawn"
+
+
 def _run_local(blocks: Iterator[RecordBlock], config: ScanConfig, jobs: int) -> Iterator[tuple[RecordBlock, pa.Table]]:
     head = list(itertools.islice(blocks, jobs + 2))
     blocks = itertools.chain(head, blocks)
@@ -88,8 +96,7 @@ def _run_local(blocks: Iterator[RecordBlock], config: ScanConfig, jobs: int) -> 
         for block in blocks:
             yield block, _unwrap(_measure_job(block, config))
         return
-    # spawn: the parent may hold pyarrow/datasets threads, which fork does not copy safely.
-    context = multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context(_start_method())
     pending: collections.deque[tuple[RecordBlock, Future]] = collections.deque()
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
         try:
