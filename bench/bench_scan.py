@@ -29,8 +29,8 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from balancer_cli.scan.engine import default_jobs, scan  # noqa: E402
-from balancer_cli.scan.measure import ScanConfig  # noqa: E402
+from balancer_cli.scan.engine import default_jobs, scan
+from balancer_cli.scan.measure import ScanConfig
 
 COCO = ROOT.parent / "shared" / "data" / "coco-val2017" / "captions_val2017.json"
 SIZES = [(32, 32), (224, 224), (320, 240), (640, 427), (640, 480), (1024, 768), (1280, 720), (1920, 1080),
@@ -41,7 +41,7 @@ def _captions(n: int, rng: random.Random) -> list[str]:
     if COCO.is_file():
         pool = [a["caption"] for a in json.loads(COCO.read_text())["annotations"]]
     else:
-        words = "a man woman dog cat sits on the table next to red blue car street with two people".split()
+        words = ["a", "man", "woman", "dog", "cat", "sits", "on", "the", "table", "next", "to", "red", "blue", "car", "street", "with", "two", "people"]
         pool = [" ".join(rng.choice(words) for _ in range(rng.randint(6, 16))) for _ in range(5000)]
     return [pool[i % len(pool)] for i in range(n)]
 

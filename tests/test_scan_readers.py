@@ -14,7 +14,12 @@ from PIL import Image
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.scan.engine import scan
 from balancer_cli.scan.measure import ScanConfig
-from balancer_cli.scan.readers import detect_format, expand_inputs, iter_blocks, read_block
+from balancer_cli.scan.readers import (
+    detect_format,
+    expand_inputs,
+    iter_blocks,
+    read_block,
+)
 from balancer_cli.scan.records import RecordError, parse_record
 from balancer_cli.scan.vision_rules import get_rule
 

@@ -37,12 +37,18 @@ from balancer_cli import __version__
 from balancer_cli.errors import InputError, SampleError, UsageError
 from balancer_cli.fsutil import bytes_fingerprint, file_fingerprint
 from balancer_cli.lengths import SCHEMA_VERSION, LengthsTable, lengths_fingerprint
-from balancer_cli.scan.measure import (AUDIO_FRAMES_PER_S, AUDIO_LLM_POOL, MODULES, ScanConfig, block_schema,
-                                       error_kind, measure_block)
+from balancer_cli.scan.measure import (
+    AUDIO_FRAMES_PER_S,
+    AUDIO_LLM_POOL,
+    MODULES,
+    ScanConfig,
+    error_kind,
+    measure_block,
+)
 from balancer_cli.scan.readers import InputSpec, RecordBlock, expand_inputs, iter_blocks
 from balancer_cli.scan.text import load_tokenizer
 
-__all__ = ["ScanResult", "scan", "assemble", "scan_metadata", "default_jobs", "ENGINES"]
+__all__ = ["ENGINES", "ScanResult", "assemble", "default_jobs", "scan", "scan_metadata"]
 
 ENGINES = ("local",)
 DEFAULT_BLOCK_SIZE = 2048

@@ -45,14 +45,21 @@ from typing import Any
 
 import pyarrow as pa
 
-from balancer_cli.errors import SampleError, UsageError
+from balancer_cli.errors import SampleError
 from balancer_cli.scan.readers import MalformedLine, RecordBlock, read_block
 from balancer_cli.scan.records import Media, RecordError, parse_record
 from balancer_cli.scan.templates import DEFAULT_TEMPLATE, check_template, render
 from balancer_cli.scan.text import load_tokenizer
 
-__all__ = ["ScanConfig", "measure_block", "block_schema", "MODULES", "AUDIO_FRAMES_PER_S", "AUDIO_LLM_POOL",
-           "error_kind"]
+__all__ = [
+    "AUDIO_FRAMES_PER_S",
+    "AUDIO_LLM_POOL",
+    "MODULES",
+    "ScanConfig",
+    "block_schema",
+    "error_kind",
+    "measure_block",
+]
 
 #: Encoder modules a scan measures, in column order.
 MODULES = ("vision", "video", "audio")
@@ -131,8 +138,7 @@ def _resolve(ref: str, root: str) -> str:
 
     The check is lexical (``..`` and absolute paths), so symlinked data folders stay allowed.
     """
-    if ref.startswith("file://"):
-        ref = ref[len("file://"):]
+    ref = ref.removeprefix("file://")
     base = os.path.normpath(os.path.abspath(root))
     full = os.path.normpath(os.path.join(base, ref))
     if full != base and not full.startswith(base.rstrip(os.sep) + os.sep):

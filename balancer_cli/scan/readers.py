@@ -44,7 +44,7 @@ from typing import Any
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.scan.records import FIELD_NAMES
 
-__all__ = ["FORMATS", "RecordBlock", "InputSpec", "detect_format", "expand_inputs", "iter_blocks", "read_block"]
+__all__ = ["FORMATS", "InputSpec", "RecordBlock", "detect_format", "expand_inputs", "iter_blocks", "read_block"]
 
 FORMATS = ("jsonl", "json", "internvl-meta", "parquet", "hf")
 _CHUNK_CHARS = 1 << 20

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Media", "Sample", "RecordError", "parse_record", "FIELD_NAMES"]
+__all__ = ["FIELD_NAMES", "Media", "RecordError", "Sample", "parse_record"]
 
 #: Canonical field names a field mapping may rename.
 FIELD_NAMES = ("conversations", "messages", "image", "images", "video", "videos", "audio", "audios",
@@ -75,7 +75,7 @@ class Sample:
 
 
 def _number(value: Any, name: str, kind: type) -> Any:
-    if value is None or type(value) is kind:  # noqa: E721 - the fast path: already the right type
+    if value is None or type(value) is kind:
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         try:
