@@ -216,7 +216,12 @@ def expand_inputs(paths: Sequence[str], *, image_root: str | None = None, format
 
 
 def _count_records(spec: InputSpec) -> int:
-    return sum(b.num_records for b in _blocks_once(spec, 1 << 30, 0))
+    """Records of one input, in constant memory (a pass over the file for JSON formats)."""
+    if spec.format == "json":
+        return sum(1 for _ in _iter_json_list(spec.path))
+    if spec.format == "jsonl":
+        return sum(count for *_, count in _jsonl_ranges(spec.path, 1 << 16, None))
+    return _table_rows(spec)
 
 
 def iter_blocks(inputs: Sequence[str] | Sequence[InputSpec], block_size: int = 2048) -> Iterator[RecordBlock]:
