@@ -233,3 +233,21 @@ def test_manifest_phase_ranks_names_missing_costs():
         manifest_phase_ranks(rows, {"vision": np.ones(6)}, world_size=2)
     with pytest.raises(PlanError, match="sample 5 has no cost"):
         manifest_phase_ranks(rows, {"vision": np.ones(3), "llm": np.ones(3)}, world_size=2)
+
+
+def test_plan_from_phase_ranks_replays_the_offline_plan(internvl_lengths):
+    from balancer_cli.post_balance import plan_from_phase_ranks
+
+    lengths = read_lengths(internvl_lengths[0])
+    rows = _rows(num_steps=2, world=4, per_rank=3, rng=np.random.default_rng(2))
+    costs = {"vision": lengths.items("vision")[: len(rows)] * 1025.0,
+             "llm": lengths.llm_tokens()[: len(rows)].astype(float)}
+    ranks = manifest_phase_ranks(rows, costs, world_size=4)
+    sel = rows.step == 1
+    costs_PM = np.column_stack([costs["vision"][rows.sample[sel]], costs["llm"][rows.sample[sel]]])
+    replay = plan_from_phase_ranks(rows.rank[sel], {"vision": ranks["vision"][sel]}, 4, costs_PM=costs_PM)
+    direct = plan_post_balance(list(costs_PM.reshape(4, 3, 2)), modules=("vision", "llm"))
+    assert np.array_equal(replay.dest_MN, direct.dest_MN)
+    np.testing.assert_allclose(replay.load_after, direct.load_after)
+    with pytest.raises(PlanError, match="sorted by rank"):
+        plan_from_phase_ranks(np.array([1, 0]), {"vision": np.array([0, 0])}, 2)

@@ -12,12 +12,13 @@ import tempfile
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-pytestmark = pytest.mark.dist
 
 WORLD = 3
 FEAT_IN, FEAT_OUT = 4, 5
@@ -110,7 +111,73 @@ def _worker(rank, init_file):
         dist.destroy_process_group()
 
 
+@pytest.mark.dist
 def test_dispatch_matches_undispatched_step():
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "init")
         mp.spawn(_worker, args=(init_file,), nprocs=WORLD, join=True)
+
+
+def _simulate(routes, items_by_rank):
+    """What ``_Route.run`` does across all ranks, with Python lists instead of all_to_all."""
+    world = len(routes)
+    outboxes = []
+    for route, items in zip(routes, items_by_rank):
+        ordered = [items[i] for i in route.send_order]
+        cuts = np.cumsum([0] + route.send_counts)
+        outboxes.append([ordered[cuts[q]:cuts[q + 1]] for q in range(world)])
+    delivered = []
+    for q, route in enumerate(routes):
+        arrived = [item for src in range(world) for item in outboxes[src][q]]
+        assert len(arrived) == sum(route.recv_counts)
+        delivered.append([arrived[k] for k in route.to_canonical])
+    return delivered
+
+
+@settings(max_examples=80, deadline=None)
+@given(sizes=st.lists(st.integers(0, 5), min_size=1, max_size=5), seed=st.integers(0, 2 ** 16),
+       balance_llm=st.booleans())
+def test_routes_deliver_every_sample_to_its_phase_rank(sizes, seed, balance_llm):
+    from balancer_cli.post_balance import plan_post_balance
+    from balancer_cli.runtime.dispatch import _routes
+
+    rng = np.random.default_rng(seed)
+    plan = plan_post_balance([rng.integers(0, 20, (n, 3)).astype(float) for n in sizes], balance_llm=balance_llm)
+    world = len(sizes)
+    for m in range(3):
+        routes = [_routes(plan, m, r) for r in range(world)]
+        remote = _simulate([s for s, _ in routes], [[(r, j) for j in range(n)] for r, n in enumerate(sizes)])
+        for r in range(world):  # scatter: exactly the phase's samples, canonical order
+            src, idx = plan.phase_samples(m, r)
+            assert remote[r] == list(zip(src.tolist(), idx.tolist()))
+        back = _simulate([g for _, g in routes], remote)
+        for r in range(world):  # gather: the LLM phase's samples, canonical order
+            src, idx = plan.phase_samples("llm", r)
+            assert back[r] == list(zip(src.tolist(), idx.tolist()))
+
+
+def test_dispatcher_single_rank_round_trip_and_bad_usage(tmp_path):
+    from balancer_cli.errors import UsageError
+    from balancer_cli.post_balance import plan_post_balance
+    from balancer_cli.runtime.dispatch import PhaseDispatcher
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        vision = PhaseDispatcher(plan_post_balance([np.ones((2, 2))], modules=("vision", "llm")), "vision")
+        x = torch.arange(6.0).reshape(3, 2)
+        remote = vision.scatter(x, lengths=[1, 2])
+        assert torch.equal(remote, x) and vision.remote_lengths.tolist() == [1, 2]
+        back = vision.gather(remote * 2, lengths=vision.remote_lengths)
+        assert torch.equal(back, x * 2) and vision.home_lengths.tolist() == [1, 2]
+        as_list = vision.scatter([x[:1], x[1:]])
+        assert [t.shape[0] for t in as_list] == [1, 2]
+        with pytest.raises(UsageError, match="2 lengths summing to 4 for 2 samples and 3 rows"):
+            vision.scatter(x, lengths=[2, 2])
+        with pytest.raises(UsageError, match="got 1 samples, the plan has 2 here"):
+            vision.scatter([x])
+        with pytest.raises(UsageError, match="plan is for 2 ranks but the process group has 1"):
+            PhaseDispatcher(plan_post_balance([np.ones((1, 2)), np.ones((1, 2))]), 0)
+    finally:
+        dist.destroy_process_group()

@@ -2,7 +2,8 @@
 
 - :func:`plan_post_balance`: the pure planner (numpy; numba-accelerated when installed).
 - :func:`manifest_phase_ranks`, :func:`phase_utilization`: the offline hook for
-  ``balancer pack --post-balance`` and its metric.
+  ``balancer pack --post-balance`` and its metric; :func:`plan_from_phase_ranks` rebuilds a
+  step's plan from the manifest's ``<m>_rank`` columns at training time.
 - Execution (all-to-all of encoder inputs/outputs) lives in
   :mod:`balancer_cli.runtime.dispatch` (needs torch).
 
@@ -13,7 +14,7 @@ Example:
     ([8.0, 0.0], [4.0, 4.0], 1)
 """
 
-from balancer_cli.post_balance.offline import manifest_phase_ranks, phase_utilization
+from balancer_cli.post_balance.offline import manifest_phase_ranks, phase_utilization, plan_from_phase_ranks
 from balancer_cli.post_balance.plan import (
     ATTENTION_MODES,
     PostBalancePlan,
@@ -29,5 +30,6 @@ __all__ = [
     "manifest_phase_ranks",
     "phase_loads",
     "phase_utilization",
+    "plan_from_phase_ranks",
     "plan_post_balance",
 ]

@@ -28,9 +28,9 @@ import numpy as np
 from balancer_cli.errors import PlanError
 from balancer_cli.lengths import LLM
 from balancer_cli.manifest import ManifestRows
-from balancer_cli.post_balance.plan import phase_loads, plan_post_balance
+from balancer_cli.post_balance.plan import PostBalancePlan, phase_loads, plan_post_balance
 
-__all__ = ["manifest_phase_ranks", "phase_utilization"]
+__all__ = ["manifest_phase_ranks", "phase_utilization", "plan_from_phase_ranks"]
 
 
 def _module_order(costs: Mapping[str, np.ndarray]) -> list[str]:
@@ -126,3 +126,56 @@ def phase_utilization(
     total_peak = sum(peak.values())
     result["step"] = sum(busy.values()) / (world_size * total_peak) if total_peak > 0 else 1.0
     return result
+
+
+def plan_from_phase_ranks(
+    rank_P: np.ndarray,
+    phase_ranks: Mapping[str, np.ndarray],
+    world_size: int,
+    *,
+    costs_PM: np.ndarray | None = None,
+    attention: str | Sequence[str] = "varlen",
+) -> PostBalancePlan:
+    """Rebuild one step's plan from a manifest's ``<m>_rank`` columns (no communication).
+
+    The training job replays the offline decision: every rank reads the same step's rows and
+    gets the same plan, ready for :class:`~balancer_cli.runtime.dispatch.PhaseDispatcher`.
+
+    Args:
+        rank_P: (P,) the rows' ranks for one step, sorted (manifest order); row order within a
+            rank is the sample order on that rank.
+        phase_ranks: ``{encoder: (P,) rank running its phase}``, in phase order; the LLM phase
+            runs on ``rank_P``.
+        world_size: R.
+        costs_PM: optional (P, M) costs (encoders in ``phase_ranks`` order, then the LLM) to fill
+            the predicted loads; zeros otherwise.
+        attention: ``"varlen"``/``"padded"`` for the loads, for all or per module.
+
+    Example:
+        >>> plan = plan_from_phase_ranks(np.array([0, 0, 1]), {"vision": np.array([0, 1, 1])}, 2)
+        >>> plan.modules, [d.tolist() for d in plan.destinations[0]]
+        (('vision', 'llm'), [[0, 1], [1]])
+    """
+    rank_P = np.asarray(rank_P, dtype=np.int64)
+    if len(rank_P) and ((np.diff(rank_P) < 0).any() or rank_P.min() < 0 or rank_P.max() >= world_size):
+        raise PlanError("a step's rows must be sorted by rank, with ranks in 0..world_size-1",
+                        fix="pass one step of a manifest written by balancer pack")
+    modules = tuple(phase_ranks) + (LLM,)
+    dest_MN = np.stack([np.asarray(phase_ranks[m], dtype=np.int32) for m in phase_ranks]
+                       + [rank_P.astype(np.int32)]).reshape(len(modules), len(rank_P))
+    if ((dest_MN < 0) | (dest_MN >= world_size)).any():
+        raise PlanError(f"a phase rank is outside 0..{world_size - 1}", fix="pass the manifest's world_size")
+    modes = (attention,) * len(modules) if isinstance(attention, str) else tuple(attention)
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(rank_P, minlength=world_size))]).astype(np.int64)
+    before = np.zeros((len(modules), world_size))
+    after = np.zeros((len(modules), world_size))
+    lower = np.zeros(len(modules))
+    if costs_PM is not None:
+        costs_PM = np.asarray(costs_PM, dtype=np.float64).reshape(len(rank_P), len(modules))
+        for m in range(len(modules)):
+            before[m] = phase_loads(costs_PM[:, m], rank_P, world_size, modes[m])
+            after[m] = phase_loads(costs_PM[:, m], dest_MN[m], world_size, modes[m])
+            lower[m] = max(costs_PM[:, m].sum() / world_size, costs_PM[:, m].max(initial=0.0))
+    for a in (offsets, dest_MN, before, after, lower):
+        a.setflags(write=False)
+    return PostBalancePlan(modules, modes, world_size, None, offsets, dest_MN, before, after, lower)

@@ -130,6 +130,22 @@ class _Route:
         return out.index_select(0, torch.from_numpy(back).to(out.device)), recv_len[self.to_canonical]
 
 
+def _routes(plan: PostBalancePlan, module: int, rank: int) -> tuple[_Route, _Route]:
+    """The scatter and gather routes of ``rank`` for ``module`` (pure: no communication)."""
+    dest = plan.dest_MN[module].astype(np.int64)
+    to_llm = plan.dest_MN[plan.llm_index].astype(np.int64)
+    lo, hi = plan.offsets[rank], plan.offsets[rank + 1]
+    here = np.flatnonzero(dest == rank)  # this phase's samples on this rank, canonical
+    # scatter: arrivals come by source rank, each in its local order: already canonical
+    scatter = _Route(dest[lo:hi], plan.home_N[here].astype(np.int64), np.arange(len(here)), plan.world_size)
+    # gather: to each sample's LLM-phase rank; arrivals by encoder rank, canonical by flat id
+    mine = np.flatnonzero(to_llm == rank)
+    arrive_from = dest[mine]
+    arrival_sorted = np.argsort(arrive_from, kind="stable")
+    gather = _Route(to_llm[here], arrive_from[arrival_sorted], arrival_sorted, plan.world_size)
+    return scatter, gather
+
+
 class PhaseDispatcher:
     """Moves one module's inputs to the ranks that run it and its outputs to the LLM-phase ranks.
 
@@ -155,20 +171,10 @@ class PhaseDispatcher:
         if size != plan.world_size:
             raise UsageError(f"the plan is for {plan.world_size} ranks but the process group has {size}",
                              fix="build the plan from the costs of every rank of this group")
-        me, m, llm = self.rank, self.module, plan.llm_index
-        dest, to_llm = plan.dest_MN[m].astype(np.int64), plan.dest_MN[llm].astype(np.int64)
-        lo, hi = plan.offsets[me], plan.offsets[me + 1]
-        here = np.flatnonzero(dest == me)  # this phase's samples on this rank, canonical
-        # scatter: arrivals come by source rank, each in its local order: already canonical
-        self._scatter = _Route(dest[lo:hi], plan.home_N[here], np.arange(len(here)), plan.world_size)
-        # gather: to each sample's LLM-phase rank; arrivals by encoder rank, canonical by flat id
-        mine = np.flatnonzero(to_llm == me)
-        arrive_from = dest[mine]
-        arrival_sorted = np.argsort(arrive_from, kind="stable")
-        self._gather = _Route(to_llm[here], arrive_from[arrival_sorted], arrival_sorted, plan.world_size)
-        self.num_local = int(hi - lo)
-        self.num_remote = len(here)
-        self.num_home = len(mine)
+        self._scatter, self._gather = _routes(plan, self.module, self.rank)
+        self.num_local = len(self._scatter.send_to)
+        self.num_remote = len(self._gather.send_to)
+        self.num_home = len(self._gather.recv_from)
         self.remote_lengths: np.ndarray | None = None
         self.home_lengths: np.ndarray | None = None
 
