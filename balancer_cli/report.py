@@ -83,7 +83,9 @@ def config_from_meta(meta: Mapping[str, Any], batch_size: int | None = None) -> 
         bounds=tuple((m, int(b)) for m, b in params.get("bounds", {}).items()),
         iterations=int(params.get("iterations", 50)), oversize=str(params.get("oversize", "isolate")),
         epochs=len(meta.get("epoch_num_steps", [1])), seed=int(meta.get("seed", 0)),
-        cost_model=str(params.get("cost_model", "tokens")), target_group_size=params.get("target_group_size"),
+        cost_model=str(params.get("cost_model", "tokens")),
+        cost_presets=tuple(sorted(dict(params.get("cost_presets", {})).items())),
+        target_group_size=params.get("target_group_size"),
         batch_size=batch_size, lengths_files=tuple(meta.get("lengths_files", ())))
 
 
@@ -100,7 +102,7 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable, *, baselines: Se
     check_fingerprint(manifest, lengths)
     meta = manifest.meta
     config = config_from_meta(meta)
-    inputs = prepare_inputs(lengths, config.cost_model)
+    inputs = prepare_inputs(lengths, config.cost_model, config.cost_presets)
     caps_K = np.array([meta["params"]["caps"][m] for m in inputs.modules], dtype=np.int64)
     bounds_K = np.array([meta["params"]["bounds"][m] for m in inputs.modules], dtype=np.int64)
     rows = manifest.read_all()
@@ -189,7 +191,9 @@ def render_markdown(data: Mapping[str, Any]) -> str:
         f"- caps (Q): {caps}" + (" (found by the threshold search)" if params.get("searched") else ""),
         f"- ISF bounds (Q'): {', '.join(f'{m} {b}' for m, b in params['bounds'].items())}; "
         f"iterations {params.get('iterations')}; oversize {params.get('oversize')}; "
-        f"cost model {params.get('cost_model')}",
+        f"cost model {params.get('cost_model')}"
+        + (f" ({', '.join(f'{m}: {p}' for m, p in params['cost_presets'].items())})"
+           if params.get("cost_presets") else ""),
         "", "## Balance (lower is better for dist/pad/mix; higher for util)", "",
         _markdown_table(*summary_table(data)), "",
         "dist = Dist Ratio (mean over steps of sum_r (max T - T_r) / (max T x R)); pad = Pad Ratio if each group "

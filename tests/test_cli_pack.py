@@ -199,3 +199,22 @@ def test_unwritable_output_is_a_one_line_error(tmp_path):
     result = _run("pack", _lengths_file(tmp_path), "-o", blocker / "out", "--baselines", "none", *CAPS)
     assert result.exit_code == 1, result.output
     assert result.output.startswith("Error: cannot write to") and "fix: pass a writable directory" in result.output
+
+
+def test_flops_cost_model_is_recorded_and_replayed_by_report(tmp_path):
+    lengths = _lengths_file(tmp_path)
+    args = ["--cost-model", "flops", "--vision-model", "internvit-300m", "--llm-model", "qwen2-7b"]
+    result = _run("pack", lengths, "-o", tmp_path / "out", "--dp", 2, "--baselines", "dataloader", *args, *CAPS)
+    assert result.exit_code == 0, result.output
+    params = open_manifest(tmp_path / "out").meta["params"]
+    assert params["cost_model"] == "flops"
+    assert params["cost_presets"] == {"llm": "qwen2-7b", "vision": "internvit-300m"}
+    written = (tmp_path / "out" / "report.json").read_bytes()
+    assert _run("report", tmp_path / "out").exit_code == 0
+    assert (tmp_path / "out" / "report.json").read_bytes() == written
+    assert "cost model flops (llm: qwen2-7b, vision: internvit-300m)" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_flops_without_llm_model_is_a_usage_error(tmp_path):
+    result = _run("pack", _lengths_file(tmp_path), "-o", tmp_path / "out", "--cost-model", "flops", *CAPS)
+    assert result.exit_code == 2 and "needs an LLM preset" in result.output and "--llm-model" in result.output

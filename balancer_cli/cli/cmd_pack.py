@@ -11,13 +11,14 @@ from typing import Any
 import click
 
 from balancer_cli.cli._common import emit, handle_errors, json_option
-from balancer_cli.cost import COST_MODELS
+from balancer_cli.cli._cost_options import cost_model_options
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.lengths import LLM
 from balancer_cli.pack.baselines import BASELINES
 from balancer_cli.pack.pipeline import OVERSIZE_POLICIES
 
-__all__ = ["command", "parse_pairs", "parse_baselines", "caps_from_options", "render_summary", "progress"]
+__all__ = ["command", "parse_pairs", "parse_baselines", "caps_from_options", "cost_presets", "render_summary",
+           "progress"]
 
 #: Encoders with a dedicated ``--max-<m>-items`` option; any other module uses ``--cap m=V``.
 NAMED_ENCODERS = ("vision", "audio", "video")
@@ -52,6 +53,13 @@ def caps_from_options(max_llm_tokens: int | None, max_items: Mapping[str, int | 
         caps[LLM] = max_llm_tokens
     caps.update({m: v for m, v in max_items.items() if v is not None})
     return tuple(sorted(caps.items()))
+
+
+def cost_presets(cost_model: str, **presets: str | None) -> tuple[tuple[str, str], ...]:
+    """``((module, preset), ...)`` of the ``--<m>-model`` options given (none under ``tokens``)."""
+    if cost_model == "tokens":
+        return ()
+    return tuple(sorted((m, p) for m, p in presets.items() if p))
 
 
 def progress(total: int, quiet: bool, desc: str):
@@ -112,7 +120,7 @@ def _max_item_options(fn):
 @click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True,
               help="Epochs to pack (epoch e uses seed S+e); steps are numbered across epochs.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--cost-model", type=click.Choice(COST_MODELS), default="tokens", show_default=True)
+@cost_model_options
 @click.option("--target-group-size", type=click.IntRange(min=1), help="Samples per group the search aims at.")
 @click.option("--baselines", default=",".join(BASELINES), show_default=True,
               help="Comma list of baselines to compare with in the report, or 'none'.")
@@ -121,8 +129,8 @@ def _max_item_options(fn):
 @json_option
 @handle_errors
 def command(lengths, out, world_size, micro_batches, algorithm, max_llm_tokens, max_vision_items, max_audio_items,
-            max_video_items, cap, bound, iterations, oversize, epochs, seed, cost_model, target_group_size,
-            baselines, post_balance, quiet, as_json):
+            max_video_items, cap, bound, iterations, oversize, epochs, seed, cost_model, vision_model,
+            audio_model, llm_model, target_group_size, baselines, post_balance, quiet, as_json):
     """Pack LENGTHS (lengths Parquet and/or OmniBal token-length JSON files, concatenated in order)
     into balanced mini-batches; write OUT/manifest.parquet, dropped.parquet and report.json/.md/.png.
 
@@ -148,13 +156,17 @@ def command(lengths, out, world_size, micro_batches, algorithm, max_llm_tokens, 
         config = PackConfig(
             world_size=world_size, micro_batches=micro_batches, algorithm=algorithm, caps=caps,
             bounds=tuple(sorted(parse_pairs(bound, "--bound").items())), iterations=iterations, oversize=oversize,
-            epochs=epochs, seed=seed, cost_model=cost_model, target_group_size=target_group_size,
+            epochs=epochs, seed=seed, cost_model=cost_model,
+            cost_presets=cost_presets(cost_model, vision=vision_model, audio=audio_model, llm=llm_model),
+            target_group_size=target_group_size,
             lengths_files=tuple(os.path.abspath(p) for p in lengths), post_balance=post_balance)
         result = pack_manifest(table, config)
         bar.update()
         try:
             write_manifest(out, result.rows, dropped_sample=result.dropped_sample,
-                           dropped_reason=result.dropped_reason, meta=result.meta,
+                           dropped_reason=result.dropped_reason,
+                           # `balancer report OUT` compares with the same baselines by default
+                           meta={**result.meta, "report_baselines": list(baseline_names)},
                            epoch_num_steps=result.epoch_num_steps)
             bar.update()
             report = build_report(open_manifest(out), table, baselines=baseline_names)

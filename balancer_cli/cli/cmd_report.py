@@ -18,8 +18,8 @@ __all__ = ["command"]
 @click.argument("out", type=click.Path(file_okay=False))
 @click.option("--lengths", "lengths_files", multiple=True, type=click.Path(dir_okay=False),
               help="Lengths file(s) the manifest was packed from (default: the paths it recorded).")
-@click.option("--baselines", default=",".join(BASELINES), show_default=True,
-              help="Comma list of baselines to compare with, or 'none'.")
+@click.option("--baselines", help="Comma list of baselines to compare with, or 'none' "
+              f"(default: those `pack` used; of {','.join(BASELINES)}).")
 @json_option
 @handle_errors
 def command(out, lengths_files, baselines, as_json):
@@ -36,8 +36,11 @@ def command(out, lengths_files, baselines, as_json):
     from balancer_cli.manifest import open_manifest
     from balancer_cli.report import build_report, write_report
 
-    baseline_names = parse_baselines(baselines)
     manifest = open_manifest(out)
+    if baselines is None:
+        baseline_names = tuple(manifest.meta.get("report_baselines", BASELINES))
+    else:
+        baseline_names = parse_baselines(baselines)
     paths = list(lengths_files) or list(manifest.meta.get("lengths_files", []))
     if not paths:
         raise ManifestError(f"{out}: the manifest records no lengths files", fix="pass them with --lengths FILE")

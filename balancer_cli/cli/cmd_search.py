@@ -9,7 +9,8 @@ from typing import Any
 import click
 
 from balancer_cli.cli._common import emit, handle_errors, json_option
-from balancer_cli.cli.cmd_pack import NAMED_ENCODERS, caps_from_options, progress
+from balancer_cli.cli._cost_options import cost_model_options
+from balancer_cli.cli.cmd_pack import NAMED_ENCODERS, caps_from_options, cost_presets, progress
 
 __all__ = ["command"]
 
@@ -60,7 +61,7 @@ def _max_item_options(fn):
 @click.option("--sample-size", type=click.IntRange(min=100), default=12_000, show_default=True,
               help="Samples each candidate is evaluated on (a seeded subsample).")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--cost-model", type=click.Choice(["tokens"]), default="tokens", show_default=True)
+@cost_model_options
 @click.option("-o", "--out", type=click.Path(dir_okay=False), help="Write the search as JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write the objective heat map (PNG) here.")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Candidates to print.")
@@ -68,8 +69,8 @@ def _max_item_options(fn):
 @json_option
 @handle_errors
 def command(lengths, world_size, micro_batches, algorithm, max_llm_tokens, max_vision_items, max_audio_items,
-            max_video_items, cap, target_group_size, grid, sample_size, seed, cost_model, out, plot, top, quiet,
-            as_json):
+            max_video_items, cap, target_group_size, grid, sample_size, seed, cost_model, vision_model,
+            audio_model, llm_model, out, plot, top, quiet, as_json):
     """Search packing caps for LENGTHS (lengths Parquet and/or OmniBal JSON files): print the ranked
     candidates, optionally write them as JSON (-o) and a heat map of the objective (--plot).
 
@@ -90,10 +91,12 @@ def command(lengths, world_size, micro_batches, algorithm, max_llm_tokens, max_v
                                               "video": max_video_items}, cap)
     with progress(3, quiet, "search") as bar:
         table = read_lengths(list(lengths))
-        inputs = prepare_inputs(table, cost_model)
+        presets = cost_presets(cost_model, vision=vision_model, audio=audio_model, llm=llm_model)
+        inputs = prepare_inputs(table, cost_model, presets)
         bar.update()
         config = PackConfig(world_size=world_size, micro_batches=micro_batches, algorithm=algorithm, caps=caps,
-                            seed=seed, cost_model=cost_model, target_group_size=target_group_size)
+                            seed=seed, cost_model=cost_model, cost_presets=presets,
+                            target_group_size=target_group_size)
         result = run_search(inputs, config, grid=grid, sample_size=sample_size)
         bar.update()
         data = search_data(result, inputs.modules, extra={

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,10 +76,23 @@ def _check_columns(lengths: LengthsTable) -> None:
                              "<m>_items, <m>_seqlens, error")
 
 
-def prepare_inputs(lengths: LengthsTable, cost_model: str = "tokens") -> PackInputs:
-    """Build the load and cost matrices of a lengths table (raises on unknown columns)."""
+def prepare_inputs(lengths: LengthsTable, cost_model: str = "tokens",
+                   cost_presets: Mapping[str, str] | Sequence[tuple[str, str]] = ()) -> PackInputs:
+    """Build the load and cost matrices of a lengths table (raises on unknown columns).
+
+    Args:
+        lengths: the lengths table.
+        cost_model: ``tokens`` or ``flops`` (:func:`balancer_cli.cost.sample_costs`).
+        cost_presets: ``{module: preset or model file}`` for ``flops`` (``llm`` required there).
+    """
     _check_columns(lengths)
-    costs = sample_costs(lengths, cost_model)
+    presets = dict(cost_presets)
+    if cost_model == "tokens":
+        costs = sample_costs(lengths, cost_model)
+    else:
+        named = {m: presets.pop(m, None) for m in ("vision", "audio", LLM)}
+        costs = sample_costs(lengths, cost_model, vision=named["vision"], audio=named["audio"], llm=named[LLM],
+                             encoders=presets or None)
     modules = tuple(lengths.modules) + (LLM,)
     load_NK = np.stack([lengths.items(m) for m in lengths.modules] + [lengths.llm_tokens()], axis=1)
     cost_NK = np.stack([np.asarray(costs[m], dtype=np.float64) for m in modules], axis=1)

@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from balancer_cli.cost import sample_costs
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.lengths import LLM, LengthsTable
 from balancer_cli.manifest import ManifestRows
@@ -73,7 +72,8 @@ class PackConfig:
         oversize: what to do with a sample over a cap on its own: isolate, drop or error.
         epochs: epochs to pack (each with seed ``seed + epoch``).
         seed: base seed.
-        cost_model: cost model of :func:`balancer_cli.cost.sample_costs`.
+        cost_model: cost model of :func:`balancer_cli.cost.sample_costs` (``tokens``, ``flops``).
+        cost_presets: ``((module, preset or model file), ...)`` for the ``flops`` cost model.
         target_group_size: optional samples-per-group target handed to the search.
         batch_size: fixed samples per group of the ``random`` algorithm (default: the mean group
             size the caps give, rounded).
@@ -92,6 +92,7 @@ class PackConfig:
     epochs: int = 1
     seed: int = 0
     cost_model: str = "tokens"
+    cost_presets: tuple[tuple[str, str], ...] = ()
     target_group_size: int | None = None
     batch_size: int | None = None
     lengths_files: tuple[str, ...] = ()
@@ -231,7 +232,7 @@ def make_packer(inputs: PackInputs, config: PackConfig, caps_K: np.ndarray, boun
     raise UsageError(f"unknown algorithm {algorithm!r}", fix=f"use one of: {', '.join(ALGORITHMS)}")
 
 
-def with_phase_ranks(rows: ManifestRows, lengths: LengthsTable, config: PackConfig) -> ManifestRows:
+def with_phase_ranks(rows: ManifestRows, inputs: PackInputs, world_size: int) -> ManifestRows:
     """Add ``<m>_rank`` columns: the rank that runs encoder m's phase for each row (post-balancing).
 
     Raises:
@@ -242,8 +243,8 @@ def with_phase_ranks(rows: ManifestRows, lengths: LengthsTable, config: PackConf
     except ImportError:
         raise UsageError("--post-balance needs balancer_cli.post_balance, which this installation lacks",
                          fix="drop --post-balance or install a balancer_cli that ships post-balancing") from None
-    costs = sample_costs(lengths, config.cost_model)
-    phase_ranks = manifest_phase_ranks(rows, costs, config.world_size)
+    costs = {m: inputs.cost_NK[:, k] for k, m in enumerate(inputs.modules)}  # encoders first, llm last
+    phase_ranks = manifest_phase_ranks(rows, costs, world_size)
     extra = dict(rows.extra)
     for module, rank in phase_ranks.items():
         extra[f"{module}_rank"] = np.asarray(rank, dtype=np.int32)
@@ -269,7 +270,7 @@ def pack_manifest(lengths: LengthsTable, config: PackConfig) -> PackResult:
     from balancer_cli.pack.evaluate import evaluate_rows
 
     _check_config(config)
-    inputs = prepare_inputs(lengths, config.cost_model)
+    inputs = prepare_inputs(lengths, config.cost_model, config.cost_presets)
     if not inputs.ok_N.any():
         first = next(e for e in inputs.error_N if e is not None)
         raise InputError(f"all {inputs.num_samples} samples have a scan error (first: {first})",
@@ -280,7 +281,7 @@ def pack_manifest(lengths: LengthsTable, config: PackConfig) -> PackResult:
         inputs, packer, world_size=config.world_size, micro_batches=config.micro_batches,
         epochs=config.epochs, seed=config.seed)
     if config.post_balance:
-        rows = with_phase_ranks(rows, lengths, config)
+        rows = with_phase_ranks(rows, inputs, config.world_size)
     summary = evaluate_rows(inputs, rows, dropped_sample, dropped_reason, caps_K=caps_K,
                             world_size=config.world_size, micro_batches=config.micro_batches,
                             epoch_num_steps=epoch_num_steps).metrics
@@ -293,6 +294,7 @@ def pack_manifest(lengths: LengthsTable, config: PackConfig) -> PackResult:
             "iterations": config.iterations,
             "oversize": config.oversize,
             "cost_model": config.cost_model,
+            "cost_presets": dict(config.cost_presets),
             "target_group_size": config.target_group_size,
             "batch_size": config.batch_size,
             "searched": search is not None,
