@@ -15,7 +15,8 @@ Algorithm:
    with the lowest normalized load, and so on (vectorized, one sort per round). A sample that
    would break a cap waits for the next round; a few stragglers go to the lightest group with
    room. When dealing strands samples (tight caps), first-fit-decreasing decides G instead
-   and dealing is retried with that G; if it fails again, the first-fit groups are refined.
+   and dealing is retried with that G, 1% and 2% more; if all fail, the first-fit groups are
+   refined (first fit puts similar samples together, so dealt groups are preferred).
 3. **Refinement.** Local search over group pairs: for each group, candidate partners (random
    ones and the ones whose deviation is most opposite along a random direction) are tried
    with every one-for-one swap and every one-sample move that keeps both groups under the
@@ -101,6 +102,19 @@ def _deal(rows, load, weight, caps, G, rng):
         bins = np.argsort((wsum * inv_t).sum(axis=1), kind="stable")[: len(chunk)]
         r = queue[chunk]
         fits = ((lsum[bins] + load[r]) <= caps).all(axis=1)
+        if not fits.all():
+            # Second chance for the rows that did not fit: the unused groups with the most
+            # room in their fullest module, biggest row to the roomiest group.
+            used = np.zeros(G, dtype=bool)
+            used[bins[fits]] = True
+            spare = np.flatnonzero(~used)
+            spare = spare[np.argsort((lsum[spare] / caps).max(axis=1), kind="stable")]
+            miss = np.flatnonzero(~fits)[: len(spare)]
+            alt = spare[: len(miss)]
+            ok = ((lsum[alt] + load[r[miss]]) <= caps).all(axis=1)
+            bins = bins.copy()
+            bins[miss[ok]] = alt[ok]
+            fits[miss[ok]] = True
         if not fits.any():
             # The lightest groups are full in some module: place the (few) stragglers in the
             # lightest group that still has room, or give up (first fit takes over).
@@ -242,9 +256,14 @@ def pack_balanced(
         # Dealing stranded samples (tight caps): first fit decides how many groups are needed,
         # then dealing is tried once more with that many, else first fit's groups are kept.
         queue, gid, G_ffd = _first_fit_decreasing(rows, load_c, caps_c, rng, lookback)
-        G_new = rounded(max(G, G_ffd))
-        dealt = _deal(rows, load_c, weight, caps_c, G_new, rng) if deal and G_new > G else None
-        G = G_new
+        G_ffd = rounded(max(G, G_ffd))
+        # Dealt groups are random mixes; first-fit ones cluster similar samples. So dealing
+        # gets up to 2% more groups than first fit needs before first fit is kept.
+        for G_try in sorted({G_ffd, rounded(int(np.ceil(G_ffd * 1.01))), rounded(int(np.ceil(G_ffd * 1.02)))}):
+            dealt = _deal(rows, load_c, weight, caps_c, G_try, rng) if deal and G_try > G else None
+            if dealt is not None:
+                break
+        G = G_try if dealt is not None else G_ffd
     if dealt is not None:
         queue, gid = dealt
     members, count, wsum, lsum = _padded(queue, gid, G, weight, load, width=max_count)
