@@ -10,8 +10,8 @@ Algorithm:
 1. **Number of groups.** ``G = max_k ceil(sum load_k / cap_k)`` (the binding cap's lower bound),
    divided by ``fill`` and rounded up to a multiple of ``group_multiple`` (the assigner wants
    ``world_size x micro_batches``). Each group's target in module k is ``t_k = sum w_k / G``.
-2. **Dealing.** Samples in decreasing normalized size (``sum_k w_ik / t_k``; ties broken by a
-   seeded shuffle) are dealt in rounds of G: the largest sample of a round goes to the group
+2. **Dealing.** Samples over half a cap first, then the others in decreasing normalized size
+   (``sum_k w_ik / t_k``; ties broken by a seeded shuffle), are dealt in rounds of G: the largest sample of a round goes to the group
    with the lowest normalized load, and so on (vectorized, one sort per round). A sample that
    would break a cap waits for the next round; a few stragglers go to the lightest group with
    room. When dealing strands samples (tight caps), first-fit-decreasing decides G instead
@@ -80,7 +80,7 @@ def _first_fit_decreasing(rows, load, caps, rng, lookback):
     return queue, gid, G
 
 
-def _deal(rows, load, weight, caps, G, rng):
+def _deal(rows, load, weight, caps, G, rng, hard_share=0.5):
     """Step 2b: deal rows in rounds of G, largest normalized row to the lightest group.
 
     Balanced from the start (unlike first fit) but may strand rows when caps are tight.
@@ -91,7 +91,11 @@ def _deal(rows, load, weight, caps, G, rng):
     target_K = weight[rows].sum(axis=0) / G
     inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
     shuffled = rows[rng.permutation(len(rows))]
-    queue = shuffled[np.argsort(-(weight[shuffled] * inv_t).sum(axis=1), kind="stable")]
+    # Rows over half a cap first (no two share a group, and late they find no room), then by
+    # normalized cost, so that every group gets one row of each size stratum.
+    hard = (load[shuffled] / caps).max(axis=1)
+    key = np.where(hard > hard_share, 1e6 + hard, (weight[shuffled] * inv_t).sum(axis=1))
+    queue = shuffled[np.argsort(-key, kind="stable")]
     gid = np.full(len(queue), -1, dtype=np.int64)
     wsum = np.zeros((G, weight.shape[1]))
     lsum = np.zeros((G, load.shape[1]), dtype=np.int64)
