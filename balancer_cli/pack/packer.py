@@ -15,7 +15,7 @@ Algorithm:
    with the lowest normalized load, and so on (vectorized, one sort per round). A sample that
    would break a cap waits for the next round; a few stragglers go to the lightest group with
    room. When dealing strands samples (tight caps), first-fit-decreasing decides G instead
-   and dealing is retried with that G, 1% and 2% more; if all fail, the first-fit groups are
+   and dealing is retried with that G, 1% and 2% more (up to 500k samples); if all fail, the first-fit groups are
    refined (first fit puts similar samples together, so dealt groups are preferred).
 3. **Refinement.** Local search over group pairs: for each group, candidate partners (random
    ones and the ones whose deviation is most opposite along a random direction) are tried
@@ -263,7 +263,8 @@ def pack_balanced(
         G_ffd = rounded(max(G, G_ffd))
         # Dealt groups are random mixes; first-fit ones cluster similar samples. So dealing
         # gets up to 2% more groups than first fit needs before first fit is kept.
-        for G_try in sorted({G_ffd, rounded(int(np.ceil(G_ffd * 1.01))), rounded(int(np.ceil(G_ffd * 1.02)))}):
+        extra = (1.01, 1.02) if len(rows) <= 500_000 else ()  # each try costs a full deal
+        for G_try in sorted({G_ffd} | {rounded(int(np.ceil(G_ffd * f))) for f in extra}):
             dealt = _deal(rows, load_c, weight, caps_c, G_try, rng) if deal and G_try > G else None
             if dealt is not None:
                 break
