@@ -7,7 +7,8 @@ with their ratio to ISF.
 
 Usage (from the repository root):
     python -m bench.bench_pack                       # all scenarios
-    python -m bench.bench_pack --scenario internvl   # one of: internvl, synthetic, audio, large
+    python -m bench.bench_pack --scenario internvl   # one of: internvl, synthetic, audio, speed
+    python -m bench.bench_pack --scenario memory     # 10M samples (minutes)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from balancer_cli.pack.assign import assign_groups, split_to_multiple
 from balancer_cli.pack.isf import pack_isf
 from balancer_cli.pack.metrics import dist_ratio, step_loads, utilization
 from balancer_cli.pack.packer import groups_lower_bound, pack_balanced
+from balancer_cli.pack.search import default_caps, search_thresholds
 from balancer_cli.pack.types import check_packing, group_sums
 from bench.synthetic import make_synthetic
 
@@ -91,8 +93,6 @@ def run_scenario(name, load_NK, cost_NK, source_N, modules, caps_K, R, M, isf_bo
     a = assign_groups(group_sums(p_isf, cost_NK), world_size=R, micro_batches=M)
     rows.append(("ISF + our assigner", evaluate(p_isf, a, cost_NK, source_N, R), t_isf + time.process_time() - t))
     if search:
-        from balancer_cli.pack.search import search_thresholds
-
         t = time.process_time()
         res = search_thresholds(load_NK, cost_NK, world_size=R, micro_batches=M, max_caps_K=caps_K)
         caps_ours = res.best_caps_K
@@ -130,16 +130,48 @@ def main(argv=None):
         lt = read_lengths(files)
         load = np.stack([lt.items("vision"), lt.llm_tokens()], 1).astype(np.int64)
         cost = np.stack([lt.tokens("vision"), lt.llm_tokens()], 1).astype(np.float64)
-        run_scenario("internvl-lengths (4 files)", load, cost, lt.sources(), ("vision", "llm"),
-                     np.array([10, 4096]), args.world_size or 8, args.micro_batches)
+        for caps in (default_caps(load), np.array([10, 4096])):
+            run_scenario("internvl-lengths (4 files)", load, cost, lt.sources(), ("vision", "llm"),
+                         caps, args.world_size or 8, args.micro_batches)
     if want("synthetic"):
         d = make_synthetic(200_000, seed=0)
         run_scenario("synthetic 200k", d["load_NK"], d["cost_NK"], d["source"], d["modules"],
-                     np.array([40, 8192]), args.world_size or 16, args.micro_batches)
+                     default_caps(d["load_NK"]), args.world_size or 16, args.micro_batches)
     if want("audio"):
         d = make_synthetic(200_000, seed=0, audio_share=0.1)
         run_scenario("synthetic 200k + audio (10%)", d["load_NK"], d["cost_NK"], d["source"], d["modules"],
-                     np.array([40, 8, 8192]), args.world_size or 32, args.micro_batches)
+                     default_caps(d["load_NK"]), args.world_size or 32, args.micro_batches)
+    if want("speed"):
+        speed(1_200_000, args.world_size or 16, args.micro_batches)
+    if args.scenario == "memory":  # not part of "all": 10M samples take minutes
+        speed(10_000_000, args.world_size or 16, args.micro_batches)
+
+
+def speed(n, R, M):
+    """CPU time of search + pack (ours) vs ISF alone on ``n`` synthetic samples, and peak memory."""
+    import resource
+
+    d = make_synthetic(n, seed=0)
+    load, cost = d["load_NK"], d["cost_NK"]
+    caps = default_caps(load)
+    print(f"\n## speed: N={n:,} synthetic, caps={caps.tolist()}, world_size={R}")
+    t = time.process_time()
+    res = search_thresholds(load, cost, world_size=R, micro_batches=M, max_caps_K=2 * caps)
+    t_search = time.process_time() - t
+    t = time.process_time()
+    p = pack_balanced(load, res.best_caps_K, cost_NK=cost, group_multiple=R * M, seed=0)
+    t_pack = time.process_time() - t
+    t = time.process_time()
+    assign_groups(group_sums(p, cost), world_size=R, micro_batches=M)
+    t_assign = time.process_time() - t
+    t = time.process_time()
+    pack_isf(load, caps, caps - np.maximum(1, caps // 32), iterations=50, seed=0)
+    t_isf = time.process_time() - t
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    total = t_search + t_pack + t_assign
+    print(f"search {t_search:.2f} s + pack {t_pack:.2f} s + assign {t_assign:.2f} s = {total:.2f} s CPU "
+          f"(ISF, 50 iterations: {t_isf:.2f} s; ratio {total / t_isf:.2f}x); peak RSS {peak_mb:.0f} MiB; "
+          f"best caps {res.best_caps_K.tolist()}, {p.num_groups} groups")
 
 
 if __name__ == "__main__":

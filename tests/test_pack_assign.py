@@ -130,4 +130,4 @@ def test_search_errors_and_default_caps():
         search_thresholds(np.ones((5, 2), np.int64), np.ones((5, 2)), world_size=64, micro_batches=1,
                           max_caps_K=np.array([9, 4096]))
     caps = default_caps(np.array([[4, 1100], [3, 1200], [5, 1000]]), 4)
-    assert caps.tolist() == [16, 4480]
+    assert caps.tolist() == [16, 4736]

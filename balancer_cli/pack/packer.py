@@ -10,11 +10,13 @@ Algorithm:
 1. **Number of groups.** ``G = max_k ceil(sum load_k / cap_k)`` (the binding cap's lower bound),
    divided by ``fill`` and rounded up to a multiple of ``group_multiple`` (the assigner wants
    ``world_size x micro_batches``). Each group's target in module k is ``t_k = sum w_k / G``.
-2. **Dealing.** Samples in decreasing normalized size (``sum_k w_ik / t_k``; ties broken by a
-   seeded shuffle) are dealt in rounds of G: the largest sample of a round goes to the group
+2. **Dealing.** Samples over half a cap first, then the others in decreasing normalized size
+   (``sum_k w_ik / t_k``; ties broken by a seeded shuffle), are dealt in rounds of G: the largest sample of a round goes to the group
    with the lowest normalized load, and so on (vectorized, one sort per round). A sample that
-   would break a cap waits for the next round; whatever is left is placed best-fit. If a sample
-   fits nowhere, G grows by ``group_multiple`` and dealing restarts.
+   would break a cap waits for the next round; a few stragglers go to the lightest group with
+   room. When dealing strands samples (tight caps), first-fit-decreasing decides G instead
+   and dealing is retried with that G, 1% and 2% more (up to 500k samples); if all fail, the first-fit groups are
+   refined (first fit puts similar samples together, so dealt groups are preferred).
 3. **Refinement.** Local search over group pairs: for each group, candidate partners (random
    ones and the ones whose deviation is most opposite along a random direction) are tried
    with every one-for-one swap and every one-sample move that keeps both groups under the
@@ -31,7 +33,7 @@ Example:
     >>> p = pack_balanced(np.stack([items, tokens], 1), np.array([24, 8192]), seed=0)
     >>> sums = group_sums(p, np.stack([items, tokens], 1))
     >>> p.num_groups, bool(np.ptp(sums[:, 0]) <= 1), bool(sums[:, 1].std() / sums[:, 1].mean() < 0.001)
-    (46, True, True)
+    (45, True, True)
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def _first_fit_decreasing(rows, load, caps, rng, lookback):
     return queue, gid, G
 
 
-def _deal(rows, load, weight, caps, G, rng):
+def _deal(rows, load, weight, caps, G, rng, hard_share=0.5):
     """Step 2b: deal rows in rounds of G, largest normalized row to the lightest group.
 
     Balanced from the start (unlike first fit) but may strand rows when caps are tight.
@@ -89,7 +91,11 @@ def _deal(rows, load, weight, caps, G, rng):
     target_K = weight[rows].sum(axis=0) / G
     inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
     shuffled = rows[rng.permutation(len(rows))]
-    queue = shuffled[np.argsort(-(weight[shuffled] * inv_t).sum(axis=1), kind="stable")]
+    # Rows over half a cap first (no two share a group, and late they find no room), then by
+    # normalized cost, so that every group gets one row of each size stratum.
+    hard = (load[shuffled] / caps).max(axis=1)
+    key = np.where(hard > hard_share, 1e6 + hard, (weight[shuffled] * inv_t).sum(axis=1))
+    queue = shuffled[np.argsort(-key, kind="stable")]
     gid = np.full(len(queue), -1, dtype=np.int64)
     wsum = np.zeros((G, weight.shape[1]))
     lsum = np.zeros((G, load.shape[1]), dtype=np.int64)
@@ -100,6 +106,19 @@ def _deal(rows, load, weight, caps, G, rng):
         bins = np.argsort((wsum * inv_t).sum(axis=1), kind="stable")[: len(chunk)]
         r = queue[chunk]
         fits = ((lsum[bins] + load[r]) <= caps).all(axis=1)
+        if not fits.all():
+            # Second chance for the rows that did not fit: the unused groups with the most
+            # room in their fullest module, biggest row to the roomiest group.
+            used = np.zeros(G, dtype=bool)
+            used[bins[fits]] = True
+            spare = np.flatnonzero(~used)
+            spare = spare[np.argsort((lsum[spare] / caps).max(axis=1), kind="stable")]
+            miss = np.flatnonzero(~fits)[: len(spare)]
+            alt = spare[: len(miss)]
+            ok = ((lsum[alt] + load[r[miss]]) <= caps).all(axis=1)
+            bins = bins.copy()
+            bins[miss[ok]] = alt[ok]
+            fits[miss[ok]] = True
         if not fits.any():
             # The lightest groups are full in some module: place the (few) stragglers in the
             # lightest group that still has room, or give up (first fit takes over).
@@ -124,11 +143,11 @@ def _deal(rows, load, weight, caps, G, rng):
     return queue, gid
 
 
-def _padded(queue, gid, G, weight, load, slack):
-    """(G, S) member table with room for ``slack`` extra members per group, counts and sums."""
+def _padded(queue, gid, G, weight, load, width):
+    """(G, width) member table (-1 padded), counts and per-group sums."""
     order = np.argsort(gid, kind="stable")
     count = np.bincount(gid, minlength=G).astype(np.int64)
-    S = int(count.max()) + slack
+    S = max(int(count.max()), width)
     members = np.full((G, S), -1, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(count)[:-1]])
     sorted_g = gid[order]
@@ -169,9 +188,9 @@ def pack_balanced(
     num_groups: int | None = None,
     fill: float = 1.0,
     passes: int | None = None,
-    partners: int = 6,
+    partners: int = 3,
     lookback: int = 64,
-    count_slack: int = 8,
+    max_samples: int | None = None,
     deal: bool = True,
     targeted: bool = True,
     cell_width: float = 0.01,
@@ -195,7 +214,7 @@ def pack_balanced(
             to 2 for a million samples or more.
         partners: candidate partner groups per group and pass.
         lookback: open groups first fit tries per sample.
-        count_slack: extra members a group may gain during refinement.
+        max_samples: most samples in one group (default 2.5x the mean group size + 4).
         deal: try dealing (balanced start) before falling back to first fit.
         targeted: run targeted swaps (grid lookup of the sample that cancels a group's
             deviation) before each random-partner pass.
@@ -223,16 +242,36 @@ def pack_balanced(
     if len(rows) == 0:
         return assemble((np.zeros(0, np.int64), np.zeros(1, np.int64)), split, ids)
     rng = np.random.default_rng(seed)
-    queue, gid, G_ffd = _first_fit_decreasing(rows, load, caps, rng, lookback)
     lb = groups_lower_bound(load[rows], caps)
-    G = max(G_ffd, int(np.ceil(lb / fill))) if num_groups is None else max(int(num_groups), G_ffd)
-    # The total, isolated oversize groups included, is what must be a multiple.
+    # Samples per group are capped too (an extra "module" of one per sample): it bounds the
+    # member table's width, and so the refinement's memory and time.
+    max_count = int(max_samples) if max_samples else int(np.ceil(2.5 * len(rows) / lb)) + 4
+    load_c = np.column_stack([load, np.ones(len(load), np.int64)])
+    caps_c = np.append(caps, max_count)
     n_iso = len(split.isolated)
-    G = min(-(-(G + n_iso) // group_multiple) * group_multiple - n_iso, len(rows))
-    dealt = _deal(rows, load, weight, caps, G, rng) if deal else None
+
+    def rounded(G: int) -> int:
+        # The total, isolated oversize groups included, is what must be a multiple.
+        return min(-(-(G + n_iso) // group_multiple) * group_multiple - n_iso, len(rows))
+
+    G = rounded(int(np.ceil(lb / fill)) if num_groups is None else max(int(num_groups), lb))
+    dealt = _deal(rows, load_c, weight, caps_c, G, rng) if deal else None
+    if dealt is None:
+        # Dealing stranded samples (tight caps): first fit decides how many groups are needed,
+        # then dealing is tried once more with that many, else first fit's groups are kept.
+        queue, gid, G_ffd = _first_fit_decreasing(rows, load_c, caps_c, rng, lookback)
+        G_ffd = rounded(max(G, G_ffd))
+        # Dealt groups are random mixes; first-fit ones cluster similar samples. So dealing
+        # gets up to 2% more groups than first fit needs before first fit is kept.
+        extra = (1.01, 1.02) if len(rows) <= 500_000 else ()  # each try costs a full deal
+        for G_try in sorted({G_ffd} | {rounded(int(np.ceil(G_ffd * f))) for f in extra}):
+            dealt = _deal(rows, load_c, weight, caps_c, G_try, rng) if deal and G_try > G else None
+            if dealt is not None:
+                break
+        G = G_try if dealt is not None else G_ffd
     if dealt is not None:
         queue, gid = dealt
-    members, count, wsum, lsum = _padded(queue, gid, G, weight, load, slack=max(4, int(count_slack)))
+    members, count, wsum, lsum = _padded(queue, gid, G, weight, load, width=max_count)
     if (count == 0).any():
         if count.max() < 2 and (count == 0).sum() > 0:
             raise InputError(f"{len(rows)} samples cannot fill {G} groups", fix="lower --world-size or --micro-batches")

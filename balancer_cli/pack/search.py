@@ -84,17 +84,24 @@ class SearchResult:
     params: dict = field(default_factory=dict)
 
 
-def default_caps(load_NK: np.ndarray, target_group_size: float = DEFAULT_GROUP_SIZE) -> np.ndarray:
-    """Caps for a target group size when the user gives none: ``ceil(size x mean load)``,
-    rounded up to a multiple of 128 for token columns (the last) and never below the largest
-    single sample up to the 99.9th percentile (so almost nothing is oversize).
+def default_caps(load_NK: np.ndarray, target_group_size: float = DEFAULT_GROUP_SIZE,
+                 llm_slack: float = 0.06) -> np.ndarray:
+    """Caps for a target group size when the user gives none.
+
+    Encoder caps are ``ceil(size x mean items)``; the LLM cap (last column) gets ``llm_slack``
+    more and is rounded up to a multiple of 128. So the item caps bind and groups fill them
+    exactly (item counts are small integers: equal counts per group are what makes encoder
+    balance exact, as OmniBal's ``vit_num == Q'v`` acceptance does), while the LLM cap leaves
+    room to even out tokens. No cap is below the 99.9th percentile of single samples, so
+    almost nothing is oversize.
 
     Example:
         >>> default_caps(np.array([[4, 1100], [3, 1200], [5, 1000]]), 4).tolist()
-        [16, 4480]
+        [16, 4736]
     """
     load = np.asarray(load_NK, dtype=np.float64)
     caps = np.ceil(target_group_size * load.mean(axis=0))
+    caps[-1] = caps[-1] * (1.0 + llm_slack) if load.shape[1] > 1 else caps[-1]
     caps = np.maximum(caps, np.ceil(np.percentile(load, 99.9, axis=0)))
     caps[-1] = np.ceil(caps[-1] / 128) * 128
     return np.maximum(caps, 1).astype(np.int64)
