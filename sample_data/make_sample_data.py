@@ -25,9 +25,7 @@ from PIL import Image
 
 OUT = Path(__file__).resolve().parent
 SEED = 20240611
-WORDS = ("the a chart shows value of red blue cat dog table figure plot number left right top bottom "
-         "what is how many which color between largest smallest average total describe image scene "
-         "person people sign text line bar year percent increase decrease answer question because").split()
+WORDS = ["the", "a", "chart", "shows", "value", "of", "red", "blue", "cat", "dog", "table", "figure", "plot", "number", "left", "right", "top", "bottom", "what", "is", "how", "many", "which", "color", "between", "largest", "smallest", "average", "total", "describe", "image", "scene", "person", "people", "sign", "text", "line", "bar", "year", "percent", "increase", "decrease", "answer", "question", "because"]
 # (width, height): squares, landscape, portrait, panoramas, tiny and large.
 SIZES = [(32, 32), (48, 640), (64, 64), (100, 30), (120, 900), (160, 120), (224, 224), (240, 320), (300, 2000),
          (320, 240), (336, 336), (400, 300), (448, 448), (480, 640), (500, 375), (512, 512), (600, 400),

@@ -179,6 +179,7 @@ def test_corrupt_and_unsupported_files(tmp_path):
     tiff[4:8] = struct.pack("<I", 10_000_000)  # first directory beyond the end of the file
     assert _kind(bytes(tiff))[0] == "corrupt_image"
     assert _kind(b"")[0] == "corrupt_image"
+    assert _kind(b"P5\n300")[0] == "corrupt_image"  # Pillow-plugin format, header cut short
     junk = tmp_path / "notes.jpg"
     junk.write_bytes(b"hello, this is not an image at all" * 3)
     kind, message = _kind(junk)

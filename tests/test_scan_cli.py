@@ -124,6 +124,7 @@ def test_atomic_output_leaves_previous_file_untouched(bad_dataset, tmp_path):
     (["--model", "qwen2-vl", "--param", "warp=3"], 2, "has no parameter 'warp'"),
     (["--model", "qwen2-vl", "--video-size", "big"], 2, "WIDTHxHEIGHT"),
     (["--model", "qwen2-vl", "--field", "colour=c"], 2, "--field"),
+    (["--model", "qwen2-vl", "--engine", "warp"], 2, "unknown --engine 'warp'"),
 ])
 def test_usage_errors_exit_2(args, code, message, tmp_path):
     result = CliRunner().invoke(main, ["scan", str(SAMPLE / "messages.json"), "-o", str(tmp_path / "x.parquet"), *args])

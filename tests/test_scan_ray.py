@@ -15,14 +15,14 @@ import pytest
 
 from balancer_cli.errors import InputError, SampleError, UsageError
 from balancer_cli.lengths import write_lengths
-from balancer_cli.scan import measure as measure_module
+from balancer_cli.scan import engine as engine_module
 from balancer_cli.scan.engine import scan
 from balancer_cli.scan.engine_ray import RayOptions, import_ray, parts_dir_for
 from balancer_cli.scan.measure import ScanConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK_SIZE = 16
-_real_measure_block = measure_module.measure_block
+_real_measure_job = engine_module.measure_job
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +142,7 @@ def _fail_from(first_sample: int):
     def measure(block, config):
         if block.first_sample >= first_sample:
             raise OSError(f"simulated crash at sample {block.first_sample}")
-        return _real_measure_block(block, config)
+        return _real_measure_job(block, config)
     return measure
 
 
@@ -151,7 +151,7 @@ def test_interrupted_run_resumes_without_redoing_finished_blocks(ray_session, da
     out = tmp_path / "lengths.parquet"
     parts = parts_dir_for(out)
     # "Crash" every block from sample 64 on (4 of 9 blocks done), without retries.
-    monkeypatch.setattr(measure_module, "measure_block", _fail_from(64))
+    monkeypatch.setattr(engine_module, "measure_job", _fail_from(64))
     with pytest.raises(InputError) as info:
         _scan(dataset, "ray", parts, retries=0)
     message = str(info.value)
@@ -164,7 +164,7 @@ def test_interrupted_run_resumes_without_redoing_finished_blocks(ray_session, da
     lost.unlink()
     del done[lost.name]
 
-    monkeypatch.setattr(measure_module, "measure_block", _real_measure_block)
+    monkeypatch.setattr(engine_module, "measure_job", _real_measure_job)
     result = _scan(dataset, "ray", parts)
     write_lengths(result.lengths, out)
     assert out.read_bytes() == local_file.read_bytes()
@@ -179,12 +179,12 @@ def _fail_once(marker_dir: str, first_sample: int):
         if block.first_sample == first_sample and not marker.exists():
             marker.write_text(str(os.getpid()))
             raise ConnectionError("shared storage hiccup")
-        return _real_measure_block(block, config)
+        return _real_measure_job(block, config)
     return measure
 
 
 def test_block_failing_once_is_retried(ray_session, dataset, local_file, tmp_path, monkeypatch):
-    monkeypatch.setattr(measure_module, "measure_block", _fail_once(str(tmp_path), 32))
+    monkeypatch.setattr(engine_module, "measure_job", _fail_once(str(tmp_path), 32))
     out = tmp_path / "lengths.parquet"
     result = _scan(dataset, "ray", parts_dir_for(out), retries=2)
     write_lengths(result.lengths, out)

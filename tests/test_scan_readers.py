@@ -14,7 +14,12 @@ from PIL import Image
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.scan.engine import scan
 from balancer_cli.scan.measure import ScanConfig
-from balancer_cli.scan.readers import detect_format, expand_inputs, iter_blocks, read_block
+from balancer_cli.scan.readers import (
+    detect_format,
+    expand_inputs,
+    iter_blocks,
+    read_block,
+)
 from balancer_cli.scan.records import RecordError, parse_record
 from balancer_cli.scan.vision_rules import get_rule
 
@@ -117,6 +122,11 @@ def test_parquet_and_datasets_inputs(dataset):
     pq.write_table(pa.Table.from_pylist(rows), root / "d.parquet", row_group_size=2)
     from_parquet = _lengths([root / "d.parquet"], block_size=3)
     assert from_parquet.llm_tokens().tolist() == baseline.llm_tokens().tolist()
+    # Parquet as Hugging Face exports it: images as {"bytes", "path"} structs, sizes from the bytes.
+    exported = [{"images": [{"bytes": (root / p).read_bytes(), "path": p} for p in row["image"]],
+                 "conversations": row["conversations"]} for row in rows]
+    pq.write_table(pa.Table.from_pylist(exported), root / "hf_export.parquet")
+    assert _lengths([root / "hf_export.parquet"]).llm_tokens().tolist() == baseline.llm_tokens().tolist()
     # datasets: HF Image feature (embedded bytes: no file is opened) and width/height columns.
     hf_rows = {"image": [], "conversations": [], "width": [], "height": []}
     for r in records[:1] + records[3:]:

@@ -15,8 +15,7 @@ from balancer_cli.scan.vision_rules import get_rule
 
 def _write_jsonl(path: Path, records) -> Path:
     with open(path, "w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        handle.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
     return path
 
 

@@ -138,6 +138,37 @@ def test_qwen_video_matches_video_processor():
         _check_invariants(c)
 
 
+def _qwen_vl_utils_video(total_frames: int, video_fps: float, width: int, height: int) -> tuple[int, int, int]:
+    """qwen-vl-utils' ``smart_nframes`` + ``fetch_video`` resize (the reference implementation,
+    float budget division), transcribed; returns ``(grid_t, grid_h, grid_w)``."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    min_frames = math.ceil(4 / 2) * 2
+    max_frames = math.floor(min(768, total_frames) / 2) * 2
+    nframes = total_frames / video_fps * 2.0
+    nframes = min(min(max(nframes, min_frames), max_frames), total_frames)
+    nframes = math.floor(nframes / 2) * 2
+    min_pixels, total_pixels = 128 * 28 * 28, int(128000 * 28 * 28 * 0.9)
+    max_pixels = max(min(768 * 28 * 28, total_pixels / nframes * 2), int(min_pixels * 1.05))
+    h, w = smart_resize(height, width, 28, min_pixels, max_pixels)
+    return nframes // 2, h // 14, w // 14
+
+
+def test_qwen_video_matches_reference_sampling_and_budget():
+    rule = get_rule("qwen2-vl")
+    rng = np.random.default_rng(12)
+    for _ in range(1500):
+        src_fps = float(rng.choice([1.0, 10.0, 23.976, 25.0, 30.0, 60.0]))
+        total = int(rng.integers(2, 60 * 60 * 30))
+        w, h = (int(x) for x in rng.integers(16, 4000, 2))
+        if max(w, h) / min(w, h) > 200:
+            continue
+        t, gh, gw = _qwen_vl_utils_video(total, src_fps, w, h)
+        c = rule.count_video(total, w, h, fps=src_fps)
+        assert (c.items, c.encoder_tokens, c.llm_tokens) == (t, t * gh * gw, t * gh * gw // 4), (total, src_fps, w, h)
+        assert c.llm_tokens <= 128000
+
+
 def test_qwen_video_budget_and_sampling():
     rule = get_rule("qwen2-vl")
     assert video_frames(755.0) == 768 and video_frames(1.0) == 4 and video_frames(10.3) == 20
@@ -218,6 +249,17 @@ def test_mathvista_range_under_qwen(mathvista_sizes):
     assert (min(qwen), max(qwen)) == (6, 16224)
 
 
+def test_internvl_multi_image_budget_of_the_finetuning_code():
+    sizes = [(640, 480), (1920, 1080), (300, 3000)]
+    plain = get_rule("internvl")
+    assert [c.items for c in count_images(plain, sizes)] == [plain.count_image(w, h).items for w, h in sizes]
+    budget = get_rule("internvl", multi_image_budget=True)
+    got = [c.items for c in count_images(budget, sizes)]
+    assert got == [_internvl_reference_tiles(w, h, max_num=12 // 3) for w, h in sizes]
+    assert [c.items for c in count_images(budget, [(640, 480)] * 13)] == [1] * 13  # max(1, 12 // 13)
+    assert count_images(budget, [(640, 480)])[0].items == 13
+
+
 def test_internvl_video_is_one_tile_per_frame():
     c = get_rule("internvl", num_segments=16).count_video(0, 1920, 1080, duration_s=90.0)
     assert c == MediaCount(16 * 1024, 16, 16 * 258, (1024,) * 16)
@@ -231,6 +273,15 @@ def test_get_rule_errors():
         get_rule("internvl", max_frames=3)
     with pytest.raises(UsageError, match="int"):
         get_rule("qwen2-vl", max_pixels="big")
+    with pytest.raises(UsageError, match="patch_size=0"):
+        get_rule("llava-next", patch_size=0)
+    with pytest.raises(UsageError, match="exceeds"):
+        get_rule("qwen2-vl", min_pixels=10**8)
+    with pytest.raises(UsageError, match="min_tiles"):
+        get_rule("internvl", min_num=13)
+    with pytest.raises(UsageError, match="pinpoints"):
+        get_rule("llava-next", image_grid_pinpoints=[[336]])
+    assert get_rule("llava-next", image_grid_pinpoints=[[336, 336]]).count_image(640, 480).items == 2
     assert set(PRESETS) == {"qwen2-vl", "qwen2.5-vl", "internvl", "llava-1.5", "llava-next",
                             "llava-onevision", "idefics3", "smolvlm"}
 
@@ -459,3 +510,27 @@ def test_every_preset_on_random_sizes_keeps_invariants(preset):
         _check_invariants(c)
     with pytest.raises(MediaRejected):
         rule.count_image(0, 10)
+
+
+def test_docstring_examples():
+    import doctest
+
+    from balancer_cli.scan import image_header, vision_base, vision_llava, vision_qwen, vision_rules, vision_tiles
+
+    for module in (vision_base, vision_qwen, vision_tiles, vision_llava, vision_rules, image_header):
+        failed, attempted = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert attempted > 0 and failed == 0, module.__name__
+
+
+def test_smolvlm_2b_from_model_folder(tmp_path):
+    """SmolVLM-2.2B: 384 px tiles, SigLIP patch 14, shuffle 3 -> 81 tokens per tile."""
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(
+        {"max_image_size": {"longest_edge": 384}, "size": {"longest_edge": 1536}, "do_image_splitting": True,
+         "video_sampling": {"fps": 1, "max_frames": 64, "video_size": {"longest_edge": 384}}}))
+    (tmp_path / "processor_config.json").write_text(json.dumps({"image_seq_len": 81}))
+    (tmp_path / "config.json").write_text(json.dumps({"scale_factor": 3, "vision_config": {"patch_size": 14}}))
+    rule = rule_from_processor_config("smolvlm", tmp_path)
+    assert (rule.image_size, rule.longest_edge, rule.patch_size, rule.image_seq_len) == (384, 1536, 14, 81)
+    assert rule.patches_per_tile == 729 and rule.max_frames == 64
+    c = rule.count_image(640, 480)  # 1536 x 1152 -> 3 rows x 4 cols + global
+    assert (c.items, c.llm_tokens) == (13, 3 * (4 * 83 + 1) + 84)

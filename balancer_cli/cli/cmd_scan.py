@@ -145,7 +145,8 @@ def command(inputs: tuple[str, ...], output: str, model: str, tokenizer: str, te
         engine_options = RayOptions(parts_dir=str(parts_dir_for(output)), address=ray_address,
                                     num_cpus=jobs or None, keep_parts=keep_parts,
                                     notify=None if quiet else lambda line: click.echo(line, err=True))
-    elif ray_address or keep_parts:
+    elif keep_parts or (ray_address and click.get_current_context().get_parameter_source("ray_address")
+                        == click.core.ParameterSource.COMMANDLINE):  # a RAY_ADDRESS in the environment is fine
         raise UsageError("--ray-address and --keep-parts apply to --engine ray only", fix="add --engine ray")
     started = time.perf_counter()
     bar = tqdm(unit=" samples", desc="scan", disable=quiet or not sys.stderr.isatty(), file=sys.stderr)

@@ -3,8 +3,15 @@
 :func:`scan` walks the inputs once in the main process (:func:`~balancer_cli.scan.readers.iter_blocks`,
 constant memory), measures blocks in ``jobs`` worker processes (at most ``2 * jobs`` blocks in
 flight, so memory does not grow with the dataset), and assembles the results in block order with
-:func:`assemble`. Another engine (Ray Data) only has to map :func:`~balancer_cli.scan.measure.measure_block`
-over the same blocks and call :func:`assemble` to produce a byte-identical table.
+:func:`assemble`.
+
+Engines are pluggable: ``engine="NAME"`` other than ``local`` imports
+``balancer_cli.scan.engine_NAME`` and calls its ``run_blocks(blocks, config, jobs)`` (plus
+``options=`` when ``scan`` gets ``engine_options``), which must yield ``(block, table)`` in the
+order of ``blocks``, each table from :func:`measure_job` (a block's
+``measure_block`` result, or a bad sample's parts under ``--strict``) passed through
+:func:`unwrap_job`. Everything else (block splitting, ordering checks, metadata, assembly) is
+shared, so every engine writes a byte-identical table.
 
 Example:
     >>> import json, pathlib, tempfile
@@ -19,9 +26,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import importlib
 import itertools
 import multiprocessing
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, is_dataclass
@@ -36,15 +45,21 @@ from balancer_cli import __version__
 from balancer_cli.errors import InputError, SampleError, UsageError
 from balancer_cli.fsutil import bytes_fingerprint, file_fingerprint
 from balancer_cli.lengths import SCHEMA_VERSION, LengthsTable, lengths_fingerprint
-from balancer_cli.scan.measure import (AUDIO_FRAMES_PER_S, AUDIO_LLM_POOL, MODULES, ScanConfig, block_schema,
-                                       error_kind, measure_block)
+from balancer_cli.scan.measure import (
+    AUDIO_FRAMES_PER_S,
+    AUDIO_LLM_POOL,
+    MODULES,
+    ScanConfig,
+    error_kind,
+    measure_block,
+)
 from balancer_cli.scan.readers import InputSpec, RecordBlock, expand_inputs, iter_blocks
 from balancer_cli.scan.text import load_tokenizer
 
-__all__ = ["ScanResult", "scan", "assemble", "scan_metadata", "default_jobs", "ENGINES"]
-
-ENGINES = ("local", "ray")
+__all__ = ["ScanResult", "assemble", "default_jobs", "measure_job", "scan", "scan_metadata", "unwrap_job"]
 DEFAULT_BLOCK_SIZE = 2048
+# Below this many records in total, measuring in this process beats starting worker processes.
+_MIN_POOL_RECORDS = 4096
 
 
 @dataclass(frozen=True)
@@ -63,45 +78,70 @@ def default_jobs() -> int:
         return os.cpu_count() or 1
 
 
-def _measure_job(block: RecordBlock, config: ScanConfig) -> pa.Table | tuple:
-    # SampleError's keyword-only constructor does not survive pickling: ship its parts instead.
+def measure_job(block: RecordBlock, config: ScanConfig) -> pa.Table | tuple:
+    """:func:`~balancer_cli.scan.measure.measure_block` for any worker: a table, or under ``--strict``
+    the first bad sample as a plain tuple (SampleError's keyword-only constructor does not survive
+    pickling), which :func:`unwrap_job` raises again in the driver."""
     try:
         return measure_block(block, config)
     except SampleError as exc:
         return ("sample_error", exc.message, exc.kind, exc.file, exc.line, exc.fix)
 
 
-def _unwrap(result: pa.Table | tuple) -> pa.Table:
+def unwrap_job(result: pa.Table | tuple) -> pa.Table:
+    """The table of a :func:`measure_job` result; raises its SampleError if it carries one."""
     if isinstance(result, tuple):
         _, message, kind, file, line, fix = result
         raise SampleError(message, kind=kind, file=file, line=line, fix=fix)
     return result
 
 
+def _start_method() -> str:
+    """``fork`` where available: workers start in milliseconds, and scans from notebooks or
+    ``python -`` work (``spawn`` re-imports ``__main__``). All workers fork when the pool starts,
+    before this process has measured or decoded anything; only ``spawn`` exists elsewhere."""
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() and sys.platform == "linux" else "spawn"
+
+
 def _run_local(blocks: Iterator[RecordBlock], config: ScanConfig, jobs: int) -> Iterator[tuple[RecordBlock, pa.Table]]:
-    head = list(itertools.islice(blocks, 2))
+    head = list(itertools.islice(blocks, jobs + 2))
     blocks = itertools.chain(head, blocks)
-    if jobs <= 1 or len(head) < 2:  # one block: starting workers would cost more than it saves
+    small = len(head) <= jobs + 1 and sum(b.num_records for b in head) < _MIN_POOL_RECORDS
+    if jobs <= 1 or len(head) < 2 or small:  # starting workers would cost more than it saves
         for block in blocks:
-            yield block, _unwrap(_measure_job(block, config))
+            yield block, unwrap_job(measure_job(block, config))
         return
-    # spawn: the parent may hold pyarrow/datasets threads, which fork does not copy safely.
-    context = multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context(_start_method())
     pending: collections.deque[tuple[RecordBlock, Future]] = collections.deque()
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
         try:
             for block in blocks:
-                pending.append((block, pool.submit(_measure_job, block, config)))
+                pending.append((block, pool.submit(measure_job, block, config)))
                 while len(pending) >= 2 * jobs:
                     done_block, future = pending.popleft()
-                    yield done_block, _unwrap(future.result())
+                    yield done_block, unwrap_job(future.result())
             while pending:
                 done_block, future = pending.popleft()
-                yield done_block, _unwrap(future.result())
+                yield done_block, unwrap_job(future.result())
         except BaseException:
             for _, future in pending:
                 future.cancel()
             raise
+
+
+def _engine(name: str) -> Callable[[Iterator[RecordBlock], ScanConfig, int], Iterator[tuple[RecordBlock, pa.Table]]]:
+    if name == "local":
+        return _run_local
+    if not name.isidentifier():
+        raise UsageError(f"unknown --engine {name!r}", fix="use --engine local")
+    try:
+        module = importlib.import_module(f"balancer_cli.scan.engine_{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("balancer_cli"):
+            raise UsageError(f"unknown --engine {name!r}", fix="use --engine local") from None
+        raise UsageError(f"--engine {name} needs {exc.name!r}, which is not installed",
+                         fix=f"pip install 'balancer_cli[{name}]'") from None
+    return module.run_blocks
 
 
 def assemble(tables: Sequence[pa.Table], metadata: dict[str, Any]) -> LengthsTable:
@@ -175,20 +215,18 @@ def scan(inputs: Sequence[str], config: ScanConfig, jobs: int | None = None, eng
         inputs: dataset files / folders (formats detected, see :mod:`balancer_cli.scan.readers`).
         config: what to measure and how.
         jobs: worker processes (default: all cores); 1 measures in this process.
-        engine: ``local`` (a process pool) or ``ray`` (Ray Data, see
-            :mod:`~balancer_cli.scan.engine_ray`; same output).
+        engine: ``local`` (a process pool) or ``ray`` (Ray Data, :mod:`~balancer_cli.scan.engine_ray`).
         block_size: records per block (the unit of work and of in-flight memory).
         image_root, format, split: see :func:`~balancer_cli.scan.readers.expand_inputs`.
         progress: called with the number of samples of each finished block (e.g. a tqdm update).
-        engine_options: ``ray`` only: a :class:`~balancer_cli.scan.engine_ray.RayOptions`.
+        engine_options: passed to the engine's ``run_blocks`` as ``options`` (e.g. ``RayOptions``).
 
     Raises:
         UsageError: bad options (unknown model, tokenizer, template, engine).
         InputError: unreadable, undetectable or empty inputs.
         SampleError: the first bad sample, with ``config.strict``.
     """
-    if engine not in ENGINES:
-        raise UsageError(f"unknown --engine {engine!r}", fix="use one of: " + ", ".join(ENGINES))
+    run_blocks = _engine(engine)
     jobs = default_jobs() if jobs is None or jobs <= 0 else jobs
     config.rule()  # fail fast on a bad preset/tokenizer/template, before any worker starts
     load_tokenizer(config.tokenizer)
@@ -208,13 +246,8 @@ def scan(inputs: Sequence[str], config: ScanConfig, jobs: int | None = None, eng
                 offset += block.num_records
 
     first_sample = 0
-    if engine == "ray":
-        from balancer_cli.scan.engine_ray import RayOptions, run_ray  # imports ray only when asked
-
-        measured = run_ray(blocks(), config, engine_options or RayOptions(num_cpus=jobs))
-    else:
-        measured = _run_local(blocks(), config, jobs)
-    for block, table in measured:
+    extra = {} if engine_options is None else {"options": engine_options}
+    for block, table in run_blocks(blocks(), config, jobs, **extra):
         if block.first_sample != first_sample or table.num_rows != block.num_records:
             raise RuntimeError(f"block {block.path}@{block.first_sample} out of order or short")  # engine bug
         first_sample += block.num_records

@@ -52,7 +52,7 @@ from balancer_cli import __version__
 from balancer_cli.errors import InputError, SampleError, UsageError
 from balancer_cli.fsutil import atomic_path, bytes_fingerprint
 
-__all__ = ["RayOptions", "parts_dir_for", "run_key", "block_key", "import_ray", "run_ray", "remove_parts"]
+__all__ = ["RayOptions", "parts_dir_for", "run_key", "block_key", "import_ray", "run_blocks", "remove_parts"]
 
 #: Schema metadata key of a shard: JSON with the run key, block key and block index.
 SHARD_KEY = b"balancer_shard"
@@ -196,15 +196,16 @@ class _MeasureAndWrite:
             try:
                 block = pickle.loads(payload)
                 table = self.measure(block, self.config)
-            except SampleError as exc:
-                _write_text(_path(self.parts_dir, index, "sample_error"), json.dumps(
-                    {"message": exc.message, "kind": exc.kind, "file": exc.file, "line": exc.line, "fix": exc.fix}))
-                indices.append(index)
-                continue
+            except SampleError as exc:  # a measure that raises instead of returning the parts
+                table = ("sample_error", exc.message, exc.kind, exc.file, exc.line, exc.fix)
             except Exception as exc:
                 reason = f"{type(exc).__name__}: {exc}"
                 _write_text(_path(self.parts_dir, index, "error"), reason)
                 raise RuntimeError(f"block {index} ({_describe(block)}): {reason}") from exc
+            if isinstance(table, tuple):  # a bad sample under --strict: data, so never retried
+                _write_text(_path(self.parts_dir, index, "sample_error"), json.dumps(list(table)))
+                indices.append(index)
+                continue
             tag = {"run_key": self.key, "block_key": block_key(block), "block_index": index}
             table = table.replace_schema_metadata({SHARD_KEY: json.dumps(tag, sort_keys=True).encode()})
             with atomic_path(_path(self.parts_dir, index, "parquet")) as tmp:
@@ -297,15 +298,19 @@ def _read_shard(path: Path) -> pa.Table:
     return pq.read_table(path).replace_schema_metadata(None)
 
 
-def run_ray(blocks: Iterable[Any], config: Any, options: RayOptions | None = None, *,
-            measure: Callable[[Any, Any], pa.Table] | None = None) -> Iterator[tuple[Any, pa.Table]]:
+def run_blocks(blocks: Iterable[Any], config: Any, jobs: int | None = None, options: RayOptions | None = None, *,
+               measure: Callable[[Any, Any], Any] | None = None) -> Iterator[tuple[Any, pa.Table]]:
     """Measure ``blocks`` on Ray; yield ``(block, table)`` in block order, like the local engine.
+
+    The ``run_blocks`` of the pluggable-engine contract of :func:`balancer_cli.scan.engine.scan`.
 
     Args:
         blocks: block descriptions in sample order (``iter_blocks``).
         config: the scan config, passed to ``measure`` (must pickle).
+        jobs: CPUs of the local cluster when ``options`` does not say (ignored with an address).
         options: shards directory, cluster and retries.
-        measure: ``measure(block, config) -> pa.Table``; default ``measure_block``.
+        measure: ``measure(block, config)`` returning a table, or a bad sample's parts under
+            ``--strict``; default :func:`~balancer_cli.scan.engine.measure_job`.
 
     Raises:
         UsageError: Ray is not installed.
@@ -313,9 +318,10 @@ def run_ray(blocks: Iterable[Any], config: Any, options: RayOptions | None = Non
         InputError: blocks that failed after their retries (finished shards are kept: rerun to
             resume), or an unreachable cluster.
     """
+    if options is None:
+        options = RayOptions(num_cpus=jobs or None)
     if measure is None:
-        from balancer_cli.scan.measure import measure_block as measure
-    options = options or RayOptions()
+        from balancer_cli.scan.engine import measure_job as measure
     blocks = list(blocks)
     temporary = options.parts_dir is None
     parts_dir = Path(tempfile.mkdtemp(prefix="balancer-scan-")) if temporary else Path(options.parts_dir)
@@ -332,8 +338,9 @@ def run_ray(blocks: Iterable[Any], config: Any, options: RayOptions | None = Non
         while position < len(blocks) and position in finished:
             strict_error = _path(parts_dir, position, "sample_error")
             if strict_error.is_file():
-                fields = json.loads(strict_error.read_text())
-                raise SampleError(fields.pop("message"), **fields)
+                from balancer_cli.scan.engine import unwrap_job
+
+                unwrap_job(tuple(json.loads(strict_error.read_text())))  # raises the SampleError
             yield blocks[position], _read_shard(_path(parts_dir, position, "parquet"))
             position += 1
 

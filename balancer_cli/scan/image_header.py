@@ -215,6 +215,7 @@ def _pillow_plugin(fp: BinaryIO, head: bytes, name: str) -> tuple[int, int, int]
     from PIL import Image
 
     Image.init()  # registers every format plugin, as Image.open does
+    failure = None
     for fmt in Image.ID:
         factory, accept = Image.OPEN[fmt]
         if accept is not None and not accept(head):
@@ -222,9 +223,14 @@ def _pillow_plugin(fp: BinaryIO, head: bytes, name: str) -> tuple[int, int, int]
         fp.seek(0)
         try:
             image = factory(fp, name)
-        except (SyntaxError, IndexError, TypeError, struct.error, ValueError, OSError):
+        except (SyntaxError, IndexError, TypeError, KeyError, EOFError, struct.error, ValueError,
+                OSError) as exc:
+            if accept is not None and failure is None:  # its signature matched: a broken file
+                failure = f"{fmt} header: {exc}"
             continue
         return int(image.size[0]), int(image.size[1]), 1
+    if failure is not None:
+        raise _Corrupt(failure)
     raise _Unsupported("no known image signature")
 
 

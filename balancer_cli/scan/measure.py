@@ -45,17 +45,25 @@ from typing import Any
 
 import pyarrow as pa
 
-from balancer_cli.errors import SampleError, UsageError
+from balancer_cli.errors import SampleError
 from balancer_cli.scan.readers import MalformedLine, RecordBlock, read_block
 from balancer_cli.scan.records import Media, RecordError, parse_record
 from balancer_cli.scan.templates import DEFAULT_TEMPLATE, check_template, render
 from balancer_cli.scan.text import load_tokenizer
 
-__all__ = ["ScanConfig", "measure_block", "block_schema", "MODULES", "AUDIO_FRAMES_PER_S", "AUDIO_LLM_POOL",
-           "error_kind"]
+__all__ = [
+    "AUDIO_FRAMES_PER_S",
+    "AUDIO_LLM_POOL",
+    "MODULES",
+    "ScanConfig",
+    "block_schema",
+    "error_kind",
+    "measure_block",
+]
 
 #: Encoder modules a scan measures, in column order.
 MODULES = ("vision", "video", "audio")
+_MODULE_INDEX = {module: index for index, module in enumerate(MODULES)}
 #: Whisper encoder frames per second of audio (100 mel frames/s after the stride-2 conv).
 AUDIO_FRAMES_PER_S = 50
 #: Encoder frames per LLM placeholder token (Qwen2-Audio pools by 2).
@@ -125,25 +133,12 @@ def error_kind(error_text: str) -> str:
     return error_text.split(":", 1)[0]
 
 
-class _Counts:
-    """Per-module totals of one sample."""
-
-    __slots__ = ("tokens", "items", "seqlens", "llm")
-
-    def __init__(self) -> None:
-        self.tokens = dict.fromkeys(MODULES, 0)
-        self.items = dict.fromkeys(MODULES, 0)
-        self.seqlens: dict[str, list[int]] = {m: [] for m in MODULES}
-        self.llm = 0
-
-
 def _resolve(ref: str, root: str) -> str:
     """Absolute path of ``ref`` under ``root``; raises path_escape when it leaves the root.
 
     The check is lexical (``..`` and absolute paths), so symlinked data folders stay allowed.
     """
-    if ref.startswith("file://"):
-        ref = ref[len("file://"):]
+    ref = ref.removeprefix("file://")
     base = os.path.normpath(os.path.abspath(root))
     full = os.path.normpath(os.path.join(base, ref))
     if full != base and not full.startswith(base.rstrip(os.sep) + os.sep):
@@ -173,10 +168,12 @@ def _image_size(media: Media, root: str) -> tuple[int, int]:
         try:
             return read_image_size(path)
         except SampleError as exc:
-            if exc.kind != "missing_file":
-                raise
-            raise SampleError(f"image not found: {ref}", kind="missing_file",
-                              fix="check --image-root or the record's path") from None
+            if exc.kind == "missing_file":
+                raise SampleError(f"image not found: {ref}", kind="missing_file",
+                                  fix="check --image-root or the record's path") from None
+            # Name the image as the record does (the table must not depend on where it was scanned).
+            message = exc.message.replace(path, ref) if path in exc.message else f"{ref}: {exc.message}"
+            raise SampleError(message, kind=exc.kind, fix=exc.fix) from None
         except FileNotFoundError:
             raise SampleError(f"image not found: {ref}", kind="missing_file",
                               fix="check --image-root or the record's path") from None
@@ -229,53 +226,56 @@ def measure_block(block: RecordBlock, config: ScanConfig) -> pa.Table:
     tokenizer = load_tokenizer(config.tokenizer)
     template = config.template_name
     fields = dict(config.fields)
-    samples: list[_Counts | None] = []
+    llm: list[int] = []
+    tokens: list[list[int]] = [[] for _ in MODULES]
+    items: list[list[int]] = [[] for _ in MODULES]
+    seqlens: list[list[list[int]]] = [[] for _ in MODULES]
     errors: list[str | None] = []
     pieces: list[str] = []
     owners: list[int] = []
     for line, record in read_block(block, fields):
-        counts = _Counts()
+        sample_tokens, sample_items, sample_seqlens, sample_llm = [0, 0, 0], [0, 0, 0], ([], [], []), 0
         try:
             if isinstance(record, MalformedLine):
                 raise RecordError(f"line is not valid JSON ({record.reason})")
             sample = parse_record(record, fields)
-            sizes = [_image_size(m, block.image_root) for m in sample.media if m.kind == "image"]
-            image_counts = iter(count_images(rule, sizes) if sizes else ())
-            for media in sample.media:
-                module, tokens, items, seqlens, llm = _measure_media(
-                    media, rule, config, next(image_counts) if media.kind == "image" else None)
-                counts.tokens[module] += tokens
-                counts.items[module] += items
-                counts.seqlens[module].extend(seqlens)
-                counts.llm += llm
+            if sample.media:
+                sizes = [_image_size(m, block.image_root) for m in sample.media if m.kind == "image"]
+                image_counts = iter(count_images(rule, sizes) if sizes else ())
+                for media in sample.media:
+                    module, n_tokens, n_items, item_seqlens, n_llm = _measure_media(
+                        media, rule, config, next(image_counts) if media.kind == "image" else None)
+                    m = _MODULE_INDEX[module]
+                    sample_tokens[m] += n_tokens
+                    sample_items[m] += n_items
+                    sample_seqlens[m].extend(item_seqlens)
+                    sample_llm += n_llm
             rendered = render(template, sample.turns)
         except (RecordError, SampleError) as exc:
             error = _sample_error(exc, block, line)
             if config.strict:
                 raise error from None
-            samples.append(None)
+            sample_tokens, sample_items, sample_seqlens, sample_llm = [0, 0, 0], [0, 0, 0], ([], [], []), 0
             errors.append(f"{error.kind}: {error}")
-            continue
-        counts.llm += rendered.num_special
-        pieces.extend(rendered.pieces)
-        owners.extend([len(samples)] * len(rendered.pieces))
-        samples.append(counts)
-        errors.append(None)
+        else:
+            sample_llm += rendered.num_special
+            pieces.extend(rendered.pieces)
+            owners.extend([len(llm)] * len(rendered.pieces))
+            errors.append(None)
+        llm.append(sample_llm)
+        for m in range(len(MODULES)):
+            tokens[m].append(sample_tokens[m])
+            items[m].append(sample_items[m])
+            seqlens[m].append(sample_seqlens[m])
     for owner, n in zip(owners, tokenizer.count_batch(pieces)):
-        samples[owner].llm += n  # type: ignore[union-attr]
-    return _to_table(block.source, samples, errors)
-
-
-def _to_table(source: str, samples: list[_Counts | None], errors: list[str | None]) -> pa.Table:
-    empty = _Counts()
-    rows = [s or empty for s in samples]
+        llm[owner] += n
     columns: dict[str, pa.Array] = {
-        "source": pa.array([source] * len(rows), pa.string()),
-        "llm_tokens": pa.array([s.llm for s in rows], pa.int32()),
+        "source": pa.array([block.source] * len(llm), pa.string()),
+        "llm_tokens": pa.array(llm, pa.int32()),
     }
-    for module in MODULES:
-        columns[f"{module}_tokens"] = pa.array([s.tokens[module] for s in rows], pa.int32())
-        columns[f"{module}_items"] = pa.array([s.items[module] for s in rows], pa.int32())
-        columns[f"{module}_seqlens"] = pa.array([s.seqlens[module] for s in rows], pa.list_(pa.int32()))
+    for m, module in enumerate(MODULES):
+        columns[f"{module}_tokens"] = pa.array(tokens[m], pa.int32())
+        columns[f"{module}_items"] = pa.array(items[m], pa.int32())
+        columns[f"{module}_seqlens"] = pa.array(seqlens[m], pa.list_(pa.int32()))
     columns["error"] = pa.array(errors, pa.string())
     return pa.table(columns, schema=block_schema())

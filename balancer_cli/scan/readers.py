@@ -42,13 +42,12 @@ from pathlib import Path
 from typing import Any
 
 from balancer_cli.errors import InputError, UsageError
+from balancer_cli.scan.jsonlist import iter_json_list
 from balancer_cli.scan.records import FIELD_NAMES
 
-__all__ = ["FORMATS", "RecordBlock", "InputSpec", "detect_format", "expand_inputs", "iter_blocks", "read_block"]
+__all__ = ["FORMATS", "InputSpec", "RecordBlock", "detect_format", "expand_inputs", "iter_blocks", "read_block"]
 
 FORMATS = ("jsonl", "json", "internvl-meta", "parquet", "hf")
-_CHUNK_CHARS = 1 << 20
-_DECODER = json.JSONDecoder()
 _WHITESPACE = " \t\r\n"
 
 
@@ -216,7 +215,12 @@ def expand_inputs(paths: Sequence[str], *, image_root: str | None = None, format
 
 
 def _count_records(spec: InputSpec) -> int:
-    return sum(b.num_records for b in _blocks_once(spec, 1 << 30, 0))
+    """Records of one input, in constant memory (a pass over the file for JSON formats)."""
+    if spec.format == "json":
+        return sum(1 for _ in iter_json_list(spec.path))
+    if spec.format == "jsonl":
+        return sum(count for *_, count in _jsonl_ranges(spec.path, 1 << 16, None))
+    return _table_rows(spec)
 
 
 def iter_blocks(inputs: Sequence[str] | Sequence[InputSpec], block_size: int = 2048) -> Iterator[RecordBlock]:
@@ -289,76 +293,11 @@ def _jsonl_ranges(path: str, block_size: int, limit: int | None) -> Iterator[tup
             yield start, offset, first_line, None, (), count
 
 
-def _iter_json_list(path: str) -> Iterator[tuple[int, str]]:
-    """Yield ``(line, element_text)`` of a JSON list, decoding incrementally (constant memory)."""
-    try:
-        handle = open(path, encoding="utf-8")
-    except OSError as exc:
-        raise _open_error(path, exc) from None
-    with handle:
-        buf, pos, eof, line = "", 0, False, 1
-
-        def fill() -> bool:
-            nonlocal buf, pos, eof
-            chunk = handle.read(_CHUNK_CHARS)
-            eof = not chunk
-            buf, pos = buf[pos:] + chunk, 0
-            return bool(chunk)
-
-        def skip() -> None:
-            nonlocal pos, line
-            while True:
-                while pos < len(buf) and buf[pos] in _WHITESPACE + "\ufeff":
-                    line += buf[pos] == "\n"
-                    pos += 1
-                if pos < len(buf) or not fill():
-                    return
-
-        def fail(what: str) -> InputError:
-            return InputError(f"{path}:{line}: not a valid JSON list ({what})",
-                              fix="fix the JSON syntax, or convert the file to JSONL (one record per line)")
-
-        try:
-            skip()
-            if buf[pos:pos + 1] != "[":
-                raise fail("it does not start with '['")
-            pos += 1
-            expect_value = True
-            while True:
-                skip()
-                if pos >= len(buf):
-                    raise fail("unexpected end of file")
-                char = buf[pos]
-                if char == "]":
-                    return
-                if char == "," and not expect_value:
-                    pos += 1
-                    expect_value = True
-                    continue
-                while True:
-                    try:
-                        _, end = _DECODER.raw_decode(buf, pos)
-                        if end < len(buf) or eof:
-                            break
-                    except json.JSONDecodeError as exc:
-                        if eof:
-                            raise fail(exc.msg) from None
-                    if not fill() and eof:
-                        continue
-                element = buf[pos:end]
-                yield line, element
-                line += element.count("\n")
-                pos = end
-                expect_value = False
-        except UnicodeDecodeError as exc:
-            raise fail(f"not UTF-8: {exc.reason}") from None
-
-
 def _json_list_ranges(path: str, block_size: int, limit: int | None) -> Iterator[tuple]:
     elements: list[str] = []
     lines: list[int] = []
     total = 0
-    for line, element in _iter_json_list(path):
+    for line, element in iter_json_list(path):
         elements.append(element)
         lines.append(line)
         total += 1
@@ -418,8 +357,12 @@ def read_block(block: RecordBlock, fields: dict[str, str] | None = None) -> Iter
         with open(block.path, "rb") as handle:
             handle.seek(block.start)
             data = handle.read(block.stop - block.start)
+        try:
+            lines: list[str] | list[bytes] = data.decode("utf-8").split("\n")  # str: json skips detection
+        except UnicodeDecodeError:
+            lines = data.split(b"\n")  # rare: find the bad line(s) one by one
         line = block.first_line
-        for raw in data.split(b"\n"):
+        for raw in lines:
             if raw.strip():
                 try:
                     yield line, json.loads(raw)

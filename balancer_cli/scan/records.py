@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Media", "Sample", "RecordError", "parse_record", "FIELD_NAMES"]
+__all__ = ["FIELD_NAMES", "Media", "RecordError", "Sample", "parse_record"]
 
 #: Canonical field names a field mapping may rename.
 FIELD_NAMES = ("conversations", "messages", "image", "images", "video", "videos", "audio", "audios",
@@ -75,7 +75,7 @@ class Sample:
 
 
 def _number(value: Any, name: str, kind: type) -> Any:
-    if value is None or type(value) is kind:  # noqa: E721 - the fast path: already the right type
+    if value is None or type(value) is kind:
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         try:
@@ -208,27 +208,29 @@ def _content_part(part: Any, where: str) -> list[Any]:
 
 def _bind(turns: list[tuple[str, list[Any]]], pools: dict[str, list[Media]]) -> list[Media]:
     """Replace placeholders by the record's media, in order; returns every media item in order."""
-    if not any(pools.values()):  # fast path: only inline media (messages parts) or none
-        inline = []
-        for _, parts in turns:
-            for part in parts:
-                if isinstance(part, _Slot):
-                    raise RecordError(f"1 <{part.kind}> placeholder(s) but 0 {part.kind}(s) in the record")
-                if isinstance(part, Media):
-                    inline.append(part)
-        return inline
-    slots = {kind: 0 for kind in pools}
+    slots: list[tuple[list[Any], int, str]] = []  # (parts, index, kind) of each placeholder
+    has_inline = False
     for _, parts in turns:
-        for part in parts:
-            if isinstance(part, _Slot):
-                slots[part.kind] += 1
+        for index, part in enumerate(parts):
+            kind = type(part)
+            if kind is _Slot:
+                slots.append((parts, index, part.kind))
+            elif kind is Media:
+                has_inline = True
+    counts = {"image": 0, "video": 0, "audio": 0}
+    for _, _, kind in slots:
+        counts[kind] += 1
     for kind, pool in pools.items():
-        if slots[kind] > len(pool):
-            raise RecordError(f"{slots[kind]} <{kind}> placeholder(s) but {len(pool)} {kind}(s) in the record")
-        if 0 < slots[kind] < len(pool):
-            raise RecordError(f"{len(pool)} {kind}(s) but only {slots[kind]} <{kind}> placeholder(s)")
+        if counts[kind] > len(pool):
+            raise RecordError(f"{counts[kind]} <{kind}> placeholder(s) but {len(pool)} {kind}(s) in the record")
+        if 0 < counts[kind] < len(pool):
+            raise RecordError(f"{len(pool)} {kind}(s) but only {counts[kind]} <{kind}> placeholder(s)")
+    cursor = {"image": 0, "video": 0, "audio": 0}
+    for parts, index, kind in slots:
+        parts[index] = pools[kind][cursor[kind]]
+        cursor[kind] += 1
     # Media without any placeholder go first in the first user turn, each followed by "\n".
-    missing = [m for kind, pool in pools.items() if slots[kind] == 0 for m in pool]
+    missing = [m for kind, pool in pools.items() if counts[kind] == 0 for m in pool]
     if missing:
         target = next((i for i, (role, _) in enumerate(turns) if role == "user"), None)
         if target is None:
@@ -238,19 +240,9 @@ def _bind(turns: list[tuple[str, list[Any]]], pools: dict[str, list[Media]]) -> 
         for item in missing:
             prefix += [item, "\n"]
         turns[target] = (turns[target][0], prefix + turns[target][1])
-    cursor = {kind: 0 for kind in pools}
-    ordered: list[Media] = []
-    for index, (role, parts) in enumerate(turns):
-        bound = []
-        for part in parts:
-            if isinstance(part, _Slot):
-                part = pools[part.kind][cursor[part.kind]]
-                cursor[part.kind] += 1
-            if isinstance(part, Media):
-                ordered.append(part)
-            bound.append(part)
-        turns[index] = (role, bound)
-    return ordered
+    if not has_inline and not missing:
+        return [parts[index] for parts, index, _ in slots]
+    return [part for _, parts in turns for part in parts if type(part) is Media]
 
 
 def _apply_record_sizes(record: Mapping[str, Any], get: Any, pools: dict[str, list[Media]]) -> None:

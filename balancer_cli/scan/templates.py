@@ -34,8 +34,17 @@ from dataclasses import dataclass, field
 
 from balancer_cli.errors import UsageError
 
-__all__ = ["Rendered", "TEMPLATES", "DEFAULT_TEMPLATE", "MEDIA_IMAGE", "MEDIA_VIDEO", "MEDIA_AUDIO",
-           "Marker", "render", "check_template"]
+__all__ = [
+    "DEFAULT_TEMPLATE",
+    "MEDIA_AUDIO",
+    "MEDIA_IMAGE",
+    "MEDIA_VIDEO",
+    "TEMPLATES",
+    "Marker",
+    "Rendered",
+    "check_template",
+    "render",
+]
 
 
 

@@ -36,7 +36,7 @@ from typing import Any
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.fsutil import file_fingerprint
 
-__all__ = ["TextTokenizer", "NAMED_VOCABULARIES", "load_tokenizer", "resolve_tokenizer"]
+__all__ = ["NAMED_VOCABULARIES", "TextTokenizer", "load_tokenizer", "resolve_tokenizer"]
 
 #: Named vocabularies: name -> (package, description).
 NAMED_VOCABULARIES: dict[str, tuple[str, str]] = {

@@ -57,7 +57,7 @@ _ALIASES = {
     "min_num": "min_tiles", "min_dynamic_patch": "min_tiles", "min_patches": "min_tiles",
     "force_image_size": "image_size", "num_segments": "video_frames", "num_frames": "video_frames",
     "temporal_patch": "temporal_patch_size", "image_grid_pinpoints": "pinpoints",
-    "max_image_size": "image_size", "tile_size": "image_size",
+    "max_image_size": "image_size", "tile_size": "image_size", "image_seq_len": "tokens_per_tile",
 }
 
 
@@ -101,7 +101,29 @@ def get_rule(name: str, **overrides: Any) -> VisionRule:
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
             raise UsageError(f"vision preset {key!r}: {raw}={value!r} must be of type {expected.__name__}")
         kwargs[field] = value
-    return dataclasses.replace(default, **kwargs)
+    rule = dataclasses.replace(default, **kwargs)
+    _check_values(key, rule)
+    return rule
+
+
+_MAY_BE_ZERO = {"split_newline_extra", "max_crops", "max_video_tokens", "tokens_per_tile"}
+_ORDERED = (("min_pixels", "max_pixels"), ("video_min_pixels", "video_max_pixels"),
+            ("min_tiles", "max_tiles"), ("min_frames", "max_frames"))
+
+
+def _check_values(key: str, rule: Any) -> None:
+    """Reject values that would make a rule divide by zero or produce nonsense counts."""
+    for f in dataclasses.fields(rule):
+        value = getattr(rule, f.name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        lowest = 0 if f.name in _MAY_BE_ZERO else (1 if isinstance(value, int) else 1e-9)
+        if value < lowest:
+            raise UsageError(f"vision preset {key!r}: {f.name}={value} must be >= {lowest:g}")
+    for low, high in _ORDERED:
+        if hasattr(rule, low) and getattr(rule, low) > getattr(rule, high):
+            raise UsageError(f"vision preset {key!r}: {low}={getattr(rule, low)} exceeds "
+                             f"{high}={getattr(rule, high)}")
 
 
 def _pinpoints(value: Any) -> tuple[tuple[int, int], ...]:
@@ -118,7 +140,8 @@ def count_images(rule: VisionRule, sizes: list[tuple[int, int]]) -> list[MediaCo
     """Counts of all ``(width, height)`` images of ONE sample, in order.
 
     Use this rather than calling ``count_image`` per image: LLaVA-OneVision processes a sample
-    with several images differently (each image one 384 px crop, no anyres).
+    with several images differently (each image one 384 px crop, no anyres), and InternVL with
+    ``multi_image_budget=True`` splits its tile budget among the images.
 
     Example:
         >>> rule = get_rule("llava-onevision")
@@ -126,9 +149,14 @@ def count_images(rule: VisionRule, sizes: list[tuple[int, int]]) -> list[MediaCo
         [2929]
         >>> [c.llm_tokens for c in count_images(rule, [(640, 480), (640, 480)])]
         [730, 730]
+        >>> budget = get_rule("internvl", multi_image_budget=True)   # InternVL's fine-tuning code
+        >>> [c.items for c in count_images(budget, [(1920, 1080)] * 3)]   # max_num 12 // 3 = 4
+        [3, 3, 3]
     """
     if len(sizes) > 1 and isinstance(rule, LlavaOnevisionRule) and not rule.multi_image:
         rule = dataclasses.replace(rule, multi_image=True)
+    if len(sizes) > 1 and isinstance(rule, InternVLRule) and rule.multi_image_budget:
+        rule = dataclasses.replace(rule, max_tiles=max(1, rule.max_tiles // len(sizes)))
     return [rule.count_image(w, h) for w, h in sizes]
 
 
@@ -236,6 +264,8 @@ def _idefics3_config(cfg: dict[str, Any], video: dict[str, Any]) -> dict[str, An
         out["patch_size"] = int(vision["patch_size"])
     if cfg.get("scale_factor"):
         out["scale_factor"] = int(cfg["scale_factor"])
+    if cfg.get("image_seq_len"):
+        out["tokens_per_tile"] = int(cfg["image_seq_len"])
     sampling = _size_edges(cfg.get("video_sampling")) or video
     if sampling.get("fps"):
         out["fps"] = float(sampling["fps"])
@@ -255,8 +285,8 @@ _CONFIG_READERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], dict[str, 
     "llava-1.5": _only(("image_size", "patch_size"), _llava_config),
     "llava-next": _only(("image_size", "patch_size", "pinpoints", "max_crops"), _llava_config),
     "llava-onevision": _llava_config,
-    "idefics3": _only(("image_size", "longest_edge", "do_image_splitting", "patch_size", "scale_factor"),
-                      _idefics3_config),
+    "idefics3": _only(("image_size", "longest_edge", "do_image_splitting", "patch_size", "scale_factor",
+                       "tokens_per_tile"), _idefics3_config),
     "smolvlm": _idefics3_config,
 }
 

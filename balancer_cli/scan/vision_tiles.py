@@ -76,6 +76,11 @@ class InternVLRule:
     (``num_segments``; InternVL's own video examples use 8, its ``load_video`` default is 32) and
     each frame is ``<img>`` + 256 + ``</img>``; the ``FrameN: `` labels and ``\\n`` separators the
     processor also writes are text (a few tokens per frame) and not counted here.
+
+    ``multi_image_budget=True`` reproduces InternVL's own fine-tuning code
+    (``internvl_chat_finetune.py``), which splits the tile budget among a sample's images
+    (``max_num = max(1, max_dynamic_patch // num_images)``); transformers' processor gives every
+    image the full budget (the default). Apply it through ``vision_rules.count_images``.
     """
 
     name: str = "internvl"
@@ -85,6 +90,7 @@ class InternVLRule:
     min_tiles: int = 1
     max_tiles: int = 12
     use_thumbnail: bool = True
+    multi_image_budget: bool = False
     video_frames: int = 8
     image_token: str = "<image>"
     video_token: str = "<video>"
@@ -224,6 +230,7 @@ class Idefics3Rule:
     scale_factor: int = 2
     do_image_splitting: bool = True
     split_newline_extra: int = 0
+    tokens_per_tile: int = 0  # 0: (image_size / patch_size)**2 / scale_factor**2
     video: bool = False
     fps: float = 1.0
     max_frames: int = 64
@@ -237,8 +244,8 @@ class Idefics3Rule:
 
     @property
     def image_seq_len(self) -> int:
-        """LLM tokens of one tile after pixel shuffle (169 / 64)."""
-        return self.patches_per_tile // self.scale_factor**2
+        """LLM tokens of one tile after pixel shuffle (169 / 64), or ``tokens_per_tile`` if set."""
+        return self.tokens_per_tile or self.patches_per_tile // self.scale_factor**2
 
     def count_image(self, width: int, height: int) -> MediaCount:
         """Tiles (rows x cols + global image) through the encoder; the prompt string to the LLM."""
