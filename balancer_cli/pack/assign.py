@@ -75,6 +75,7 @@ def assign_groups(
     window: int = 0,
     tolerance: float = 0.002,
     discrete_levels: int = 32,
+    sparse_factor: float = 50.0,
 ) -> Assignment:
     """Place G groups on steps x ranks x micro-batches (see the module docstring).
 
@@ -87,6 +88,7 @@ def assign_groups(
             random. 0 sorts each class entirely (homogeneous steps, OmniBal-style).
         tolerance: groups whose costs differ by less than this share of the mean sort as equal
             (and stay in shuffled order); 0 sorts exactly.
+        sparse_factor: sorting grid of sparse modules, in multiples of ``tolerance``.
         discrete_levels: a module whose group costs take at most this many distinct values
             (item counts, tiles x 256 tokens) is balanced exactly: its value joins the class.
 
@@ -122,7 +124,12 @@ def assign_groups(
     # other tie, and ties keep their shuffled order, so near-equal groups stay randomly mixed.
     mean_K = cost.mean(axis=0)
     if tolerance > 0:
-        scale_K = np.divide(1.0, tolerance * mean_K, out=np.zeros_like(mean_K), where=mean_K > 0)
+        # Sparse modules (present in some groups only) get a coarser grid (sparse_factor x
+        # tolerance): they vary most and would otherwise decide the order alone, leaving the
+        # dense modules (the LLM) unordered within a block.
+        present = cost > 0
+        tol_K = np.where(~present.all(axis=0) & present.any(axis=0), tolerance * sparse_factor, tolerance)
+        scale_K = np.divide(1.0, tol_K * mean_K, out=np.zeros_like(mean_K), where=mean_K > 0)
         sort_key = np.floor(cost * scale_K)[:, keys[::-1]]
     else:
         sort_key = cost[:, keys[::-1]]
