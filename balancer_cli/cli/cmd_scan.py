@@ -89,8 +89,8 @@ def _render(summary: dict[str, Any]) -> str:
 @click.option("--strict", is_flag=True, help="Stop at the first bad sample (exit 1).")
 @click.option("-j", "--jobs", type=int, default=0, help="Worker processes (default: all cores).")
 @click.option("--block-size", type=int, default=2048, show_default=True, help="Records per unit of work.")
-@click.option("--engine", default="local", show_default=True, type=click.Choice(["local", "ray"]),
-              help="Execution engine: local processes, or Ray Data (needs the [ray] extra; same output).")
+@click.option("--engine", default="local", show_default=True,
+              help="Execution engine: local (processes) or ray (Ray Data, needs the [ray] extra); same output.")
 @click.option("--ray-address", default=None, metavar="ADDR", envvar="RAY_ADDRESS", show_envvar=True,
               help="--engine ray: an existing cluster (auto, HOST:6379, ray://HOST:10001); default: start a "
                    "local one with --jobs CPUs. Shards go to OUTPUT.parts/, which every node must be able to write.")
