@@ -162,6 +162,8 @@ class ManifestBatchSampler(Sampler[list[int]]):
         self.elastic_report: ElasticReport | None = None
         self._plans: dict = {}
         self.set_epoch(epoch)
+        if self.world_size != self.manifest_world_size:
+            self._current_plan()  # plans (and logs) the elastic replay up front
 
     def _use_lengths(self, lengths: LengthsTable) -> None:
         expected = self._reader.manifest.meta.get("lengths_fingerprint")
