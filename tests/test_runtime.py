@@ -285,3 +285,24 @@ def test_sampler_pickles_for_worker_processes(manifest):
 
     sampler = ManifestBatchSampler(manifest, rank=1, world_size=R)
     assert list(pickle.loads(pickle.dumps(sampler))) == list(sampler)
+
+
+@pytest.mark.parametrize("world", [R, 3])
+def test_state_for_a_step_lets_a_prefetching_loop_resume_exactly(manifest, lengths, world):
+    """With DataLoader workers the sampler runs ahead; state_dict(step=s) resumes at step s."""
+    full = simulate(manifest, world, lengths=lengths)
+    sampler = ManifestBatchSampler(manifest, rank=1, world_size=world, lengths=lengths)
+    k = sampler.batches_per_step
+    loader = torch.utils.data.DataLoader(list(range(300)), batch_sampler=sampler, num_workers=2,
+                                         collate_fn=lambda b: b)
+    it = iter(loader)
+    for _ in range(2 * k):
+        next(it)
+    assert sampler.next_step > 2, "the workers have prefetched ahead"
+    state = sampler.state_dict(step=2)
+    del it
+    resumed = ManifestBatchSampler(manifest, rank=1, world_size=world, lengths=lengths)
+    resumed.load_state_dict(state)
+    assert (resumed.next_step, resumed.next_micro) == (2, 0)
+    assert list(resumed) == full[1][2 * k:]
+    assert [resumed.batches_in_step(s) for s in range(resumed.steps_per_epoch)] == [k] * resumed.steps_per_epoch

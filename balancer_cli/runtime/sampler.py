@@ -109,6 +109,7 @@ class _Plan:
     bounds: np.ndarray  # (U+1,) positions into order
     batches: np.ndarray  # (U,) batches per rank of each unit
     head: list | None  # groups left over from an interrupted step; they open unit 0
+    head_state: Mapping | None  # the saved state that describes ``head``
     native: bool  # units are single manifest steps replayed as packed
 
 
@@ -161,6 +162,7 @@ class ManifestBatchSampler(Sampler[list[int]]):
             self._use_lengths(lengths if isinstance(lengths, LengthsTable) else read_lengths(lengths))
         self.elastic_report: ElasticReport | None = None
         self._plans: dict = {}
+        self._iter_plan: _Plan | None = None
         self.set_epoch(epoch)
         if self.world_size != self.manifest_world_size:
             self._current_plan()  # plans (and logs) the elastic replay up front
@@ -193,6 +195,7 @@ class ManifestBatchSampler(Sampler[list[int]]):
         if epoch < 0:
             raise UsageError(f"epoch {epoch} is negative")
         self._state = {"epoch": int(epoch), "step": 0, "position": 0, "batch_in_step": 0, "head": None}
+        self._iter_plan = None
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
         base = epoch % self.num_epochs_packed
@@ -231,7 +234,7 @@ class ManifestBatchSampler(Sampler[list[int]]):
                                     f"{epoch}, fewer than the {world_size} ranks replaying it",
                                     fix="replay on fewer ranks")
             bounds = bounds + position
-        plan = _Plan(start_step, order, bounds, batches, head, native)
+        plan = _Plan(start_step, order, bounds, batches, head, head_state, native)
         if len(self._plans) > 8:
             self._plans.clear()
         self._plans[key] = plan
@@ -294,7 +297,8 @@ class ManifestBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         if self._at_end():
             self.set_epoch(self.epoch)  # a finished epoch replays from its start
-        return self._generate(self._current_plan())
+        self._iter_plan = self._current_plan()
+        return self._generate(self._iter_plan)
 
     def _generate(self, plan: _Plan) -> Iterator[list[int]]:
         state = self._state
@@ -327,10 +331,45 @@ class ManifestBatchSampler(Sampler[list[int]]):
         return len(self._plan_from(self.epoch, 0, None, self.world_size, 0).batches)
 
     # ----------------------------------------------------------------------------- resume
-    def state_dict(self) -> dict:
-        """Where the next batch comes from: a JSON-able dict, the same on every rank."""
+    def state_dict(self, step: int | None = None) -> dict:
+        """Where to resume: a small JSON-able dict, the same on every rank.
+
+        Args:
+            step: ``None`` for the sampler's own position (the batch after the last one it
+                yielded; what torchdata's ``StatefulDataLoader`` saves). With DataLoader workers
+                the sampler runs ahead of training, so a plain training loop passes the replay
+                ``step`` it is about to start instead (a state at that step's first batch).
+        """
+        cur = dict(self._state)
+        if step is not None:
+            plan = self._iter_plan or self._current_plan()
+            unit = step - plan.start_step
+            if not 0 <= unit <= len(plan.batches):
+                raise UsageError(f"step {step} is not in the current pass over epoch {self.epoch} "
+                                 f"(steps {plan.start_step}..{plan.start_step + len(plan.batches)})")
+            cur.update(step=int(step), position=int(plan.bounds[unit]), batch_in_step=0,
+                       head=plan.head_state if unit == 0 else None)
         return {"version": STATE_VERSION, "fingerprint": self.fingerprint, "world_size": self.world_size,
-                **{k: self._state[k] for k in ("epoch", "step", "position", "batch_in_step", "head")}}
+                **{k: cur[k] for k in ("epoch", "step", "position", "batch_in_step", "head")}}
+
+    @property
+    def next_step(self) -> int:
+        """Replay step of the next batch this sampler yields (0 unless resumed or iterating)."""
+        return int(self._state["step"])
+
+    @property
+    def next_micro(self) -> int:
+        """Batches of :attr:`next_step` this rank already yielded."""
+        return int(self._state["batch_in_step"])
+
+    def batches_in_step(self, step: int) -> int:
+        """This rank's batches at replay ``step``: :attr:`batches_per_step`, except for the last step
+        of an epoch too short to fill it in elastic replay."""
+        plan = self._iter_plan or self._current_plan()
+        if step < plan.start_step:
+            plan = self._plan_from(self.epoch, 0, None, self.world_size, 0)
+        unit = step - plan.start_step
+        return int(plan.batches[unit]) if 0 <= unit < len(plan.batches) else 0
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Resume at the next unconsumed batch, seeking (also at another world size)."""
@@ -350,13 +389,14 @@ class ManifestBatchSampler(Sampler[list[int]]):
             head = {k: state[k] for k in ("world_size", "step", "position", "batch_in_step", "head")}
             position, taken = int(saved.bounds[1]), 0
         self._state = {"epoch": epoch, "step": step, "position": position, "batch_in_step": taken, "head": head}
+        self._iter_plan = None
 
     # ----------------------------------------------------------------------------- loss normalization
     def step_tokens(self, step: int) -> StepTokens:
         """Global token counts of replay step ``step`` of the current epoch (needs ``lengths=``)."""
         if self._llm_tokens is None:
             raise UsageError("step_tokens() needs the lengths table", fix="pass lengths=PATH to ManifestBatchSampler")
-        plan = self._current_plan()
+        plan = self._iter_plan or self._current_plan()
         if step < plan.start_step:
             plan = self._plan_from(self.epoch, 0, None, self.world_size, 0)
         unit = step - plan.start_step
