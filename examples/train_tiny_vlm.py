@@ -8,6 +8,9 @@ workload of the samples the manifest gives it.
 
 Each optimizer step runs the rank's micro-batches without gradient sync, then times an explicit
 ``barrier`` (the time this rank waits for the slowest one) before all-reducing the gradients. The
+per-rank compute CPU time is
+gathered too: on a machine shared with other jobs, ``max_r cpu_r - cpu_r`` is the wait an idle
+machine would show (wall-clock waits there include other processes' noise). The
 loss of a step is ``sum over its tokens / step_tokens(step).normalizer`` on every rank, and the
 gradients are summed, so the update is the mean over the step's tokens whatever the balance.
 
@@ -138,16 +141,17 @@ def main() -> None:
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
 
     records, micro, step = [], 0, 0
-    compute = 0.0
+    compute = compute_cpu = 0.0
     for batch in loader:
         sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         with model.no_sync():  # gradients accumulate locally; one explicit sync per step below
             for patches, ids in batch:
                 loss, _ = model.module.sample_loss(patches.to(device), ids.to(device))
                 (loss / sampler.step_tokens(step).normalizer).backward()
         sync()
         compute += time.perf_counter() - t0
+        compute_cpu += time.thread_time() - c0
         micro += 1
         if micro < batches.batches_per_step:
             continue
@@ -160,23 +164,35 @@ def main() -> None:
         _unflatten(flat, grads)
         opt.step()
         opt.zero_grad(set_to_none=False)
-        records.append((compute, wait))
+        # CPU time of the compute is immune to other processes on a shared machine: the slowest
+        # rank's CPU time minus ours is the wait an otherwise idle machine would show.
+        cpu = torch.tensor([compute_cpu], dtype=torch.float64)
+        cpus = [torch.zeros_like(cpu) for _ in range(world)]
+        dist.all_gather(cpus, cpu)
+        cpu_wait = max(float(c) for c in cpus) - compute_cpu
+        records.append((compute, wait, compute_cpu, cpu_wait))
         if not args.quiet:
-            print(f"rank {rank} step {step:4d} compute {compute * 1e3:8.1f} ms  wait {wait * 1e3:8.1f} ms", flush=True)
-        step, micro, compute = step + 1, 0, 0.0
+            print(f"rank {rank} step {step:4d} compute {compute * 1e3:8.1f} ms  wait {wait * 1e3:8.1f} ms  "
+                  f"(cpu {compute_cpu * 1e3:8.1f} ms, cpu wait {cpu_wait * 1e3:8.1f} ms)", flush=True)
+        step, micro, compute, compute_cpu = step + 1, 0, 0.0, 0.0
         if step >= args.steps:
             break
 
-    totals = torch.tensor([[sum(c for c, _ in records), sum(w for _, w in records)]], dtype=torch.float64)
+    totals = torch.tensor([[sum(r[i] for r in records) for i in range(4)]], dtype=torch.float64)
     gathered = [torch.zeros_like(totals) for _ in range(world)]
     dist.all_gather(gathered, totals)
     if rank == 0:
         per_rank = torch.cat(gathered).tolist()
-        wait_share = sum(w for _, w in per_rank) / sum(c + w for c, w in per_rank)
+        share = lambda c, w: sum(r[w] for r in per_rank) / sum(r[c] + r[w] for r in per_rank)  # noqa: E731
+        wait_share, cpu_wait_share = share(0, 1), share(2, 3)
         summary = {"batching": args.baseline, "steps": step, "world_size": world, "token_scale": scale,
-                   "compute_s_per_rank": [round(c, 3) for c, _ in per_rank],
-                   "wait_s_per_rank": [round(w, 3) for _, w in per_rank], "wait_share": round(wait_share, 4)}
-        print(f"{args.baseline}: {step} steps on {world} ranks, waiting share {wait_share:.1%} "
+                   "compute_s_per_rank": [round(r[0], 3) for r in per_rank],
+                   "wait_s_per_rank": [round(r[1], 3) for r in per_rank], "wait_share": round(wait_share, 4),
+                   "cpu_compute_s_per_rank": [round(r[2], 3) for r in per_rank],
+                   "cpu_wait_s_per_rank": [round(r[3], 3) for r in per_rank],
+                   "cpu_wait_share": round(cpu_wait_share, 4)}
+        print(f"{args.baseline}: {step} steps on {world} ranks, waiting share {wait_share:.1%} measured at the "
+              f"barrier, {cpu_wait_share:.1%} from per-rank compute CPU time "
               f"(compute s per rank {summary['compute_s_per_rank']}, wait s {summary['wait_s_per_rank']})", flush=True)
         if args.json:
             with open(args.json, "w") as handle:

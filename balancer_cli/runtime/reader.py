@@ -20,10 +20,11 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -54,8 +55,7 @@ class _RowGroup:
     num_steps: int
     sample: np.ndarray  # (P,) int64
     offsets: np.ndarray  # (G+1,) int64, G = num_steps * groups_per_step
-    sample_list: list  # sample.tolist(), for the allocation-light native path
-    offset_list: list
+    rank_batches: dict = field(default_factory=dict)  # rank -> its batches as lists, all steps
 
 
 class ManifestReader:
@@ -81,6 +81,7 @@ class ManifestReader:
         self.num_samples = int(meta["num_samples"])
         self.groups_per_step = self.world_size * self.micro_batches
         self._starts = np.asarray(meta["row_group_first_steps"] + [self.num_steps], dtype=np.int64)
+        self._starts_list = self._starts.tolist()
         if len(self._starts) - 1 != self.manifest._file.num_row_groups:  # noqa: SLF001
             raise ManifestError(f"{self.manifest.path}: row group index does not match the file",
                                 fix="re-run `balancer pack`; the file was rewritten by another tool")
@@ -101,12 +102,14 @@ class ManifestReader:
     def _row_group(self, step: int) -> _RowGroup:
         if not 0 <= step < self.num_steps:
             raise IndexError(f"step {step} out of range 0..{self.num_steps - 1}")
-        index = int(np.searchsorted(self._starts, step, side="right")) - 1
+        index = bisect.bisect_right(self._starts_list, step) - 1
         cached = self._cache.get(index)
         if cached is not None:
             self._cache.move_to_end(index)
             return cached
-        table = self.manifest._file.read_row_group(index, columns=["step", "rank", "micro", "sample"])  # noqa: SLF001
+        # One thread: the columns are small, and thread start-up costs more than it saves.
+        table = self.manifest._file.read_row_group(index, columns=["step", "rank", "micro", "sample"],  # noqa: SLF001
+                                                   use_threads=False)
         first, last = int(self._starts[index]), int(self._starts[index + 1])
         group = self._decode(table, first, last - first)
         self._cache[index] = group
@@ -140,14 +143,29 @@ class ManifestReader:
             raise ManifestError(f"{where}: step {first + s} has {per_step[s]} groups, expected {R} ranks x {M} micro-batches",
                                 fix=fix)
         offsets = np.concatenate([starts, [len(sample)]]).astype(np.int64)
-        return _RowGroup(first, num_steps, sample, offsets, sample.tolist(), offsets.tolist())
+        return _RowGroup(first, num_steps, sample, offsets)
 
     def rank_batches(self, step: int, rank: int) -> list[list[int]]:
-        """The ``micro_batches`` groups of ``rank`` at ``step``, as lists of sample indices."""
+        """The ``micro_batches`` groups of ``rank`` at ``step``, as lists of sample indices.
+
+        The first call for a row group converts all of the rank's groups in it at once (one
+        gather, one ``tolist``), so the per-batch cost is a list slice.
+        """
         group = self._row_group(step)
-        g0 = ((step - group.first_step) * self.world_size + rank) * self.micro_batches
-        offs, samples = group.offset_list, group.sample_list
-        return [samples[offs[g]:offs[g + 1]] for g in range(g0, g0 + self.micro_batches)]
+        batches = group.rank_batches.get(rank)
+        if batches is None:
+            batches = group.rank_batches[rank] = self._convert_rank(group, rank)
+        i = (step - group.first_step) * self.micro_batches
+        return batches[i:i + self.micro_batches]
+
+    def _convert_rank(self, group: _RowGroup, rank: int) -> list[list[int]]:
+        R, M = self.world_size, self.micro_batches
+        g = ((np.arange(group.num_steps)[:, None] * R + rank) * M + np.arange(M)[None, :]).ravel()
+        starts, sizes = group.offsets[g], group.offsets[g + 1] - group.offsets[g]
+        ends = np.cumsum(sizes)
+        rows = np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(starts - (ends - sizes), sizes)
+        samples, bounds = group.sample[rows].tolist(), [0] + ends.tolist()
+        return [samples[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
     def step_groups(self, step: int) -> list[np.ndarray]:
         """All ``world_size * micro_batches`` groups of ``step`` in (rank, micro) order."""

@@ -163,6 +163,7 @@ class ManifestBatchSampler(Sampler[list[int]]):
         self.elastic_report: ElasticReport | None = None
         self._plans: dict = {}
         self._iter_plan: _Plan | None = None
+        self._resumed = False
         self.set_epoch(epoch)
         if self.world_size != self.manifest_world_size:
             self._current_plan()  # plans (and logs) the elastic replay up front
@@ -191,9 +192,16 @@ class ManifestBatchSampler(Sampler[list[int]]):
         return int(self._state["epoch"])
 
     def set_epoch(self, epoch: int) -> None:
-        """Replay epoch ``epoch`` from its start (reshuffled step order beyond the packed epochs)."""
+        """Replay epoch ``epoch`` from its start (reshuffled step order beyond the packed epochs).
+
+        Right after :meth:`load_state_dict`, setting the loaded epoch keeps the resume point, so
+        the usual ``for epoch in ...: sampler.set_epoch(epoch)`` loop resumes correctly.
+        """
         if epoch < 0:
             raise UsageError(f"epoch {epoch} is negative")
+        if self._resumed and epoch == self.epoch:
+            return
+        self._resumed = False
         self._state = {"epoch": int(epoch), "step": 0, "position": 0, "batch_in_step": 0, "head": None}
         self._iter_plan = None
 
@@ -295,8 +303,9 @@ class ManifestBatchSampler(Sampler[list[int]]):
         return len(self._current_plan().batches) == 0
 
     def __iter__(self) -> Iterator[list[int]]:
-        if self._at_end():
+        if self._at_end() and not self._resumed:
             self.set_epoch(self.epoch)  # a finished epoch replays from its start
+        self._resumed = False  # a state loaded at the end of an epoch yields nothing more
         self._iter_plan = self._current_plan()
         return self._generate(self._iter_plan)
 
@@ -321,7 +330,7 @@ class ManifestBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         """Batches the next ``iter()`` yields: the rest of the epoch after a resume, else all of it."""
-        if self._at_end():
+        if self._at_end() and not self._resumed:
             return int(self._plan_from(self.epoch, 0, None, self.world_size, 0).batches.sum())
         return int(self._current_plan().batches.sum()) - int(self._state["batch_in_step"])
 
@@ -390,6 +399,7 @@ class ManifestBatchSampler(Sampler[list[int]]):
             position, taken = int(saved.bounds[1]), 0
         self._state = {"epoch": epoch, "step": step, "position": position, "batch_in_step": taken, "head": head}
         self._iter_plan = None
+        self._resumed = True
 
     # ----------------------------------------------------------------------------- loss normalization
     def step_tokens(self, step: int) -> StepTokens:
