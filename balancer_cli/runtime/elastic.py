@@ -60,10 +60,25 @@ def batches_per_rank(manifest_world_size: int, micro_batches: int, world_size: i
     return max(1, math.ceil(manifest_world_size * micro_batches / world_size))
 
 
-def _split_point(costs: np.ndarray) -> int:
+def _split_point(costs: list) -> int:
     """Cut index in 1..n-1 that makes the two halves' costs closest (first one on ties)."""
-    cum = np.cumsum(costs, dtype=np.float64)
-    return int(np.argmin(np.abs(2.0 * cum[:-1] - cum[-1]))) + 1
+    total, best, best_gap, acc = sum(costs), 1, None, 0.0
+    for cut, c in enumerate(costs[:-1], start=1):
+        acc += c
+        gap = abs(2.0 * acc - total)
+        if best_gap is None or gap < best_gap:
+            best, best_gap = cut, gap
+    return best
+
+
+def _group_costs(groups: Sequence[np.ndarray], sample_cost: np.ndarray) -> list:
+    """Per-group summed cost as Python floats, with one gather for the whole step."""
+    sizes = [len(g) for g in groups]
+    if not groups or sum(sizes) == 0:
+        return [0.0] * len(groups)
+    flat = np.asarray(sample_cost[np.concatenate(groups)], dtype=np.float64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    return np.add.reduceat(flat, starts).tolist()
 
 
 def adjust_group_count(
@@ -92,22 +107,25 @@ def adjust_group_count(
     # order is deterministic and follows the manifest.
     keyed = [((i,), np.asarray(g, dtype=np.int64)) for i, g in enumerate(groups)]
     splits = merges = 0
+    costs = _group_costs(groups, sample_cost)
     if len(keyed) < target:
-        heap = [(-float(sample_cost[g].sum()), key, g) for key, g in keyed if len(g) > 1]
+        heap = [(-c, key, g) for c, (key, g) in zip(costs, keyed) if len(g) > 1]
         done = [(key, g) for key, g in keyed if len(g) <= 1]
         heapq.heapify(heap)
         while len(heap) + len(done) < target:
             _, key, g = heapq.heappop(heap)
-            cut = _split_point(sample_cost[g])
-            for half_key, half in (((*key, 0), g[:cut]), ((*key, 1), g[cut:])):
+            member_costs = np.asarray(sample_cost[g], dtype=np.float64).tolist()
+            cut = _split_point(member_costs)
+            for half_key, half, half_cost in (((*key, 0), g[:cut], sum(member_costs[:cut])),
+                                              ((*key, 1), g[cut:], sum(member_costs[cut:]))):
                 if len(half) > 1:
-                    heapq.heappush(heap, (-float(sample_cost[half].sum()), half_key, half))
+                    heapq.heappush(heap, (-half_cost, half_key, half))
                 else:
                     done.append((half_key, half))
             splits += 1
         keyed = done + [(key, g) for _, key, g in heap]
     elif len(keyed) > target:
-        heap = [(float(sample_cost[g].sum()), key, g) for key, g in keyed]
+        heap = [(c, key, g) for c, (key, g) in zip(costs, keyed)]
         heapq.heapify(heap)
         while len(heap) > target:
             cost_a, key_a, a = heapq.heappop(heap)
@@ -132,14 +150,15 @@ def assign_groups(group_costs: np.ndarray, world_size: int, batches_per_rank: in
     """
     if len(group_costs) != world_size * batches_per_rank:
         raise ValueError(f"{len(group_costs)} groups for {world_size} x {batches_per_rank} batches")
-    order = np.lexsort((np.arange(len(group_costs)), -np.asarray(group_costs, dtype=np.float64)))
+    cost_list = np.asarray(group_costs, dtype=np.float64).tolist()
+    order = sorted(range(len(cost_list)), key=lambda g: (-cost_list[g], g))
     heap = [(0.0, rank) for rank in range(world_size)]
     taken: list[list[int]] = [[] for _ in range(world_size)]
-    for g in order.tolist():
+    for g in order:
         load, rank = heapq.heappop(heap)
         taken[rank].append(g)
         if len(taken[rank]) < batches_per_rank:
-            heapq.heappush(heap, (load + float(group_costs[g]), rank))
+            heapq.heappush(heap, (load + cost_list[g], rank))
     return [sorted(t) for t in taken]
 
 
@@ -160,7 +179,7 @@ def plan_step(
         raise ManifestError(f"a step holds {total} samples, fewer than the {world_size} ranks replaying it",
                             fix="replay on fewer ranks, or pack the manifest for this world size")
     adjusted, _, _ = adjust_group_count(groups, sample_cost, k * world_size)
-    costs = np.array([sample_cost[g].sum() for g in adjusted], dtype=np.float64)
+    costs = np.array(_group_costs(adjusted, sample_cost), dtype=np.float64)
     return [[adjusted[g] for g in mine] for mine in assign_groups(costs, world_size, k)]
 
 
