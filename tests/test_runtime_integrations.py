@@ -129,6 +129,8 @@ def test_hf_trainer_snippet_trains_on_the_manifest_batches(packed, tmp_path):
     assert dataset.read[:len(first)] == first
 
 
+@pytest.mark.slow
+@pytest.mark.dist
 def test_example_trains_with_torchrun_on_two_processes(packed, tmp_path):
     manifest, lengths = packed
     out = tmp_path / "summary.json"
