@@ -166,7 +166,7 @@ def main() -> None:
         opt.zero_grad(set_to_none=False)
         # CPU time of the compute is immune to other processes on a shared machine: the slowest
         # rank's CPU time minus ours is the wait an otherwise idle machine would show.
-        cpu = torch.tensor([compute_cpu], dtype=torch.float64)
+        cpu = torch.tensor([compute_cpu], dtype=torch.float64, device=device)  # nccl gathers device tensors
         cpus = [torch.zeros_like(cpu) for _ in range(world)]
         dist.all_gather(cpus, cpu)
         cpu_wait = max(float(c) for c in cpus) - compute_cpu
@@ -178,11 +178,11 @@ def main() -> None:
         if step >= args.steps:
             break
 
-    totals = torch.tensor([[sum(r[i] for r in records) for i in range(4)]], dtype=torch.float64)
+    totals = torch.tensor([[sum(r[i] for r in records) for i in range(4)]], dtype=torch.float64, device=device)
     gathered = [torch.zeros_like(totals) for _ in range(world)]
     dist.all_gather(gathered, totals)
     if rank == 0:
-        per_rank = torch.cat(gathered).tolist()
+        per_rank = torch.cat(gathered).cpu().tolist()
         share = lambda c, w: sum(r[w] for r in per_rank) / sum(r[c] + r[w] for r in per_rank)  # noqa: E731
         wait_share, cpu_wait_share = share(0, 1), share(2, 3)
         summary = {"batching": args.baseline, "steps": step, "world_size": world, "token_scale": scale,

@@ -100,6 +100,7 @@ def test_plain_dataloader_snippet_trains_and_resumes(packed, monkeypatch):
     assert resumed.seen == tail
 
 
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
 def test_torchdata_snippet_resumes_exactly(packed):
     pytest.importorskip("torchdata")
     manifest, _ = packed
