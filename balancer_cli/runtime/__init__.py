@@ -19,7 +19,7 @@ __all__ = ["ManifestBatchSampler", "StepTokens", "ElasticReport", "resolve_rank"
 _LAZY = {
     "ManifestBatchSampler": "balancer_cli.runtime.sampler",
     "StepTokens": "balancer_cli.runtime.sampler",
-    "resolve_rank": "balancer_cli.runtime.sampler",
+    "resolve_rank": "balancer_cli.runtime.ranks",
     "ElasticReport": "balancer_cli.runtime.elastic",
 }
 
