@@ -146,6 +146,18 @@ class ManifestBatchSampler(Sampler[list[int]]):
         if self.world_size != self.manifest_world_size:
             self._current_plan()  # plans (and logs) the elastic replay up front
 
+    def __getstate__(self) -> dict:
+        # Plans are caches; the unit-cost array is a broadcast view that would pickle at full size.
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_plans", "_iter_plan")}
+        if self._sample_cost.strides == (0,):
+            state["_sample_cost"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _plans={}, _iter_plan=None)
+        if self._sample_cost is None:
+            self._sample_cost = np.broadcast_to(np.float64(1.0), (self.num_samples,))
+
     def _use_lengths(self, lengths: LengthsTable) -> None:
         expected = self._reader.manifest.meta.get("lengths_fingerprint")
         where = self._reader.manifest.path
