@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import time
 
@@ -121,6 +122,7 @@ def main() -> None:
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
     args = parser.parse_args()
 
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")  # shows the elastic replay report
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
