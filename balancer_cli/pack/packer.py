@@ -1,0 +1,347 @@
+"""Our default packer: G nearly identical groups, every module balanced at once.
+
+ISF accepts groups that hit *one* bound and leaves the other modules to chance, so its balance
+across ranks depends on how groups are later sorted into steps (which makes steps homogeneous,
+unlike random batches). :func:`pack_balanced` instead makes every group carry the same share of
+every module, so any assignment of groups to ranks is balanced and steps can stay random mixes.
+
+Algorithm:
+
+1. **Number of groups.** ``G = max_k ceil(sum load_k / cap_k)`` (the binding cap's lower bound),
+   divided by ``fill`` and rounded up to a multiple of ``group_multiple`` (the assigner wants
+   ``world_size x micro_batches``). Each group's target in module k is ``t_k = sum w_k / G``.
+2. **Dealing.** Samples over half a cap first, then the others in decreasing normalized size
+   (``sum_k w_ik / t_k``; ties broken by a seeded shuffle), are dealt in rounds of G: the largest sample of a round goes to the group
+   with the lowest normalized load, and so on (vectorized, one sort per round). A sample that
+   would break a cap waits for the next round; a few stragglers go to the lightest group with
+   room. When dealing strands samples (tight caps), first-fit-decreasing decides G instead
+   and dealing is retried with that G, 1% and 2% more (up to 500k samples); if all fail, the first-fit groups are
+   refined (first fit puts similar samples together, so dealt groups are preferred).
+3. **Refinement.** Local search over group pairs: for each group, candidate partners (random
+   ones and the ones whose deviation is most opposite along a random direction) are tried
+   with every one-for-one swap and every one-sample move that keeps both groups under the
+   caps; the change that most lowers ``sum_k ((sum_gk - t_k) / t_k)^2`` is applied. Integer
+   modules (items) therefore converge to exactly equal counts where the totals allow.
+
+Samples are balanced on ``cost_NK`` when given (e.g. FLOPs), else on their loads; caps always
+apply to loads. Nothing is sorted by source, so each group is a random mix of sources.
+
+Example:
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> items = rng.integers(0, 6, 400); tokens = 256 * items + rng.integers(20, 400, 400)
+    >>> p = pack_balanced(np.stack([items, tokens], 1), np.array([24, 8192]), seed=0)
+    >>> sums = group_sums(p, np.stack([items, tokens], 1))
+    >>> p.num_groups, bool(np.ptp(sums[:, 0]) <= 1), bool(sums[:, 1].std() / sums[:, 1].mean() < 0.001)
+    (45, True, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from balancer_cli.errors import InputError, UsageError
+from balancer_cli.pack._common import assemble, check_inputs, split_oversize
+from balancer_cli.pack._kernels import first_fit, refine_pass, targeted_pass
+from balancer_cli.pack.types import Packing, group_sums
+
+__all__ = ["pack_balanced", "groups_lower_bound"]
+
+
+def groups_lower_bound(load_NK: np.ndarray, caps_K: np.ndarray) -> int:
+    """No packing under the caps has fewer groups: ``max_k ceil(sum load_k / cap_k)``, and the
+    count of samples over half a cap (no two of them can share a group).
+
+    Example:
+        >>> groups_lower_bound(np.array([[5, 100], [5, 100]]), np.array([9, 4096]))
+        2
+    """
+    load = np.asarray(load_NK, dtype=np.int64)
+    caps = np.asarray(caps_K, dtype=np.int64)
+    if load.size == 0:
+        return 1
+    by_sum = int((-(-load.sum(axis=0) // caps)).max())
+    # Two samples over half a cap can never share a group.
+    by_halves = int((2 * load > caps[None, :]).sum(axis=0).max())
+    return max(1, by_sum, by_halves)
+
+
+def _first_fit_decreasing(rows, load, caps, rng, lookback):
+    """Step 2: rows by decreasing normalized size (seeded tie-breaks), first fit; returns the
+    group id of each row (aligned with ``rows``) and the number of groups."""
+    shuffled = rows[rng.permutation(len(rows))]
+    size = (load[shuffled] / caps).sum(axis=1)
+    queue = shuffled[np.argsort(-size, kind="stable")]
+    # Suffix minimum of each module's load: what every row still to come needs at least.
+    min_rest = np.minimum.accumulate(load[queue][::-1], axis=0)[::-1]
+    gid, G = first_fit(queue, load, caps, np.ascontiguousarray(min_rest), lookback)
+    return queue, gid, G
+
+
+def _deal(rows, load, weight, caps, G, rng, hard_share=0.5):
+    """Step 2b: deal rows in rounds of G, largest normalized row to the lightest group.
+
+    Balanced from the start (unlike first fit) but may strand rows when caps are tight.
+
+    Returns:
+        (queue, gid): rows and their group ids, or None when some row found no room.
+    """
+    target_K = weight[rows].sum(axis=0) / G
+    inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
+    shuffled = rows[rng.permutation(len(rows))]
+    # Rows over half a cap first (no two share a group, and late they find no room), then by
+    # normalized cost, so that every group gets one row of each size stratum.
+    hard = (load[shuffled] / caps).max(axis=1)
+    key = np.where(hard > hard_share, 1e6 + hard, (weight[shuffled] * inv_t).sum(axis=1))
+    queue = shuffled[np.argsort(-key, kind="stable")]
+    gid = np.full(len(queue), -1, dtype=np.int64)
+    wsum = np.zeros((G, weight.shape[1]))
+    lsum = np.zeros((G, load.shape[1]), dtype=np.int64)
+    pending = np.arange(len(queue))  # positions in queue, largest first
+    pos = 0
+    while pos < len(pending):
+        chunk = pending[pos:pos + G]
+        bins = np.argsort((wsum * inv_t).sum(axis=1), kind="stable")[: len(chunk)]
+        r = queue[chunk]
+        fits = ((lsum[bins] + load[r]) <= caps).all(axis=1)
+        if not fits.all():
+            # Second chance for the rows that did not fit: the unused groups with the most
+            # room in their fullest module, biggest row to the roomiest group.
+            used = np.zeros(G, dtype=bool)
+            used[bins[fits]] = True
+            spare = np.flatnonzero(~used)
+            spare = spare[np.argsort((lsum[spare] / caps).max(axis=1), kind="stable")]
+            miss = np.flatnonzero(~fits)[: len(spare)]
+            alt = spare[: len(miss)]
+            ok = ((lsum[alt] + load[r[miss]]) <= caps).all(axis=1)
+            bins = bins.copy()
+            bins[miss[ok]] = alt[ok]
+            fits[miss[ok]] = True
+        if not fits.any():
+            # The lightest groups are full in some module: place the (few) stragglers in the
+            # lightest group that still has room, or give up (first fit takes over).
+            rest = queue[pending[pos:]]
+            if len(rest) > 256:
+                return None
+            for i_pos, i in zip(pending[pos:], rest):
+                room = ((lsum + load[i]) <= caps).all(axis=1)
+                if not room.any():
+                    return None
+                b = int(np.flatnonzero(room)[np.argmin((wsum[room] * inv_t).sum(axis=1))])
+                gid[i_pos] = b
+                wsum[b] += weight[i]
+                lsum[b] += load[i]
+            break
+        gid[chunk[fits]] = bins[fits]
+        wsum[bins[fits]] += weight[r[fits]]
+        lsum[bins[fits]] += load[r[fits]]
+        # Rows that did not fit retry in the next round (with the next rows).
+        pending = np.concatenate([pending[:pos], chunk[fits], chunk[~fits], pending[pos + G:]])
+        pos += int(fits.sum())
+    return queue, gid
+
+
+def _padded(queue, gid, G, weight, load, width):
+    """(G, width) member table (-1 padded), counts and per-group sums."""
+    order = np.argsort(gid, kind="stable")
+    count = np.bincount(gid, minlength=G).astype(np.int64)
+    S = max(int(count.max()), width)
+    members = np.full((G, S), -1, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(count)[:-1]])
+    sorted_g = gid[order]
+    members[sorted_g, np.arange(len(order)) - starts[sorted_g]] = queue[order]
+    wsum = np.stack([np.bincount(gid, weight[queue, k], minlength=G) for k in range(weight.shape[1])], axis=1)
+    lsum = np.stack([np.bincount(gid, load[queue, k], minlength=G) for k in range(load.shape[1])], axis=1)
+    lsum = np.rint(lsum).astype(np.int64)
+    return members, count, wsum, lsum
+
+
+def _fill_empty(members, count, wsum, lsum, weight, load):
+    """Give every empty group the last sample of one of the groups with the most samples."""
+    while (count == 0).any():
+        empty = np.flatnonzero(count == 0)
+        donors = np.argsort(-count, kind="stable")[: len(empty)]
+        donors = donors[count[donors] >= 2]
+        empty = empty[: len(donors)]
+        count[donors] -= 1
+        moved = members[donors, count[donors]]
+        members[donors, count[donors]] = -1
+        members[empty, 0] = moved
+        count[empty] = 1
+        wsum[donors] -= weight[moved]
+        lsum[donors] -= load[moved]
+        wsum[empty] = weight[moved]
+        lsum[empty] = load[moved]
+
+
+def pack_balanced(
+    load_NK: np.ndarray,
+    caps_K: np.ndarray,
+    *,
+    seed: int = 0,
+    oversize: str = "isolate",
+    sample_ids: np.ndarray | None = None,
+    cost_NK: np.ndarray | None = None,
+    group_multiple: int = 1,
+    num_groups: int | None = None,
+    fill: float = 1.0,
+    passes: int | None = None,
+    partners: int = 3,
+    lookback: int = 64,
+    max_samples: int | None = None,
+    deal: bool = True,
+    targeted: bool = True,
+    cell_width: float = 0.01,
+    scan: int = 8,
+    module_names: Sequence[str] | None = None,
+) -> Packing:
+    """Pack samples into nearly identical groups under per-module caps (see the module docstring).
+
+    Args:
+        load_NK: (N, K) int per-sample load: items per encoder module, LLM tokens last.
+        caps_K: (K,) caps per group (Qv..., Qt).
+        seed: seeds the tie-breaking shuffle and the refinement's partner choice.
+        oversize: ``isolate`` | ``drop`` | ``error`` for samples over a cap on their own.
+        sample_ids: (N,) sample index of each row (default ``arange(N)``).
+        cost_NK: (N, K) float cost to balance (default: the loads).
+        group_multiple: the number of groups, isolated oversize ones included, is made a
+            multiple of this (pass ``world_size * micro_batches``).
+        num_groups: force G (rounded up to ``group_multiple``; raised if the caps need more).
+        fill: target fill of the binding cap; G = lower bound / fill. 1.0 = fewest groups.
+        passes: refinement passes (0 disables refinement); default: 8 for small inputs down
+            to 2 for a million samples or more.
+        partners: candidate partner groups per group and pass.
+        lookback: open groups first fit tries per sample.
+        max_samples: most samples in one group (default 2.5x the mean group size + 4).
+        deal: try dealing (balanced start) before falling back to first fit.
+        targeted: run targeted swaps (grid lookup of the sample that cancels a group's
+            deviation) before each random-partner pass.
+        cell_width: grid cell size of targeted swaps, as a share of a group's target.
+        scan: samples tried per grid cell lookup.
+        module_names: names used in drop reasons and errors.
+
+    Returns:
+        A :class:`Packing` (balanced groups first, then isolated oversize samples).
+
+    Raises:
+        InputError: empty input, or an oversize sample under ``oversize="error"``.
+        UsageError: bad caps, ``fill`` or ``group_multiple``.
+    """
+    load, caps, ids = check_inputs(load_NK, caps_K, sample_ids, oversize)
+    if not 0 < fill <= 1:
+        raise UsageError(f"fill must lie in (0, 1], got {fill}", fix="use --fill 1.0")
+    if group_multiple < 1:
+        raise UsageError(f"group_multiple must be >= 1, got {group_multiple}", fix="pass world_size * micro_batches")
+    weight = load.astype(np.float64) if cost_NK is None else np.asarray(cost_NK, dtype=np.float64)
+    if weight.shape != load.shape:
+        raise UsageError(f"cost shape {weight.shape} differs from load shape {load.shape}", fix="pass (N, K) costs")
+    split = split_oversize(load, caps, policy=oversize, sample_ids=ids, module_names=module_names)
+    rows = split.fit
+    if len(rows) == 0:
+        return assemble((np.zeros(0, np.int64), np.zeros(1, np.int64)), split, ids)
+    rng = np.random.default_rng(seed)
+    lb = groups_lower_bound(load[rows], caps)
+    # Samples per group are capped too (an extra "module" of one per sample): it bounds the
+    # member table's width, and so the refinement's memory and time.
+    max_count = int(max_samples) if max_samples else int(np.ceil(2.5 * len(rows) / lb)) + 4
+    load_c = np.column_stack([load, np.ones(len(load), np.int64)])
+    caps_c = np.append(caps, max_count)
+    n_iso = len(split.isolated)
+
+    def rounded(G: int) -> int:
+        # The total, isolated oversize groups included, is what must be a multiple.
+        return min(-(-(G + n_iso) // group_multiple) * group_multiple - n_iso, len(rows))
+
+    G = rounded(int(np.ceil(lb / fill)) if num_groups is None else max(int(num_groups), lb))
+    dealt = _deal(rows, load_c, weight, caps_c, G, rng) if deal else None
+    if dealt is None:
+        # Dealing stranded samples (tight caps): first fit decides how many groups are needed,
+        # then dealing is tried once more with that many, else first fit's groups are kept.
+        queue, gid, G_ffd = _first_fit_decreasing(rows, load_c, caps_c, rng, lookback)
+        G_ffd = rounded(max(G, G_ffd))
+        # Dealt groups are random mixes; first-fit ones cluster similar samples. So dealing
+        # gets up to 2% more groups than first fit needs before first fit is kept.
+        extra = (1.01, 1.02) if len(rows) <= 500_000 else ()  # each try costs a full deal
+        for G_try in sorted({G_ffd} | {rounded(int(np.ceil(G_ffd * f))) for f in extra}):
+            dealt = _deal(rows, load_c, weight, caps_c, G_try, rng) if deal and G_try > G else None
+            if dealt is not None:
+                break
+        G = G_try if dealt is not None else G_ffd
+    if dealt is not None:
+        queue, gid = dealt
+    members, count, wsum, lsum = _padded(queue, gid, G, weight, load, width=max_count)
+    if (count == 0).any():
+        if count.max() < 2 and (count == 0).sum() > 0:
+            raise InputError(f"{len(rows)} samples cannot fill {G} groups", fix="lower --world-size or --micro-batches")
+        _fill_empty(members, count, wsum, lsum, weight, load)
+    target_K = wsum.sum(axis=0) / G
+    inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
+    inv_t2 = inv_t**2
+    tol = 1e-12
+    if passes is None:
+        # About 10M pair evaluations' worth of passes: 8 for 70k samples, 2 for 1.2M.
+        passes = int(np.clip(round(2.5e6 / len(rows)), 2, 8))
+    grid = _weight_grid(rows, weight, inv_t, cell_width) if targeted else None
+    for _ in range(passes):
+        changed = 0
+        if grid is not None:
+            group_of, pos = _membership(members, count, len(load))
+            changed += targeted_pass(rng.permutation(G), members, count, group_of, pos, wsum, lsum, weight, load, caps,
+                                     target_K, inv_t, inv_t2, *grid, scan, tol)
+        cand = _partners(wsum, target_K, inv_t, partners, rng)
+        changed += refine_pass(rng.permutation(G), cand, members, count, wsum, lsum, weight, load, caps, target_K,
+                               inv_t2, tol)
+        if changed == 0:
+            break
+    offsets = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
+    mask = np.arange(members.shape[1])[None, :] < count[:, None]
+    order_rows = members[mask]  # row-major: group by group
+    return assemble((order_rows, offsets), split, ids)
+
+
+def _membership(members_GS, count_G, num_rows):
+    """(group_of_N, pos_N) for the packed rows (-1 elsewhere)."""
+    G, S = members_GS.shape
+    mask = np.arange(S)[None, :] < count_G[:, None]
+    group_of = np.full(num_rows, -1, dtype=np.int64)
+    pos = np.full(num_rows, -1, dtype=np.int64)
+    rows = members_GS[mask]
+    group_of[rows] = np.repeat(np.arange(G), count_G)
+    pos[rows] = np.nonzero(mask)[1]
+    return group_of, pos
+
+
+def _weight_grid(rows, weight_NK, inv_t_K, width):
+    """Bucket rows by normalized weight (cells of ``width`` per module, at most ~2M cells)."""
+    u = weight_NK[rows] * inv_t_K
+    top = u.max(axis=0)
+    while np.prod(np.floor(top / width) + 1) > 2**21:
+        width *= 1.5
+    dims = (np.floor(top / width) + 1).astype(np.int64)
+    cell_k = np.minimum(np.floor(u / width).astype(np.int64), dims - 1)
+    cell = np.ravel_multi_index(cell_k.T, dims)
+    order = np.argsort(cell, kind="stable")
+    cell_start = np.concatenate([[0], np.cumsum(np.bincount(cell, minlength=int(np.prod(dims))))]).astype(np.int64)
+    cell_of = np.full(len(weight_NK), -1, dtype=np.int64)
+    cell_of[rows] = cell
+    return cell_of, cell_start, rows[order].astype(np.int64), float(width), dims
+
+
+def _partners(wsum_GK, target_K, inv_t, partners, rng):
+    """(G, C) candidate partners: half random, half opposite along a random direction."""
+    G, K = wsum_GK.shape
+    n_opp = partners // 2
+    cand = rng.integers(0, G, size=(G, partners))
+    if n_opp and G > 1:
+        dev = (wsum_GK - target_K) * inv_t
+        key = dev @ rng.standard_normal(K)
+        by_key = np.argsort(key, kind="stable")
+        rank = np.empty(G, dtype=np.int64)
+        rank[by_key] = np.arange(G)
+        mirror = G - 1 - rank
+        offs = np.arange(n_opp) - n_opp // 2
+        pos = np.clip(mirror[:, None] + offs[None, :], 0, G - 1)
+        cand[:, :n_opp] = by_key[pos]
+    return cand

@@ -1,0 +1,239 @@
+"""Search packing thresholds: a K-dimensional grid over caps (and ISF's acceptance bounds).
+
+OmniBal walks one line (Qv and Qt grow together) until the average group size lands in
+[micro_bs, micro_bs + 1]. :func:`search_thresholds` instead evaluates a grid over every
+module's cap independently, within the user's memory limits (``max_caps_K``), on a seeded
+subsample, and ranks candidates by one objective built from the shared metrics:
+
+``sum_k (1 - utilization_k) + pad_ratio_weight * pad_ratio + 10 * excluded_share
++ (steps / steps_lower_bound - 1) + size_weight * |mean group size / target - 1|``
+
+where ``excluded_share`` counts oversize samples (isolated or dropped) and ``steps_lower_bound``
+is the fewest steps the candidate's own caps permit (packing efficiency); the target group
+size sets the scale of the caps.
+For ``algorithm="isf"`` every cap candidate is combined with acceptance bounds (the encoders'
+bound equal to their cap, the LLM's at a few fractions of its cap). The best candidate is then
+packed once on the full data by the caller.
+
+Example:
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> items = rng.integers(1, 6, 3000); tokens = 256 * items + rng.integers(20, 400, 3000)
+    >>> load = np.stack([items, tokens], 1); cost = load.astype(float)
+    >>> res = search_thresholds(load, cost, world_size=4, micro_batches=1, max_caps_K=np.array([24, 8192]),
+    ...                         target_group_size=4, grid=3)
+    >>> len(res.candidates) == 9 and res.grid_objective.shape == (3, 3)
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from balancer_cli.errors import InputError, UsageError
+from balancer_cli.pack.assign import assign_groups, split_to_multiple
+from balancer_cli.pack.isf import pack_isf
+from balancer_cli.pack.metrics import dist_ratio, pad_ratio, step_loads, utilization
+from balancer_cli.pack.packer import groups_lower_bound, pack_balanced
+from balancer_cli.pack.types import group_sums
+
+__all__ = ["SearchResult", "Candidate", "search_thresholds", "default_caps", "DEFAULT_GROUP_SIZE"]
+
+#: OmniBal's search stops when the average group holds micro_bs..micro_bs+1 samples (micro_bs 4).
+DEFAULT_GROUP_SIZE = 4.5
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One evaluated setting and its metrics on the subsample."""
+
+    caps_K: tuple[int, ...]
+    bounds_K: tuple[int, ...]
+    objective: float
+    dist_ratio_K: tuple[float, ...]
+    utilization_K: tuple[float, ...]
+    pad_ratio: float
+    excluded_share: float
+    steps_over_lower_bound: float
+    mean_group_size: float
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """Ranked candidates (best first), the winner, and the objective on the grid for a heat map.
+
+    Attributes:
+        candidates: every candidate, best first.
+        best_caps_K, best_bounds_K: (K,) int64 of the best candidate.
+        grid_axes: per module, the cap values tried (the heat map's axes).
+        grid_objective: objective per grid point, shape ``(len(axis) for axis in grid_axes)``
+            (for ISF the best bound per cap point).
+        sample_size: samples the candidates were evaluated on.
+        algorithm: ``balanced`` or ``isf``.
+    """
+
+    candidates: tuple[Candidate, ...]
+    best_caps_K: np.ndarray
+    best_bounds_K: np.ndarray
+    grid_axes: tuple[np.ndarray, ...]
+    grid_objective: np.ndarray
+    sample_size: int
+    algorithm: str
+    params: dict = field(default_factory=dict)
+
+
+def default_caps(load_NK: np.ndarray, target_group_size: float = DEFAULT_GROUP_SIZE,
+                 llm_slack: float = 0.06) -> np.ndarray:
+    """Caps for a target group size when the user gives none.
+
+    Encoder caps are ``ceil(size x mean items)``; the LLM cap (last column) gets ``llm_slack``
+    more and is rounded up to a multiple of 128. So the item caps bind and groups fill them
+    exactly (item counts are small integers: equal counts per group are what makes encoder
+    balance exact, as OmniBal's ``vit_num == Q'v`` acceptance does), while the LLM cap leaves
+    room to even out tokens. No cap is below the 99.9th percentile of single samples, so
+    almost nothing is oversize.
+
+    Example:
+        >>> default_caps(np.array([[4, 1100], [3, 1200], [5, 1000]]), 4).tolist()
+        [16, 4736]
+    """
+    load = np.asarray(load_NK, dtype=np.float64)
+    caps = np.ceil(target_group_size * load.mean(axis=0))
+    caps[-1] = caps[-1] * (1.0 + llm_slack) if load.shape[1] > 1 else caps[-1]
+    caps = np.maximum(caps, np.ceil(np.percentile(load, 99.9, axis=0)))
+    caps[-1] = np.ceil(caps[-1] / 128) * 128
+    return np.maximum(caps, 1).astype(np.int64)
+
+
+def _axis(max_cap: int, center: float, grid: int, floor: float) -> np.ndarray:
+    """``grid`` caps, geometric from ~0.6 x center up to min(max_cap, 1.6 x center)."""
+    hi = float(min(max_cap, max(center * 1.6, floor)))
+    lo = float(max(floor, min(center * 0.6, hi)))
+    vals = np.unique(np.round(np.geomspace(max(lo, 1), max(hi, 1), grid)).astype(np.int64))
+    return np.clip(vals, 1, max_cap)
+
+
+def _evaluate(load, cost, caps, bounds, R, M, algorithm, seed, passes):
+    n = len(load)
+    if algorithm == "isf":
+        p = pack_isf(load, caps, bounds, iterations=20, seed=seed)
+        if p.num_groups >= R * M:
+            p = split_to_multiple(p, cost[:, -1], R * M)
+    else:
+        p = pack_balanced(load, caps, cost_NK=cost, group_multiple=R * M, seed=seed, passes=passes)
+    G = p.num_groups
+    excluded = (len(p.dropped) + int(p.isolated.sum())) / n
+    if G < R * M or G % (R * M):
+        return None
+    gs = group_sums(p, cost)
+    a = assign_groups(gs, world_size=R, micro_batches=M, seed=seed)
+    gid = p.group_ids()
+    step_P, rank_P = a.step[gid], a.rank[gid]
+    dist, util = [], []
+    for k in range(cost.shape[1]):
+        load_SR = step_loads(step_P, rank_P, cost[p.order, k], num_steps=a.num_steps, world_size=R)
+        dist.append(dist_ratio(load_SR))
+        util.append(utilization(load_SR))
+    pad = pad_ratio(gid, cost[p.order, -1])
+    size = len(p.order) / max(G, 1)
+    return a.num_steps, dist, util, pad, excluded, size
+
+
+def search_thresholds(
+    load_NK: np.ndarray,
+    cost_NK: np.ndarray,
+    *,
+    world_size: int,
+    micro_batches: int,
+    max_caps_K: np.ndarray,
+    target_group_size: float | None = None,
+    seed: int = 0,
+    algorithm: str = "balanced",
+    grid: int = 5,
+    sample_size: int = 12_000,
+    pad_ratio_weight: float = 0.1,
+    size_weight: float = 0.5,
+    passes: int = 3,
+) -> SearchResult:
+    """Grid-search caps (and ISF bounds) on a subsample; see the module docstring.
+
+    Args:
+        load_NK: (N, K) int loads (items per encoder, LLM tokens last).
+        cost_NK: (N, K) float costs to balance.
+        world_size, micro_batches: R and M of the training job.
+        max_caps_K: (K,) memory limits: the largest cap allowed per module.
+        target_group_size: desired mean samples per group (default 4.5, OmniBal's 4..5);
+            it centers the grid and weighs in the objective.
+        seed: subsample and packing seed.
+        algorithm: ``balanced`` (our packer; bounds are reported equal to the caps) or ``isf``.
+        grid: points per module axis (``grid ** K`` cap candidates).
+        sample_size: samples evaluated per candidate (a seeded subsample).
+        pad_ratio_weight, size_weight: objective weights.
+        passes: refinement passes of our packer during the search.
+
+    Raises:
+        InputError: no samples.
+        UsageError: bad limits, grid or algorithm.
+    """
+    load = np.asarray(load_NK, dtype=np.int64)
+    cost = np.asarray(cost_NK, dtype=np.float64)
+    if load.ndim != 2 or len(load) == 0:
+        raise InputError("no samples to search thresholds on", fix="check the lengths table with `balancer scan`")
+    if algorithm not in ("balanced", "isf"):
+        raise UsageError(f"unknown algorithm {algorithm!r}", fix="use balanced or isf")
+    max_caps = np.asarray(max_caps_K, dtype=np.int64).reshape(-1)
+    if len(max_caps) != load.shape[1] or (max_caps < 1).any():
+        raise UsageError(f"max caps {max_caps.tolist()} must be one positive value per module ({load.shape[1]})",
+                         fix="give --max-llm-tokens and --max-items per encoder")
+    if grid < 1:
+        raise UsageError(f"grid must be >= 1, got {grid}", fix="use --grid 5")
+    R, M = int(world_size), int(micro_batches)
+    rng = np.random.default_rng(seed)
+    n = min(len(load), int(sample_size))
+    pick = np.sort(rng.choice(len(load), n, replace=False)) if n < len(load) else np.arange(len(load))
+    sub_load, sub_cost = load[pick], cost[pick]
+    # Make sure the subsample yields enough groups for a few steps at the largest caps.
+    target = float(target_group_size or DEFAULT_GROUP_SIZE)
+    centers = default_caps(sub_load, target)
+    floors = np.maximum(1, sub_load.mean(axis=0))
+    axes = tuple(_axis(int(max_caps[k]), float(centers[k]), grid, float(floors[k])) for k in range(load.shape[1]))
+    candidates: list[Candidate] = []
+    grid_obj = np.full(tuple(len(a) for a in axes), np.inf)
+    for idx in np.ndindex(*grid_obj.shape):
+        caps = np.array([axes[k][i] for k, i in enumerate(idx)], dtype=np.int64)
+        if algorithm == "isf":
+            bound_sets = [np.concatenate([caps[:-1], [int(caps[-1] * f)]]) for f in (0.9, 0.95, 0.98)]
+        else:
+            bound_sets = [caps]
+        for bounds in bound_sets:
+            res = _evaluate(sub_load, sub_cost, caps, bounds, R, M, algorithm, seed, passes)
+            if res is None:
+                continue
+            steps, dist, util, pad, excluded, size = res
+            steps_lb = max(1, -(-groups_lower_bound(sub_load, caps) // (R * M)))
+            objective = (sum(1.0 - u for u in util) + pad_ratio_weight * pad + 10.0 * excluded
+                         + (steps / steps_lb - 1.0) + size_weight * abs(size / target - 1.0))
+            candidates.append(Candidate(tuple(caps.tolist()), tuple(int(b) for b in bounds), float(objective),
+                                        tuple(dist), tuple(util), float(pad), float(excluded),
+                                        float(steps / steps_lb), float(size)))
+            grid_obj[idx] = min(grid_obj[idx], objective)
+    if not candidates:
+        raise InputError(
+            f"no candidate yields {R * M} groups on a {n}-sample subsample",
+            fix="lower --world-size or --micro-batches, or raise --sample-size",
+        )
+    candidates.sort(key=lambda c: (c.objective, c.caps_K, c.bounds_K))
+    best = candidates[0]
+    return SearchResult(
+        candidates=tuple(candidates),
+        best_caps_K=np.array(best.caps_K, dtype=np.int64),
+        best_bounds_K=np.array(best.bounds_K, dtype=np.int64),
+        grid_axes=axes,
+        grid_objective=grid_obj,
+        sample_size=n,
+        algorithm=algorithm,
+        params={"world_size": R, "micro_batches": M, "max_caps_K": max_caps.tolist(), "target_group_size": target,
+                "grid": grid, "seed": seed},
+    )

@@ -1,0 +1,178 @@
+"""Packing benchmark: our packer vs OmniBal's ISF (and random batching) in the same process.
+
+Prints, per scenario: Dist Ratio and utilization per module, steps vs their lower bound, step
+mix (mean total-variation distance between each step's source histogram and the global one,
+as a ratio to random batching with the same number of steps), dropped samples, and wall times
+with their ratio to ISF.
+
+Usage (from the repository root):
+    python -m bench.bench_pack                       # all scenarios
+    python -m bench.bench_pack --scenario internvl   # one of: internvl, synthetic, audio, speed
+    python -m bench.bench_pack --scenario memory     # 10M samples (minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import time
+from pathlib import Path
+
+import numpy as np
+
+from balancer_cli.pack.assign import assign_groups, split_to_multiple
+from balancer_cli.pack.isf import pack_isf
+from balancer_cli.pack.metrics import dist_ratio, step_loads, utilization
+from balancer_cli.pack.packer import groups_lower_bound, pack_balanced
+from balancer_cli.pack.search import default_caps, search_thresholds
+from balancer_cli.pack.types import check_packing, group_sums
+from bench.synthetic import make_synthetic
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def step_mix(source_P: np.ndarray, step_P: np.ndarray, num_steps: int) -> float:
+    """Mean over steps of the total-variation distance between the step's source histogram and
+    the global one (0 = every step has the global mix)."""
+    _, src = np.unique(source_P, return_inverse=True)
+    n_src = int(src.max()) + 1
+    hist = np.bincount(step_P * n_src + src, minlength=num_steps * n_src).reshape(num_steps, n_src).astype(float)
+    hist /= np.maximum(hist.sum(axis=1, keepdims=True), 1)
+    glob_mix = np.bincount(src, minlength=n_src) / len(src)
+    return float(0.5 * np.abs(hist - glob_mix).sum(axis=1).mean())
+
+
+def random_batching_mix(source_N: np.ndarray, num_steps: int, seed: int = 0) -> float:
+    """Step mix of plain random batching: shuffle, cut into ``num_steps`` equal steps."""
+    perm = np.random.default_rng(seed).permutation(len(source_N))
+    step = np.empty(len(source_N), np.int64)
+    step[perm] = np.arange(len(source_N)) * num_steps // len(source_N)
+    return step_mix(source_N, step, num_steps)
+
+
+def evaluate(packing, assignment, cost_NK, source_N, R):
+    """Per-module Dist Ratio / utilization and the step mix of a packed, assigned epoch."""
+    gid = packing.group_ids()
+    samples = packing.order
+    step_P = assignment.step[gid].astype(np.int64)
+    rank_P = assignment.rank[gid].astype(np.int64)
+    out = {"steps": assignment.num_steps, "groups": packing.num_groups, "dropped": len(packing.dropped)}
+    for k in range(cost_NK.shape[1]):
+        load_SR = step_loads(step_P, rank_P, cost_NK[samples, k], num_steps=assignment.num_steps, world_size=R)
+        out[f"dist{k}"] = dist_ratio(load_SR)
+        out[f"util{k}"] = utilization(load_SR)
+    out["mix"] = step_mix(source_N[samples], step_P, assignment.num_steps)
+    out["mix_random"] = random_batching_mix(source_N, assignment.num_steps)
+    return out
+
+
+def random_assign(num_groups, R, M, seed=0):
+    """OmniBal's evaluation: groups in random order, dealt to ranks as a random sampler does."""
+    from balancer_cli.pack.types import Assignment
+
+    perm = np.random.default_rng(seed).permutation(num_groups)
+    slot = np.empty(num_groups, np.int64)
+    slot[perm] = np.arange(num_groups)
+    S = num_groups // (R * M)
+    return Assignment((slot // (R * M)).astype(np.int32), (slot % R).astype(np.int32),
+                      (slot // R % M).astype(np.int32), S)
+
+
+def run_scenario(name, load_NK, cost_NK, source_N, modules, caps_K, R, M, isf_bounds=None, search=False):
+    print(f"\n## {name}: N={len(load_NK):,}, modules={modules}, caps={caps_K.tolist()}, world_size={R}, micro_batches={M}")
+    rows = []
+    isf_bounds = caps_K - np.maximum(1, caps_K // 32) if isf_bounds is None else isf_bounds
+    isf_bounds[:-1] = caps_K[:-1]
+    t = time.process_time()
+    p_isf = pack_isf(load_NK, caps_K, isf_bounds, iterations=50, seed=0)
+    t_isf = time.process_time() - t
+    p_isf = split_to_multiple(p_isf, cost_NK[:, -1], R * M)
+    check_packing(p_isf, len(load_NK), load_NK, caps_K)
+    rows.append(("ISF + random sampler", evaluate(p_isf, random_assign(p_isf.num_groups, R, M), cost_NK, source_N, R), t_isf))
+    t = time.process_time()
+    a = assign_groups(group_sums(p_isf, cost_NK), world_size=R, micro_batches=M)
+    rows.append(("ISF + our assigner", evaluate(p_isf, a, cost_NK, source_N, R), t_isf + time.process_time() - t))
+    if search:
+        t = time.process_time()
+        res = search_thresholds(load_NK, cost_NK, world_size=R, micro_batches=M, max_caps_K=caps_K)
+        caps_ours = res.best_caps_K
+        t_search = time.process_time() - t
+    else:
+        caps_ours, t_search = caps_K, 0.0
+    t = time.process_time()
+    p = pack_balanced(load_NK, caps_ours, cost_NK=cost_NK, group_multiple=R * M, seed=0)
+    a = assign_groups(group_sums(p, cost_NK), world_size=R, micro_batches=M)
+    t_ours = time.process_time() - t + t_search
+    check_packing(p, len(load_NK), load_NK, caps_ours)
+    rows.append((f"ours{' (searched caps ' + str(caps_ours.tolist()) + ')' if search else ''}", evaluate(p, a, cost_NK, source_N, R), t_ours))
+    lb_steps = -(-groups_lower_bound(load_NK, caps_ours) // (R * M))
+    head = "| method | " + " | ".join(f"dist {m}" for m in modules) + " | " + " | ".join(f"util {m}" for m in modules)
+    print(head + " | steps (lb) | mix vs random | dropped | CPU s (x ISF) |")
+    print("|" + "---|" * (3 + 2 * len(modules) + 3))
+    for label, r, dt in rows:
+        dist = " | ".join(f"{r[f'dist{k}']:.4f}" for k in range(len(modules)))
+        util = " | ".join(f"{r[f'util{k}']:.4f}" for k in range(len(modules)))
+        print(f"| {label} | {dist} | {util} | {r['steps']} ({lb_steps}) | {r['mix'] / r['mix_random']:.2f}x "
+              f"| {r['dropped']} | {dt:.2f} ({dt / t_isf:.2f}x) |")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenario", default="all")
+    ap.add_argument("--world-size", type=int, default=None)
+    ap.add_argument("--micro-batches", type=int, default=1)
+    args = ap.parse_args(argv)
+    want = lambda s: args.scenario in ("all", s)  # noqa: E731
+    if want("internvl"):
+        from balancer_cli.lengths import read_lengths
+
+        files = sorted(glob.glob(str(ROOT.parent / "shared" / "data" / "internvl-lengths" / "*.json")))
+        lt = read_lengths(files)
+        load = np.stack([lt.items("vision"), lt.llm_tokens()], 1).astype(np.int64)
+        cost = np.stack([lt.tokens("vision"), lt.llm_tokens()], 1).astype(np.float64)
+        for caps in (default_caps(load), np.array([10, 4096])):
+            run_scenario("internvl-lengths (4 files)", load, cost, lt.sources(), ("vision", "llm"),
+                         caps, args.world_size or 8, args.micro_batches)
+    if want("synthetic"):
+        d = make_synthetic(200_000, seed=0)
+        run_scenario("synthetic 200k", d["load_NK"], d["cost_NK"], d["source"], d["modules"],
+                     default_caps(d["load_NK"]), args.world_size or 16, args.micro_batches)
+    if want("audio"):
+        d = make_synthetic(200_000, seed=0, audio_share=0.1)
+        run_scenario("synthetic 200k + audio (10%)", d["load_NK"], d["cost_NK"], d["source"], d["modules"],
+                     default_caps(d["load_NK"]), args.world_size or 32, args.micro_batches)
+    if want("speed"):
+        speed(1_200_000, args.world_size or 16, args.micro_batches)
+    if args.scenario == "memory":  # not part of "all": 10M samples take minutes
+        speed(10_000_000, args.world_size or 16, args.micro_batches)
+
+
+def speed(n, R, M):
+    """CPU time of search + pack (ours) vs ISF alone on ``n`` synthetic samples, and peak memory."""
+    import resource
+
+    d = make_synthetic(n, seed=0)
+    load, cost = d["load_NK"], d["cost_NK"]
+    caps = default_caps(load)
+    print(f"\n## speed: N={n:,} synthetic, caps={caps.tolist()}, world_size={R}")
+    t = time.process_time()
+    res = search_thresholds(load, cost, world_size=R, micro_batches=M, max_caps_K=2 * caps)
+    t_search = time.process_time() - t
+    t = time.process_time()
+    p = pack_balanced(load, res.best_caps_K, cost_NK=cost, group_multiple=R * M, seed=0)
+    t_pack = time.process_time() - t
+    t = time.process_time()
+    assign_groups(group_sums(p, cost), world_size=R, micro_batches=M)
+    t_assign = time.process_time() - t
+    t = time.process_time()
+    pack_isf(load, caps, caps - np.maximum(1, caps // 32), iterations=50, seed=0)
+    t_isf = time.process_time() - t
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    total = t_search + t_pack + t_assign
+    print(f"search {t_search:.2f} s + pack {t_pack:.2f} s + assign {t_assign:.2f} s = {total:.2f} s CPU "
+          f"(ISF, 50 iterations: {t_isf:.2f} s; ratio {total / t_isf:.2f}x); peak RSS {peak_mb:.0f} MiB; "
+          f"best caps {res.best_caps_K.tolist()}, {p.num_groups} groups")
+
+
+if __name__ == "__main__":
+    main()
