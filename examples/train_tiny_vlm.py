@@ -3,8 +3,8 @@
 A tiny ViT encodes each sample's image patches, a linear projector maps them into a tiny causal
 decoder that also reads the sample's text tokens. Weights are random and inputs are synthesized
 deterministically from the lengths table (sample i gets ``vision_tokens[i]`` patch vectors and
-``llm_tokens[i]`` token ids, times ``--token-scale``), so each rank's compute follows the real
-workload of the samples the manifest gives it.
+``llm_tokens[i]`` token ids, times ``--token-scale``; the ViT attends within each image, tile or
+frame), so each rank's compute follows the real workload of the samples the manifest gives it.
 
 Each optimizer step runs the rank's micro-batches without gradient sync, then times an explicit
 ``barrier`` (the time this rank waits for the slowest one) before all-reducing the gradients. The
@@ -58,10 +58,11 @@ class TinyVLM(nn.Module):
     def sample_loss(self, patches: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Summed next-token loss of one sample and its number of loss tokens."""
         x = self.embed(ids)[None]
-        if len(patches):
-            v = self.patch(patches)[None]
+        if patches.numel():
+            v = self.patch(patches)  # (items, tokens per item, dim): attention within each image/frame
             for layer in self.vit:
                 v = layer(v)
+            v = v.reshape(1, -1, v.shape[-1])
             n = min(v.shape[1], x.shape[1] - 1)  # image placeholders lead the LLM sequence
             x = torch.cat([self.project(v[:, :n]), x[:, n:]], dim=1)
         causal = nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device)
@@ -72,12 +73,16 @@ class TinyVLM(nn.Module):
 
 
 class SyntheticVLMData(torch.utils.data.Dataset):
-    """Sample i: ``vision_tokens[i]`` patch vectors and ``llm_tokens[i]`` token ids, seeded by i."""
+    """Sample i: its encoder tokens as patch vectors, split evenly over its items (images, tiles,
+    frames: the ViT attends within an item), and ``llm_tokens[i]`` token ids; seeded by i."""
 
     def __init__(self, lengths_path: str, token_scale: float, vocab: int = 512) -> None:
         lengths = read_lengths(lengths_path)
-        vision = sum(lengths.tokens(m) for m in lengths.modules) if lengths.modules else 0 * lengths.llm_tokens()
+        zeros = np.zeros(lengths.num_samples, dtype=np.int64)
+        vision = sum((lengths.tokens(m) for m in lengths.modules), zeros)
+        items = sum((lengths.items(m) for m in lengths.modules), zeros)
         self.vision = np.maximum((vision * token_scale).astype(np.int64), 0)
+        self.items = np.where(self.vision > 0, np.clip(items, 1, None), 0)
         self.llm = np.maximum((lengths.llm_tokens() * token_scale).astype(np.int64), 2)
         self.vocab = vocab
 
@@ -86,7 +91,9 @@ class SyntheticVLMData(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(int(i))
-        return (torch.randn(int(self.vision[i]), PATCH_DIM, generator=g),
+        items = int(self.items[i])
+        per_item = -(-int(self.vision[i]) // items) if items else 0
+        return (torch.randn(items, per_item, PATCH_DIM, generator=g),
                 torch.randint(0, self.vocab, (int(self.llm[i]),), generator=g))
 
 
