@@ -103,10 +103,13 @@ def _deal(rows, load, weight, caps, G, rng, hard_share=0.5):
     gid = np.full(len(queue), -1, dtype=np.int64)
     wsum = np.zeros((G, weight.shape[1]))
     lsum = np.zeros((G, load.shape[1]), dtype=np.int64)
-    pending = np.arange(len(queue))  # positions in queue, largest first
+    carry = np.zeros(0, dtype=np.int64)  # positions in queue that did not fit yet
     pos = 0
-    while pos < len(pending):
-        chunk = pending[pos:pos + G]
+    n = len(queue)
+    while pos < n or len(carry):
+        take = max(0, G - len(carry))
+        chunk = np.concatenate([carry, np.arange(pos, min(pos + take, n))])
+        pos = min(pos + take, n)
         bins = np.argsort((wsum * inv_t).sum(axis=1), kind="stable")[: len(chunk)]
         r = queue[chunk]
         fits = ((lsum[bins] + load[r]) <= caps).all(axis=1)
@@ -126,10 +129,11 @@ def _deal(rows, load, weight, caps, G, rng, hard_share=0.5):
         if not fits.any():
             # The lightest groups are full in some module: place the (few) stragglers in the
             # lightest group that still has room, or give up (first fit takes over).
-            rest = queue[pending[pos:]]
-            if len(rest) > 256:
+            left = np.concatenate([chunk, np.arange(pos, n)])
+            if len(left) > 64:
                 return None
-            for i_pos, i in zip(pending[pos:], rest):
+            for i_pos in left:
+                i = queue[i_pos]
                 room = ((lsum + load[i]) <= caps).all(axis=1)
                 if not room.any():
                     return None
@@ -141,9 +145,7 @@ def _deal(rows, load, weight, caps, G, rng, hard_share=0.5):
         gid[chunk[fits]] = bins[fits]
         wsum[bins[fits]] += weight[r[fits]]
         lsum[bins[fits]] += load[r[fits]]
-        # Rows that did not fit retry in the next round (with the next rows).
-        pending = np.concatenate([pending[:pos], chunk[fits], chunk[~fits], pending[pos + G:]])
-        pos += int(fits.sum())
+        carry = chunk[~fits]  # retried first in the next round
     return queue, gid
 
 
