@@ -278,6 +278,7 @@ def pack_balanced(
     if dealt is not None:
         queue, gid = dealt
     members, count, wsum, lsum = _padded(queue, gid, G, weight, load, width=max_count)
+    del load_c, queue, gid, dealt  # large (N,) temporaries: keep the refinement's peak memory low
     if (count == 0).any():
         if count.max() < 2 and (count == 0).sum() > 0:
             raise InputError(f"{len(rows)} samples cannot fill {G} groups", fix="lower --world-size or --micro-batches")
