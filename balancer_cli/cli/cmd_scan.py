@@ -1,0 +1,145 @@
+"""``balancer scan``: measure every sample's encoder and LLM tokens into a lengths table.
+
+Example:
+    >>> from click.testing import CliRunner
+    >>> "--model" in CliRunner().invoke(command, ["--help"]).output
+    True
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import click
+
+from balancer_cli.cli._common import emit, handle_errors, json_option
+from balancer_cli.errors import UsageError
+
+__all__ = ["command"]
+
+
+def _parse_param(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise UsageError(f"--param {text!r} is not KEY=VALUE", fix="e.g. --param max_pixels=1003520")
+    key, raw = text.split("=", 1)
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key.strip(), value
+
+
+def _parse_size(text: str) -> tuple[int, int]:
+    try:
+        width, height = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise UsageError(f"--video-size {text!r} is not WIDTHxHEIGHT", fix="e.g. --video-size 640x360") from None
+    if width < 1 or height < 1:
+        raise UsageError(f"--video-size {text!r} must be positive")
+    return width, height
+
+
+def _render(summary: dict[str, Any]) -> str:
+    lines = [f"scanned {summary['samples']:,} samples from {len(summary['sources'])} input(s) -> "
+             f"{summary['output']} ({summary['seconds']:.1f} s, {summary['samples_per_s']:,.0f} samples/s)"]
+    errors = summary["errors"]
+    n_errors = sum(errors.values())
+    detail = ", ".join(f"{kind} {n}" for kind, n in errors.items())
+    lines.append(f"  measured {summary['measured']:,}; errors {n_errors:,}" + (f" ({detail})" if detail else ""))
+    parts = [f"llm_tokens {summary['llm_tokens']:,}"]
+    for module, stats in summary["modules"].items():
+        parts.append(f"{module}_tokens {stats['tokens']:,} in {stats['items']:,} items")
+    lines.append("  " + " | ".join(parts))
+    lines.append(f"  model {summary['model']} | tokenizer {summary['tokenizer']} | template {summary['template']}")
+    for kind, text in summary["first_error_by_kind"].items():
+        lines.append(f"  first {kind}: {text[len(kind) + 2:]}")
+    return "\n".join(lines)
+
+
+@click.command("scan")
+@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Lengths table to write (Parquet).")
+@click.option("--model", required=True, help="Vision-token preset: qwen2-vl, qwen2.5-vl, internvl, llava-1.5, ...")
+@click.option("--tokenizer", default="qwen2", show_default=True,
+              help="Named vocabulary (qwen2, cl100k, deepseek), a tokenizer.json, or a HF model folder.")
+@click.option("--template", default=None, help="Chat template (default: the model's): qwen2-vl, internvl, vicuna, "
+                                               "llava-onevision, idefics3, plain.")
+@click.option("--processor-config", type=click.Path(exists=True), default=None,
+              help="Read rule parameters from a local preprocessor_config.json (or model folder).")
+@click.option("--min-pixels", type=int, default=None, help="Override the rule's min_pixels (Qwen2-VL family).")
+@click.option("--max-pixels", type=int, default=None, help="Override the rule's max_pixels (Qwen2-VL family).")
+@click.option("--min-tiles", type=int, default=None, help="Override the rule's min_tiles (tiling families).")
+@click.option("--max-tiles", type=int, default=None, help="Override the rule's max_tiles (tiling families).")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Override any rule parameter.")
+@click.option("--image-root", type=click.Path(file_okay=False), default=None,
+              help="Folder relative image paths resolve against (default: each input's folder). "
+                   "Paths may not escape it.")
+@click.option("--video-size", default="640x360", show_default=True, metavar="WxH",
+              help="Frame size assumed for videos whose records give no width/height.")
+@click.option("--field", "fields", multiple=True, metavar="NAME=KEY",
+              help="Read field NAME (image, width, height, duration, conversations, messages, text, ...) "
+                   "from the record's KEY.")
+@click.option("--format", "input_format", default=None,
+              type=click.Choice(["jsonl", "json", "internvl-meta", "parquet", "hf"]),
+              help="Force the input format (default: detected from content).")
+@click.option("--split", default=None, help="Split of a DatasetDict folder (default: train).")
+@click.option("--strict", is_flag=True, help="Stop at the first bad sample (exit 1).")
+@click.option("-j", "--jobs", type=int, default=0, help="Worker processes (default: all cores).")
+@click.option("--block-size", type=int, default=2048, show_default=True, help="Records per unit of work.")
+@click.option("--engine", default="local", show_default=True, help="Execution engine.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@json_option
+@handle_errors
+def command(inputs: tuple[str, ...], output: str, model: str, tokenizer: str, template: str | None,
+            processor_config: str | None, min_pixels: int | None, max_pixels: int | None, min_tiles: int | None,
+            max_tiles: int | None, params: tuple[str, ...], image_root: str | None, video_size: str,
+            fields: tuple[str, ...], input_format: str | None, split: str | None, strict: bool, jobs: int,
+            block_size: int, engine: str, quiet: bool, as_json: bool) -> None:
+    """Scan datasets into a lengths table: one row per sample with its encoder and LLM tokens.
+
+    \b
+    INPUT: LLaVA JSON/JSONL, `messages` JSON/JSONL, InternVL meta JSON, Parquet, or a
+    datasets save_to_disk folder; several inputs concatenate in order.
+    Bad samples keep their row with an `error` (summary by kind); --strict stops at the first.
+
+    \b
+    Example:
+      balancer scan sample_data/llava.jsonl -o out/lengths.parquet --model qwen2-vl --tokenizer qwen2
+    """
+    from tqdm import tqdm
+
+    from balancer_cli.lengths import write_lengths
+    from balancer_cli.scan.engine import scan
+    from balancer_cli.scan.measure import ScanConfig
+    from balancer_cli.scan.records import FIELD_NAMES
+
+    overrides = dict(_parse_param(p) for p in params)
+    for key, value in (("min_pixels", min_pixels), ("max_pixels", max_pixels), ("min_tiles", min_tiles),
+                       ("max_tiles", max_tiles)):
+        if value is not None:
+            overrides[key] = value
+    mapping = {}
+    for item in fields:
+        name, _, key = item.partition("=")
+        if name not in FIELD_NAMES or not key:
+            raise UsageError(f"--field {item!r} is not NAME=KEY with a known NAME",
+                             fix=f"NAME is one of: {', '.join(FIELD_NAMES)}; e.g. --field image=file_name")
+        mapping[name] = key
+    config = ScanConfig(model=model.lower(), model_params=tuple(sorted(overrides.items())),
+                        processor_config=processor_config, tokenizer=tokenizer, template=template, strict=strict,
+                        video_size=_parse_size(video_size), fields=tuple(sorted(mapping.items())))
+    started = time.perf_counter()
+    bar = tqdm(unit=" samples", desc="scan", disable=quiet or not sys.stderr.isatty(), file=sys.stderr)
+    try:
+        result = scan(list(inputs), config, jobs=jobs, engine=engine, block_size=block_size, image_root=image_root,
+                      format=input_format, split=split, progress=bar.update)
+    finally:
+        bar.close()
+    write_lengths(result.lengths, output)
+    seconds = time.perf_counter() - started
+    summary = {**result.summary, "output": output, "seconds": round(seconds, 3),
+               "samples_per_s": round(result.summary["samples"] / max(seconds, 1e-9), 1)}
+    emit(summary, as_json, _render)

@@ -1,0 +1,103 @@
+"""Per-sample inputs of packers, baselines and metrics: load and cost matrices of a lengths table.
+
+``load_NK`` is what the caps bound (encoder *items* per module, LLM *tokens* last);
+``cost_NK`` is what gets balanced (:func:`balancer_cli.cost.sample_costs`, tokens by default).
+Columns the lengths contract does not know are refused rather than silently ignored.
+
+Example:
+    >>> import numpy as np
+    >>> from balancer_cli.lengths import make_lengths_table
+    >>> lengths = make_lengths_table(np.array([300, 40]), {"vision": (np.array([512, 0]), np.array([2, 0]))})
+    >>> inputs = prepare_inputs(lengths)
+    >>> inputs.modules, inputs.load_NK.tolist(), inputs.cost_NK[:, 0].tolist()
+    (('vision', 'llm'), [[2, 300], [0, 40]], [512.0, 0.0])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from balancer_cli.cost import sample_costs
+from balancer_cli.errors import InputError
+from balancer_cli.lengths import LLM, LengthsTable
+
+__all__ = ["PackInputs", "prepare_inputs"]
+
+
+@dataclass(frozen=True)
+class PackInputs:
+    """Per-sample matrices every packer, baseline and metric works on.
+
+    Attributes:
+        modules: K module names, encoders first, ``llm`` last.
+        load_NK: (N, K) int64 capped quantity: encoder items, LLM tokens.
+        cost_NK: (N, K) float64 balanced cost (tokens under the default cost model).
+        ok_N: (N,) bool, samples without a scan error.
+        error_N: (N,) object, the error text (None where measured).
+        source_codes_N: (N,) int32 index into ``source_names``.
+        source_names: the distinct sources.
+    """
+
+    modules: tuple[str, ...]
+    load_NK: np.ndarray
+    cost_NK: np.ndarray
+    ok_N: np.ndarray
+    error_N: np.ndarray
+    source_codes_N: np.ndarray
+    source_names: tuple[str, ...]
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.ok_N)
+
+    def load_unit(self, module: str) -> str:
+        return "tokens" if module == LLM else "items"
+
+
+_KNOWN_SUFFIXES = ("_tokens", "_items", "_seqlens")
+
+
+def _check_columns(lengths: LengthsTable) -> None:
+    known = {"sample", "source", "llm_tokens", "error"}
+    known |= {f"{m}{s}" for m in lengths.modules for s in _KNOWN_SUFFIXES}
+    unknown = [c for c in lengths.table.column_names if c not in known]
+    if unknown:
+        name = unknown[0]
+        hint = ""
+        for suffix in ("_tokens", "_items"):
+            if name.endswith(suffix):
+                module = name[: -len(suffix)]
+                hint = f" (an encoder '{module}' needs both {module}_tokens and {module}_items)"
+        raise InputError(f"lengths table has unknown column '{name}'{hint}",
+                         fix="rename or remove it; columns are sample, source, llm_tokens, <m>_tokens, "
+                             "<m>_items, <m>_seqlens, error")
+
+
+def prepare_inputs(lengths: LengthsTable, cost_model: str = "tokens",
+                   cost_presets: Mapping[str, str] | Sequence[tuple[str, str]] = ()) -> PackInputs:
+    """Build the load and cost matrices of a lengths table (raises on unknown columns).
+
+    Args:
+        lengths: the lengths table.
+        cost_model: ``tokens`` or ``flops`` (:func:`balancer_cli.cost.sample_costs`).
+        cost_presets: ``{module: preset or model file}`` for ``flops`` (``llm`` required there).
+    """
+    _check_columns(lengths)
+    presets = dict(cost_presets)
+    if cost_model == "tokens":
+        costs = sample_costs(lengths, cost_model)
+    else:
+        named = {m: presets.pop(m, None) for m in ("vision", "audio", LLM)}
+        costs = sample_costs(lengths, cost_model, vision=named["vision"], audio=named["audio"], llm=named[LLM],
+                             encoders=presets or None)
+    modules = tuple(lengths.modules) + (LLM,)
+    load_NK = np.stack([lengths.items(m) for m in lengths.modules] + [lengths.llm_tokens()], axis=1)
+    cost_NK = np.stack([np.asarray(costs[m], dtype=np.float64) for m in modules], axis=1)
+    source = lengths.table.column("source").combine_chunks()
+    names = tuple(str(x) for x in source.dictionary.to_pylist())
+    codes = np.asarray(source.indices.to_numpy(zero_copy_only=False), dtype=np.int32)
+    return PackInputs(modules, load_NK.astype(np.int64), cost_NK, lengths.ok_mask(), lengths.errors(),
+                      codes, names)

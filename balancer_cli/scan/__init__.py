@@ -1,0 +1,1 @@
+"""Scanning datasets into lengths tables: readers, image headers, vision-token rules, tokenizers."""
