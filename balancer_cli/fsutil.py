@@ -37,6 +37,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
+    # mkstemp creates 0600 files; outputs are shared with training jobs that may run as another
+    # user, so give them the permissions a plain open() would (0666 minus the umask).
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp_name, 0o666 & ~umask)
     tmp = Path(tmp_name)
     try:
         yield tmp

@@ -110,3 +110,16 @@ def test_manifest_rejects_unsorted_rows_and_missing_dir(tmp_path):
         write_manifest(tmp_path, rows, dropped_sample=np.array([]), dropped_reason=[], meta={})
     with pytest.raises(ManifestError, match="no manifest.parquet"):
         open_manifest(tmp_path / "nowhere")
+
+
+def test_atomic_outputs_respect_the_umask(tmp_path):
+    import os
+    from balancer_cli.fsutil import atomic_path
+    old = os.umask(0o022)
+    try:
+        with atomic_path(tmp_path / "out.bin") as tmp:
+            tmp.write_bytes(b"x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "out.bin").stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["out.bin"]

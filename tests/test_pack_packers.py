@@ -188,3 +188,21 @@ def test_balanced_uses_costs_when_given():
     p = pack_balanced(load, np.array([12, 4096]), cost_NK=cost, seed=0)
     check_packing(p, 400, load, np.array([12, 4096]))
     assert group_sums(p, cost)[:, 0].std() / group_sums(p, cost)[:, 0].mean() < 0.1
+
+
+def test_kernels_pure_python_fallback_gives_identical_packings(monkeypatch):
+    """numba is an accelerator only: the same kernels run as plain Python give the same groups."""
+    from balancer_cli.pack import _kernels, isf, packer
+
+    if not _kernels.HAVE_NUMBA:
+        pytest.skip("numba absent: the pure-Python kernels are what every other test runs")
+    rng = np.random.default_rng(5)
+    load = np.stack([rng.integers(0, 6, 300), rng.integers(20, 900, 300)], 1)
+    caps = np.array([12, 3000])
+    fast = (pack_balanced(load, caps, group_multiple=4, seed=1), pack_isf(load, caps, np.array([12, 2900]), iterations=4))
+    for mod, names in ((packer, ("first_fit", "refine_pass", "targeted_pass")), (isf, ("greedy_close",))):
+        for name in names:
+            monkeypatch.setattr(mod, name, getattr(_kernels, name).py_func)
+    slow = (pack_balanced(load, caps, group_multiple=4, seed=1), pack_isf(load, caps, np.array([12, 2900]), iterations=4))
+    for a, b in zip(fast, slow):
+        assert np.array_equal(a.order, b.order) and np.array_equal(a.group_offsets, b.group_offsets)

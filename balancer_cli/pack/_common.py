@@ -50,7 +50,7 @@ def check_inputs(load_NK: np.ndarray, caps_K: np.ndarray, sample_ids: np.ndarray
     if not np.issubdtype(load.dtype, np.integer):
         if not np.all(np.isfinite(load)) or np.any(load != np.round(load)):
             raise InputError("loads must be whole numbers (items or tokens)", fix="pass integer counts")
-    load = load.astype(np.int64)
+    load = np.asarray(load, dtype=np.int64)  # no copy when already int64
     if (load < 0).any():
         i = int(np.argwhere(load < 0)[0][0])
         raise InputError(f"sample row {i} has a negative load {load[i].tolist()}", fix="re-run `balancer scan`")

@@ -213,8 +213,9 @@ def refine_pass(order_G, cand_GC, members_GS, count_G, sum_GK, lsum_GK, weight_N
 
 
 @njit(cache=True)
-def targeted_pass(order_G, members_GS, count_G, group_of_N, pos_N, sum_GK, lsum_GK, weight_NK, load_NK, caps_K,
-                  target_K, inv_t_K, inv_t2_K, cell_of_N, cell_start, cell_rows, width, dims_K, scan, tol):  # pragma: no cover
+def targeted_pass(order_G, members_GS, count_G, group_of_N, pos_N, sum_GK, lsum_GK, weight_NK, load_NK,
+                  caps_K, target_K, inv_t_K, inv_t2_K, cell_of_N, cell_start, cell_rows, width, dims_K, scan,
+                  tol):  # pragma: no cover
     """One pass of targeted swaps: for each off-target group g and member i, look up samples j
     whose weight is near ``w_i - t * dev_g`` (t = 1/2 and 1) in a grid of normalized weights,
     and apply the swap (i <-> j) that most lowers the pair's penalty within the caps.
@@ -223,7 +224,6 @@ def targeted_pass(order_G, members_GS, count_G, group_of_N, pos_N, sum_GK, lsum_
     per module (``dims_K`` cells each, row-major). Returns the number of swaps."""
     G, S = members_GS.shape
     K = len(target_K)
-    want = np.zeros(K)
     zero = np.zeros(K)
     delta = np.zeros(K)
     changes = 0

@@ -8,16 +8,18 @@ until G is a multiple, which keeps every cap (a part of a group never exceeds th
 
 Algorithm of :func:`assign_groups`:
 
-1. **Blocks of R.** Groups are classed by which *sparse* modules they hold (a module is sparse
-   when some groups have none of it, e.g. audio) and by the exact value of *discrete* modules
-   (few distinct group costs, e.g. tiles x 256 tokens), so those balance exactly within a step. Each class is shuffled, cut into windows of
-   ``window x R`` groups, each window ordered by cost (the module with the widest relative spread
-   first), and cut into blocks of R consecutive groups: a block's groups are alike and all hold
-   the same sparse modules. Leftovers of every class (< R each) form mixed blocks at the end.
-2. **Steps.** Blocks are shuffled (seeded) and dealt M per step, so a step holding audio holds
-   it on every rank, and steps stay random mixes of sources (windows are local).
-3. **Ranks.** Within a step, block m's groups go to the ranks, heaviest group to the rank
-   with the least normalized load so far (vectorized over all steps); ``micro = m``.
+1. **Classes.** Groups are classed by which *sparse* modules they hold (some groups have none
+   of it, e.g. audio) and by the exact value of *discrete* modules (few distinct group costs,
+   e.g. tiles x 256 tokens), so those balance exactly within a step.
+2. **Blocks of R.** Each class is shuffled, ordered by cost quantized to ``tolerance`` of the
+   mean (ties keep the shuffled order, so near-equal groups stay randomly mixed; the module
+   with the widest relative spread leads; sparse modules use a coarser grid), optionally only
+   within windows of ``window`` blocks, and cut into blocks of R consecutive groups. Leftovers
+   of every class (< R each) form mixed blocks.
+3. **Steps.** Blocks are shuffled (seeded) and dealt M per step, so a step holding audio holds
+   it on every rank.
+4. **Ranks.** Within a step, block m's groups go to the ranks, heaviest group to the rank with
+   the least normalized load so far (vectorized over all steps); ``micro = m``.
 
 Example:
     >>> import numpy as np
@@ -165,10 +167,11 @@ def assign_groups(
     rows = np.arange(S)[:, None]
     for m in range(M):
         grp_SR = blocks_SMR[:, m, :]
-        # Heaviest group of the block -> least loaded rank (random tie-breaks via a jitter-free
-        # stable sort over a per-step random rank order).
+        # Heaviest group of the block -> least loaded rank (ties broken by a per-step random
+        # rank order and a stable sort).
         rank_perm_SR = np.argsort(rng.random((S, R)), axis=1)
-        by_load = np.take_along_axis(rank_perm_SR, np.argsort(np.take_along_axis(acc_SR, rank_perm_SR, 1), 1, kind="stable"), 1)
+        load_perm_SR = np.take_along_axis(acc_SR, rank_perm_SR, 1)
+        by_load = np.take_along_axis(rank_perm_SR, np.argsort(load_perm_SR, 1, kind="stable"), 1)
         by_weight = np.argsort(-norm_G[grp_SR], axis=1, kind="stable")
         g_sorted = np.take_along_axis(grp_SR, by_weight, 1)
         step[g_sorted] = rows

@@ -7,21 +7,24 @@ every module, so any assignment of groups to ranks is balanced and steps can sta
 
 Algorithm:
 
-1. **Number of groups.** ``G = max_k ceil(sum load_k / cap_k)`` (the binding cap's lower bound),
-   divided by ``fill`` and rounded up to a multiple of ``group_multiple`` (the assigner wants
-   ``world_size x micro_batches``). Each group's target in module k is ``t_k = sum w_k / G``.
-2. **Dealing.** Samples over half a cap first, then the others in decreasing normalized size
-   (``sum_k w_ik / t_k``; ties broken by a seeded shuffle), are dealt in rounds of G: the largest sample of a round goes to the group
-   with the lowest normalized load, and so on (vectorized, one sort per round). A sample that
-   would break a cap waits for the next round; a few stragglers go to the lightest group with
-   room. When dealing strands samples (tight caps), first-fit-decreasing decides G instead
-   and dealing is retried with that G, 1% and 2% more (up to 500k samples); if all fail, the first-fit groups are
-   refined (first fit puts similar samples together, so dealt groups are preferred).
-3. **Refinement.** Local search over group pairs: for each group, candidate partners (random
-   ones and the ones whose deviation is most opposite along a random direction) are tried
-   with every one-for-one swap and every one-sample move that keeps both groups under the
-   caps; the change that most lowers ``sum_k ((sum_gk - t_k) / t_k)^2`` is applied. Integer
-   modules (items) therefore converge to exactly equal counts where the totals allow.
+1. **Number of groups.** G starts at the lower bound: ``max_k ceil(sum load_k / cap_k)``, or the
+   count of samples over half a cap if larger (no two of them share a group), divided by
+   ``fill``; the total number of groups (isolated ones included) is rounded up to a multiple of
+   ``group_multiple`` (the assigner wants ``world_size x micro_batches``).
+2. **Dealing** (vectorized). Samples over half a cap first, then the others by decreasing
+   normalized size ``sum_k w_ik / t_k`` (ties broken by a seeded shuffle), are dealt in rounds
+   of G: the biggest to the group with the lowest normalized load. A row that breaks a cap gets
+   a second chance on the roomiest unused group, then waits for the next round; a few
+   stragglers go to the lightest group with room. Every group gets one row per size stratum,
+   so groups are random mixes of sources. When dealing strands rows (tight caps), first fit
+   decreasing (numba) decides G and dealing is retried with that G (and 1%, 2% more up to
+   500k samples); if all fail, first fit's own groups are kept.
+3. **Refinement** (numba, ``passes`` times). *Targeted swaps*: for each off-target group g and
+   member i, samples whose normalized cost is near ``w_i - t * dev_g`` (t = 1/2, 1) are looked
+   up in a grid, and the best swap within the caps is applied. Then *random partners*: every
+   one-for-one swap and one-sample move with a few random or opposite-deviation partner groups.
+   Objective: ``sum_k ((sum_gk - t_k) / t_k)^2`` with ``t_k = sum w_k / G``; integer item
+   counts converge to equal counts where the totals allow.
 
 Samples are balanced on ``cost_NK`` when given (e.g. FLOPs), else on their loads; caps always
 apply to loads. Nothing is sorted by source, so each group is a random mix of sources.
@@ -31,6 +34,7 @@ Example:
     >>> rng = np.random.default_rng(0)
     >>> items = rng.integers(0, 6, 400); tokens = 256 * items + rng.integers(20, 400, 400)
     >>> p = pack_balanced(np.stack([items, tokens], 1), np.array([24, 8192]), seed=0)
+    >>> from balancer_cli.pack.types import group_sums
     >>> sums = group_sums(p, np.stack([items, tokens], 1))
     >>> p.num_groups, bool(np.ptp(sums[:, 0]) <= 1), bool(sums[:, 1].std() / sums[:, 1].mean() < 0.001)
     (45, True, True)
@@ -45,7 +49,7 @@ import numpy as np
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.pack._common import assemble, check_inputs, split_oversize
 from balancer_cli.pack._kernels import first_fit, refine_pass, targeted_pass
-from balancer_cli.pack.types import Packing, group_sums
+from balancer_cli.pack.types import Packing
 
 __all__ = ["pack_balanced", "groups_lower_bound"]
 
@@ -99,10 +103,13 @@ def _deal(rows, load, weight, caps, G, rng, hard_share=0.5):
     gid = np.full(len(queue), -1, dtype=np.int64)
     wsum = np.zeros((G, weight.shape[1]))
     lsum = np.zeros((G, load.shape[1]), dtype=np.int64)
-    pending = np.arange(len(queue))  # positions in queue, largest first
+    carry = np.zeros(0, dtype=np.int64)  # positions in queue that did not fit yet
     pos = 0
-    while pos < len(pending):
-        chunk = pending[pos:pos + G]
+    n = len(queue)
+    while pos < n or len(carry):
+        take = max(0, G - len(carry))
+        chunk = np.concatenate([carry, np.arange(pos, min(pos + take, n))])
+        pos = min(pos + take, n)
         bins = np.argsort((wsum * inv_t).sum(axis=1), kind="stable")[: len(chunk)]
         r = queue[chunk]
         fits = ((lsum[bins] + load[r]) <= caps).all(axis=1)
@@ -122,10 +129,11 @@ def _deal(rows, load, weight, caps, G, rng, hard_share=0.5):
         if not fits.any():
             # The lightest groups are full in some module: place the (few) stragglers in the
             # lightest group that still has room, or give up (first fit takes over).
-            rest = queue[pending[pos:]]
-            if len(rest) > 256:
+            left = np.concatenate([chunk, np.arange(pos, n)])
+            if len(left) > 64:
                 return None
-            for i_pos, i in zip(pending[pos:], rest):
+            for i_pos in left:
+                i = queue[i_pos]
                 room = ((lsum + load[i]) <= caps).all(axis=1)
                 if not room.any():
                     return None
@@ -137,9 +145,7 @@ def _deal(rows, load, weight, caps, G, rng, hard_share=0.5):
         gid[chunk[fits]] = bins[fits]
         wsum[bins[fits]] += weight[r[fits]]
         lsum[bins[fits]] += load[r[fits]]
-        # Rows that did not fit retry in the next round (with the next rows).
-        pending = np.concatenate([pending[:pos], chunk[fits], chunk[~fits], pending[pos + G:]])
-        pos += int(fits.sum())
+        carry = chunk[~fits]  # retried first in the next round
     return queue, gid
 
 
@@ -272,6 +278,7 @@ def pack_balanced(
     if dealt is not None:
         queue, gid = dealt
     members, count, wsum, lsum = _padded(queue, gid, G, weight, load, width=max_count)
+    del load_c, queue, gid, dealt  # large (N,) temporaries: keep the refinement's peak memory low
     if (count == 0).any():
         if count.max() < 2 and (count == 0).sum() > 0:
             raise InputError(f"{len(rows)} samples cannot fill {G} groups", fix="lower --world-size or --micro-batches")
