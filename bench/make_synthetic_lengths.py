@@ -18,12 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from balancer_cli.lengths import read_lengths, write_lengths, LengthsTable, lengths_fingerprint  # noqa: E402
+from balancer_cli.lengths import LengthsTable, lengths_fingerprint, read_lengths, write_lengths  # noqa: E402
 
 _CHUNK = 5_000_000
 
