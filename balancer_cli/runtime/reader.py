@@ -119,31 +119,37 @@ class ManifestReader:
 
     def _decode(self, table, first: int, num_steps: int) -> _RowGroup:
         where = f"{self.manifest.path}: row group of steps {first}..{first + num_steps - 1}"
-        step = table.column("step").to_numpy().astype(np.int64) - first
-        rank = table.column("rank").to_numpy().astype(np.int64)
-        micro = table.column("micro").to_numpy().astype(np.int64)
-        sample = table.column("sample").to_numpy().astype(np.int64)
+        # Zero-copy views of the int32 key columns; only ``sample`` is kept, as int64.
+        step, rank, micro, sample = (np.asarray(table.column(i)) for i in range(4))
         R, M = self.world_size, self.micro_batches
         fix = "re-run `balancer pack`; the manifest is corrupt or was written by another tool"
-        if len(step) == 0 or step.min() < 0 or step.max() >= num_steps:
+        if len(step) == 0 or step[0] < first or step[-1] >= first + num_steps:
             raise ManifestError(f"{where}: holds rows of other steps", fix=fix)
         for name, values, bound in (("rank", rank, R), ("micro", micro, M), ("sample", sample, self.num_samples)):
             if values.min() < 0 or values.max() >= bound:
                 bad = int(np.flatnonzero((values < 0) | (values >= bound))[0])
-                raise ManifestError(f"{where}: {name} {values[bad]} at step {first + step[bad]} is outside 0..{bound - 1}",
+                raise ManifestError(f"{where}: {name} {values[bad]} at step {step[bad]} is outside 0..{bound - 1}",
                                     fix=fix)
-        key = (step * R + rank) * M + micro
-        if (np.diff(key) < 0).any():
+        # Group key, in range once rank and micro are (steps are checked through the sort order:
+        # the key is non-decreasing and the first and last steps are in range).
+        key = (step.astype(np.int64) - first) * (R * M)
+        key += rank * M
+        key += micro
+        delta = np.diff(key)
+        if len(delta) and delta.min() < 0:
             raise ManifestError(f"{where}: rows are not sorted by (step, rank, micro)", fix=fix)
-        starts = np.flatnonzero(np.diff(key)) + 1
-        starts = np.concatenate([[0], starts])
-        per_step = np.bincount(step[starts], minlength=num_steps)
-        if (per_step != R * M).any():
+        # Every (step, rank, micro) group of the row group, in order, must hold rows: then the
+        # group starts are exactly where the key changes, and there are num_steps * R * M of them.
+        starts = np.flatnonzero(delta) + 1
+        num_groups = num_steps * R * M
+        if len(starts) + 1 != num_groups or key[0] != 0:
+            per_step = np.bincount(key[np.concatenate([[0], starts])] // (R * M), minlength=num_steps)
             s = int(np.flatnonzero(per_step != R * M)[0])
             raise ManifestError(f"{where}: step {first + s} has {per_step[s]} groups, expected {R} ranks x {M} micro-batches",
                                 fix=fix)
-        offsets = np.concatenate([starts, [len(sample)]]).astype(np.int64)
-        return _RowGroup(first, num_steps, sample, offsets)
+        offsets = np.empty(num_groups + 1, dtype=np.int64)
+        offsets[0], offsets[1:-1], offsets[-1] = 0, starts, len(sample)
+        return _RowGroup(first, num_steps, sample.astype(np.int64, copy=False), offsets)
 
     def rank_batches(self, step: int, rank: int) -> list[list[int]]:
         """The ``micro_batches`` groups of ``rank`` at ``step``, as lists of sample indices.
@@ -152,20 +158,65 @@ class ManifestReader:
         gather, one ``tolist``), so the per-batch cost is a list slice.
         """
         group = self._row_group(step)
+        i = (step - group.first_step) * self.micro_batches
+        return self._rank_lists(group, rank)[i:i + self.micro_batches]
+
+    def rank_span(self, first: int, last: int, rank: int) -> tuple[list[list[int]], int]:
+        """``rank``'s groups of the steps ``first .. end - 1`` that share ``first``'s row group.
+
+        Returns:
+            ``(batches, end)``: ``micro_batches`` lists per step, in step order, and
+            ``end = min(last, first step of the next row group)``, where the next span starts.
+        """
+        group = self._row_group(first)
+        end = min(last, group.first_step + group.num_steps)
+        M = self.micro_batches
+        batches = self._rank_lists(group, rank)
+        i, j = (first - group.first_step) * M, (end - group.first_step) * M
+        return (batches if i == 0 and j == len(batches) else batches[i:j]), end
+
+    def rank_steps(self, steps: np.ndarray, rank: int) -> list[list[int]]:
+        """``rank``'s groups of the given steps (any order), ``micro_batches`` lists per step.
+
+        Each row group the steps touch is read and converted once, in file order, however the
+        steps are shuffled (a reshuffled epoch), so the cost is that of the row groups touched.
+        """
+        steps = np.asarray(steps, dtype=np.int64)
+        if len(steps) and (steps.min() < 0 or steps.max() >= self.num_steps):
+            raise IndexError(f"steps out of range 0..{self.num_steps - 1}")
+        M = self.micro_batches
+        index = np.searchsorted(self._starts, steps, side="right") - 1
+        by_group = np.argsort(index, kind="stable")
+        cuts = np.flatnonzero(np.diff(index[by_group])) + 1
+        out: list = [None] * len(steps)
+        for slots in np.split(by_group, cuts) if len(steps) else []:
+            first = int(steps[slots[0]])
+            group = self._row_group(first)
+            batches = self._rank_lists(group, rank)
+            for slot, i in zip(slots.tolist(), ((steps[slots] - group.first_step) * M).tolist()):
+                out[slot] = batches[i:i + M]
+        return [b for per_step in out for b in per_step]
+
+    def _rank_lists(self, group: _RowGroup, rank: int) -> list[list[int]]:
         batches = group.rank_batches.get(rank)
         if batches is None:
             batches = group.rank_batches[rank] = self._convert_rank(group, rank)
-        i = (step - group.first_step) * self.micro_batches
-        return batches[i:i + self.micro_batches]
+        return batches
 
     def _convert_rank(self, group: _RowGroup, rank: int) -> list[list[int]]:
+        # A rank's rows of one step are contiguous (rows are sorted by step, then rank), so its
+        # rows in the row group are num_steps runs: one gather, one tolist, then list slices.
         R, M = self.world_size, self.micro_batches
-        g = ((np.arange(group.num_steps)[:, None] * R + rank) * M + np.arange(M)[None, :]).ravel()
-        starts, sizes = group.offsets[g], group.offsets[g + 1] - group.offsets[g]
-        ends = np.cumsum(sizes)
-        rows = np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(starts - (ends - sizes), sizes)
-        samples, bounds = group.sample[rows].tolist(), [0] + ends.tolist()
-        return [samples[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        g0 = np.arange(group.num_steps, dtype=np.int64) * (R * M) + rank * M  # rank's first group per step
+        bounds_SM = group.offsets[g0[:, None] + np.arange(M + 1)]  # (steps, M+1) row bounds
+        lo, hi = bounds_SM[:, 0], bounds_SM[:, -1]
+        sizes = hi - lo
+        base = np.cumsum(sizes) - sizes  # where each step's run starts in the gathered rows
+        rows = np.arange(int(base[-1] + sizes[-1]), dtype=np.int64) + np.repeat(lo - base, sizes)
+        samples = group.sample[rows].tolist()
+        bounds = (bounds_SM[:, :M] - (lo - base)[:, None]).ravel().tolist()
+        bounds.append(len(samples))
+        return [samples[a:b] for a, b in zip(bounds, bounds[1:])]
 
     def step_groups(self, step: int) -> list[np.ndarray]:
         """All ``world_size * micro_batches`` groups of ``step`` in (rank, micro) order."""
