@@ -55,7 +55,15 @@ class _RowGroup:
     num_steps: int
     sample: np.ndarray  # (P,) int64
     offsets: np.ndarray  # (G+1,) int64, G = num_steps * groups_per_step
-    rank_batches: dict = field(default_factory=dict)  # rank -> its batches as lists, all steps
+    rank_rows: dict = field(default_factory=dict)  # rank -> (its samples (n,), batch bounds (num_steps*M+1,))
+
+
+def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Concatenated ``arange(start, start + size)`` for each pair, vectorized (int64)."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    ends = np.cumsum(sizes)
+    total = int(ends[-1]) if len(ends) else 0
+    return np.arange(total, dtype=np.int64) + np.repeat(np.asarray(starts, dtype=np.int64) - (ends - sizes), sizes)
 
 
 class ManifestReader:
@@ -132,16 +140,20 @@ class ManifestReader:
                                     fix=fix)
         # Group key, in range once rank and micro are (steps are checked through the sort order:
         # the key is non-decreasing and the first and last steps are in range).
-        key = (step.astype(np.int64) - first) * (R * M)
-        key += rank * M
-        key += micro
+        num_groups = num_steps * R * M
+        # int32 arithmetic (half the memory traffic) whenever the keys fit, as they do in any
+        # real row group.
+        small = num_groups < np.iinfo(np.int32).max and step.dtype.itemsize <= 4
+        kind = np.int32 if small else np.int64
+        key = (step.astype(kind) - kind(first)) * kind(R * M)
+        key += rank.astype(kind, copy=False) * kind(M)
+        key += micro.astype(kind, copy=False)
         delta = np.diff(key)
         if len(delta) and delta.min() < 0:
             raise ManifestError(f"{where}: rows are not sorted by (step, rank, micro)", fix=fix)
         # Every (step, rank, micro) group of the row group, in order, must hold rows: then the
         # group starts are exactly where the key changes, and there are num_steps * R * M of them.
         starts = np.flatnonzero(delta) + 1
-        num_groups = num_steps * R * M
         if len(starts) + 1 != num_groups or key[0] != 0:
             per_step = np.bincount(key[np.concatenate([[0], starts])] // (R * M), minlength=num_steps)
             s = int(np.flatnonzero(per_step != R * M)[0])
@@ -152,71 +164,79 @@ class ManifestReader:
         return _RowGroup(first, num_steps, sample.astype(np.int64, copy=False), offsets)
 
     def rank_batches(self, step: int, rank: int) -> list[list[int]]:
-        """The ``micro_batches`` groups of ``rank`` at ``step``, as lists of sample indices.
+        """The ``micro_batches`` groups of ``rank`` at ``step``, as lists of sample indices."""
+        samples, bounds, _ = self.rank_span(step, step + 1, rank)
+        return [samples[a:b] for a, b in zip(bounds, bounds[1:])]
 
-        The first call for a row group converts all of the rank's groups in it at once (one
-        gather, one ``tolist``), so the per-batch cost is a list slice.
-        """
-        group = self._row_group(step)
-        i = (step - group.first_step) * self.micro_batches
-        return self._rank_lists(group, rank)[i:i + self.micro_batches]
-
-    def rank_span(self, first: int, last: int, rank: int) -> tuple[list[list[int]], int]:
+    def rank_span(self, first: int, last: int, rank: int) -> tuple[list[int], list[int], int]:
         """``rank``'s groups of the steps ``first .. end - 1`` that share ``first``'s row group.
 
+        The groups come flat, as one list of samples and the bounds of each group in it
+        (``micro_batches`` groups per step): one ``tolist`` for the whole span. Slicing a batch
+        out when it is needed keeps it short-lived, so building batches never grows the garbage
+        collector's older generations.
+
         Returns:
-            ``(batches, end)``: ``micro_batches`` lists per step, in step order, and
+            ``(samples, bounds, end)``: group ``i`` is ``samples[bounds[i]:bounds[i + 1]]``;
             ``end = min(last, first step of the next row group)``, where the next span starts.
         """
         group = self._row_group(first)
         end = min(last, group.first_step + group.num_steps)
-        M = self.micro_batches
-        batches = self._rank_lists(group, rank)
-        i, j = (first - group.first_step) * M, (end - group.first_step) * M
-        return (batches if i == 0 and j == len(batches) else batches[i:j]), end
+        samples, bounds = self._rank_rows(group, rank)
+        i, j = (first - group.first_step) * self.micro_batches, (end - group.first_step) * self.micro_batches
+        lo, hi = int(bounds[i]), int(bounds[j])
+        return samples[lo:hi].tolist(), (bounds[i:j + 1] - lo).tolist(), end
 
-    def rank_steps(self, steps: np.ndarray, rank: int) -> list[list[int]]:
-        """``rank``'s groups of the given steps (any order), ``micro_batches`` lists per step.
+    def rank_steps(self, steps: np.ndarray, rank: int) -> tuple[list[int], list[int]]:
+        """``rank``'s groups of the given steps (any order), flat as in :meth:`rank_span`.
 
         Each row group the steps touch is read and converted once, in file order, however the
         steps are shuffled (a reshuffled epoch), so the cost is that of the row groups touched.
         """
         steps = np.asarray(steps, dtype=np.int64)
-        if len(steps) and (steps.min() < 0 or steps.max() >= self.num_steps):
+        if not len(steps):
+            return [], [0]
+        if steps.min() < 0 or steps.max() >= self.num_steps:
             raise IndexError(f"steps out of range 0..{self.num_steps - 1}")
         M = self.micro_batches
         index = np.searchsorted(self._starts, steps, side="right") - 1
         by_group = np.argsort(index, kind="stable")
-        cuts = np.flatnonzero(np.diff(index[by_group])) + 1
-        out: list = [None] * len(steps)
-        for slots in np.split(by_group, cuts) if len(steps) else []:
-            first = int(steps[slots[0]])
-            group = self._row_group(first)
-            batches = self._rank_lists(group, rank)
-            for slot, i in zip(slots.tolist(), ((steps[slots] - group.first_step) * M).tolist()):
-                out[slot] = batches[i:i + M]
-        return [b for per_step in out for b in per_step]
+        gathered, slots_all, sizes_all = [], [], []
+        for slots in np.split(by_group, np.flatnonzero(np.diff(index[by_group])) + 1):
+            group = self._row_group(int(steps[slots[0]]))
+            samples, bounds = self._rank_rows(group, rank)
+            i = (steps[slots] - group.first_step) * M  # first group of each step
+            lo, hi = bounds[i], bounds[i + M]
+            gathered.append(samples[_ranges(lo, hi - lo)])
+            slots_all.append(slots)
+            sizes_all.append(bounds[i[:, None] + np.arange(1, M + 1)] - bounds[i[:, None] + np.arange(M)])  # (k, M)
+        # Back from row-group order to the requested order, one gather.
+        slots, sizes_SM = np.concatenate(slots_all), np.concatenate(sizes_all)
+        step_sizes = sizes_SM.sum(axis=1)
+        step_start = np.cumsum(step_sizes) - step_sizes  # in the gathered (row-group order) samples
+        order = np.argsort(slots, kind="stable")
+        samples = np.concatenate(gathered)[_ranges(step_start[order], step_sizes[order])]
+        bounds = np.zeros(len(steps) * M + 1, dtype=np.int64)
+        np.cumsum(sizes_SM[order].ravel(), out=bounds[1:])
+        return samples.tolist(), bounds.tolist()
 
-    def _rank_lists(self, group: _RowGroup, rank: int) -> list[list[int]]:
-        batches = group.rank_batches.get(rank)
-        if batches is None:
-            batches = group.rank_batches[rank] = self._convert_rank(group, rank)
-        return batches
-
-    def _convert_rank(self, group: _RowGroup, rank: int) -> list[list[int]]:
+    def _rank_rows(self, group: _RowGroup, rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """``rank``'s samples in a row group and the bounds of its groups in them (cached)."""
+        cached = group.rank_rows.get(rank)
+        if cached is not None:
+            return cached
         # A rank's rows of one step are contiguous (rows are sorted by step, then rank), so its
-        # rows in the row group are num_steps runs: one gather, one tolist, then list slices.
+        # rows in the row group are num_steps runs: one vectorized gather.
         R, M = self.world_size, self.micro_batches
         g0 = np.arange(group.num_steps, dtype=np.int64) * (R * M) + rank * M  # rank's first group per step
         bounds_SM = group.offsets[g0[:, None] + np.arange(M + 1)]  # (steps, M+1) row bounds
-        lo, hi = bounds_SM[:, 0], bounds_SM[:, -1]
-        sizes = hi - lo
+        lo, sizes = bounds_SM[:, 0], bounds_SM[:, -1] - bounds_SM[:, 0]
         base = np.cumsum(sizes) - sizes  # where each step's run starts in the gathered rows
-        rows = np.arange(int(base[-1] + sizes[-1]), dtype=np.int64) + np.repeat(lo - base, sizes)
-        samples = group.sample[rows].tolist()
-        bounds = (bounds_SM[:, :M] - (lo - base)[:, None]).ravel().tolist()
-        bounds.append(len(samples))
-        return [samples[a:b] for a, b in zip(bounds, bounds[1:])]
+        rows = _ranges(lo, sizes)
+        bounds = np.empty(group.num_steps * M + 1, dtype=np.int64)
+        bounds[:-1], bounds[-1] = (bounds_SM[:, :M] - (lo - base)[:, None]).ravel(), len(rows)
+        cached = group.rank_rows[rank] = (group.sample[rows], bounds)
+        return cached
 
     def step_groups(self, step: int) -> list[np.ndarray]:
         """All ``world_size * micro_batches`` groups of ``step`` in (rank, micro) order."""

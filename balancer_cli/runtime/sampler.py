@@ -327,20 +327,21 @@ class ManifestBatchSampler(Sampler[list[int]]):
         return self._generate(plan, cursor)
 
     def _generate(self, plan: _Plan, cursor: _Cursor) -> Iterator[list[int]]:
-        # The only per-batch work is the count: state_dict() (called while we are suspended)
-        # turns it into a position on demand (_sync).
+        # Chunks come flat (samples, bounds) and each batch is sliced out as it is yielded, so
+        # batches die young. The only other per-batch work is the count: state_dict() (called
+        # while we are suspended) turns it into a position on demand (_sync).
         n = 0
         chunks = self._native_chunks(plan) if plan.native else self._elastic_chunks(plan)
         skip = cursor.skip
-        for batches in chunks:
+        for samples, bounds in chunks:
             if skip:  # the first chunk opens with the interrupted step
-                batches, skip = batches[skip:], 0
-            for batch in batches:
+                bounds, skip = bounds[skip:], 0
+            for a, b in zip(bounds, bounds[1:]):
                 n += 1
                 cursor.n = n
-                yield batch
+                yield samples[a:b]
 
-    def _native_chunks(self, plan: _Plan) -> Iterator[list[list[int]]]:
+    def _native_chunks(self, plan: _Plan) -> Iterator[tuple[list[int], list[int]]]:
         """This rank's batches of the plan's steps as packed, a row group (or window) at a time."""
         lo, hi = int(plan.bounds[0]), int(plan.bounds[-1])
         order = plan.order[lo:hi]
@@ -349,8 +350,8 @@ class ManifestBatchSampler(Sampler[list[int]]):
         first, last = int(order[0]), int(order[-1]) + 1
         if last - first == len(order) and (len(order) == 1 or bool((np.diff(order) == 1).all())):
             while first < last:  # a packed epoch: consecutive steps, whole row groups at a time
-                batches, first = self._reader.rank_span(first, last, self.rank)
-                yield batches
+                samples, bounds, first = self._reader.rank_span(first, last, self.rank)
+                yield samples, bounds
             return
         # A reshuffled epoch: windows of steps, each row group read once per window.
         rows_per_step = max(1, self._reader.manifest._file.metadata.num_rows // max(1, self._reader.num_steps))  # noqa: SLF001
@@ -358,9 +359,11 @@ class ManifestBatchSampler(Sampler[list[int]]):
         for start in range(0, len(order), window):
             yield self._reader.rank_steps(order[start:start + window], self.rank)
 
-    def _elastic_chunks(self, plan: _Plan) -> Iterator[list[list[int]]]:
+    def _elastic_chunks(self, plan: _Plan) -> Iterator[tuple[list[int], list[int]]]:
         for unit in range(len(plan.batches)):
-            yield [b.tolist() for b in self._plan_unit(plan, unit, self.world_size)[self.rank]]
+            mine = self._plan_unit(plan, unit, self.world_size)[self.rank]
+            sizes = [len(b) for b in mine]
+            yield np.concatenate(mine).tolist(), np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64).tolist()
 
     def _sync(self) -> None:
         """Bring the cursor state up to the batches the running iterator has yielded."""
