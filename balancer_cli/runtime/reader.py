@@ -55,7 +55,15 @@ class _RowGroup:
     num_steps: int
     sample: np.ndarray  # (P,) int64
     offsets: np.ndarray  # (G+1,) int64, G = num_steps * groups_per_step
-    rank_batches: dict = field(default_factory=dict)  # rank -> its batches as lists, all steps
+    rank_rows: dict = field(default_factory=dict)  # rank -> (its samples (n,), batch bounds (num_steps*M+1,))
+
+
+def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Concatenated ``arange(start, start + size)`` for each pair, vectorized (int64)."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    ends = np.cumsum(sizes)
+    total = int(ends[-1]) if len(ends) else 0
+    return np.arange(total, dtype=np.int64) + np.repeat(np.asarray(starts, dtype=np.int64) - (ends - sizes), sizes)
 
 
 class ManifestReader:
@@ -119,53 +127,116 @@ class ManifestReader:
 
     def _decode(self, table, first: int, num_steps: int) -> _RowGroup:
         where = f"{self.manifest.path}: row group of steps {first}..{first + num_steps - 1}"
-        step = table.column("step").to_numpy().astype(np.int64) - first
-        rank = table.column("rank").to_numpy().astype(np.int64)
-        micro = table.column("micro").to_numpy().astype(np.int64)
-        sample = table.column("sample").to_numpy().astype(np.int64)
+        # Zero-copy views of the int32 key columns; only ``sample`` is kept, as int64.
+        step, rank, micro, sample = (np.asarray(table.column(i)) for i in range(4))
         R, M = self.world_size, self.micro_batches
         fix = "re-run `balancer pack`; the manifest is corrupt or was written by another tool"
-        if len(step) == 0 or step.min() < 0 or step.max() >= num_steps:
+        if len(step) == 0 or step[0] < first or step[-1] >= first + num_steps:
             raise ManifestError(f"{where}: holds rows of other steps", fix=fix)
         for name, values, bound in (("rank", rank, R), ("micro", micro, M), ("sample", sample, self.num_samples)):
             if values.min() < 0 or values.max() >= bound:
                 bad = int(np.flatnonzero((values < 0) | (values >= bound))[0])
-                raise ManifestError(f"{where}: {name} {values[bad]} at step {first + step[bad]} is outside 0..{bound - 1}",
+                raise ManifestError(f"{where}: {name} {values[bad]} at step {step[bad]} is outside 0..{bound - 1}",
                                     fix=fix)
-        key = (step * R + rank) * M + micro
-        if (np.diff(key) < 0).any():
+        # Group key, in range once rank and micro are (steps are checked through the sort order:
+        # the key is non-decreasing and the first and last steps are in range).
+        num_groups = num_steps * R * M
+        # int32 arithmetic (half the memory traffic) whenever the keys fit, as they do in any
+        # real row group.
+        small = num_groups < np.iinfo(np.int32).max and step.dtype.itemsize <= 4
+        kind = np.int32 if small else np.int64
+        key = (step.astype(kind) - kind(first)) * kind(R * M)
+        key += rank.astype(kind, copy=False) * kind(M)
+        key += micro.astype(kind, copy=False)
+        delta = np.diff(key)
+        if len(delta) and delta.min() < 0:
             raise ManifestError(f"{where}: rows are not sorted by (step, rank, micro)", fix=fix)
-        starts = np.flatnonzero(np.diff(key)) + 1
-        starts = np.concatenate([[0], starts])
-        per_step = np.bincount(step[starts], minlength=num_steps)
-        if (per_step != R * M).any():
+        # Every (step, rank, micro) group of the row group, in order, must hold rows: then the
+        # group starts are exactly where the key changes, and there are num_steps * R * M of them.
+        starts = np.flatnonzero(delta) + 1
+        if len(starts) + 1 != num_groups or key[0] != 0:
+            per_step = np.bincount(key[np.concatenate([[0], starts])] // (R * M), minlength=num_steps)
             s = int(np.flatnonzero(per_step != R * M)[0])
             raise ManifestError(f"{where}: step {first + s} has {per_step[s]} groups, expected {R} ranks x {M} micro-batches",
                                 fix=fix)
-        offsets = np.concatenate([starts, [len(sample)]]).astype(np.int64)
-        return _RowGroup(first, num_steps, sample, offsets)
+        offsets = np.empty(num_groups + 1, dtype=np.int64)
+        offsets[0], offsets[1:-1], offsets[-1] = 0, starts, len(sample)
+        return _RowGroup(first, num_steps, sample.astype(np.int64, copy=False), offsets)
 
     def rank_batches(self, step: int, rank: int) -> list[list[int]]:
-        """The ``micro_batches`` groups of ``rank`` at ``step``, as lists of sample indices.
+        """The ``micro_batches`` groups of ``rank`` at ``step``, as lists of sample indices."""
+        samples, bounds, _ = self.rank_span(step, step + 1, rank)
+        return [samples[a:b] for a, b in zip(bounds, bounds[1:])]
 
-        The first call for a row group converts all of the rank's groups in it at once (one
-        gather, one ``tolist``), so the per-batch cost is a list slice.
+    def rank_span(self, first: int, last: int, rank: int) -> tuple[list[int], list[int], int]:
+        """``rank``'s groups of the steps ``first .. end - 1`` that share ``first``'s row group.
+
+        The groups come flat, as one list of samples and the bounds of each group in it
+        (``micro_batches`` groups per step): one ``tolist`` for the whole span. Slicing a batch
+        out when it is needed keeps it short-lived, so building batches never grows the garbage
+        collector's older generations.
+
+        Returns:
+            ``(samples, bounds, end)``: group ``i`` is ``samples[bounds[i]:bounds[i + 1]]``;
+            ``end = min(last, first step of the next row group)``, where the next span starts.
         """
-        group = self._row_group(step)
-        batches = group.rank_batches.get(rank)
-        if batches is None:
-            batches = group.rank_batches[rank] = self._convert_rank(group, rank)
-        i = (step - group.first_step) * self.micro_batches
-        return batches[i:i + self.micro_batches]
+        group = self._row_group(first)
+        end = min(last, group.first_step + group.num_steps)
+        samples, bounds = self._rank_rows(group, rank)
+        i, j = (first - group.first_step) * self.micro_batches, (end - group.first_step) * self.micro_batches
+        lo, hi = int(bounds[i]), int(bounds[j])
+        return samples[lo:hi].tolist(), (bounds[i:j + 1] - lo).tolist(), end
 
-    def _convert_rank(self, group: _RowGroup, rank: int) -> list[list[int]]:
+    def rank_steps(self, steps: np.ndarray, rank: int) -> tuple[list[int], list[int]]:
+        """``rank``'s groups of the given steps (any order), flat as in :meth:`rank_span`.
+
+        Each row group the steps touch is read and converted once, in file order, however the
+        steps are shuffled (a reshuffled epoch), so the cost is that of the row groups touched.
+        """
+        steps = np.asarray(steps, dtype=np.int64)
+        if not len(steps):
+            return [], [0]
+        if steps.min() < 0 or steps.max() >= self.num_steps:
+            raise IndexError(f"steps out of range 0..{self.num_steps - 1}")
+        M = self.micro_batches
+        index = np.searchsorted(self._starts, steps, side="right") - 1
+        by_group = np.argsort(index, kind="stable")
+        gathered, slots_all, sizes_all = [], [], []
+        for slots in np.split(by_group, np.flatnonzero(np.diff(index[by_group])) + 1):
+            group = self._row_group(int(steps[slots[0]]))
+            samples, bounds = self._rank_rows(group, rank)
+            i = (steps[slots] - group.first_step) * M  # first group of each step
+            lo, hi = bounds[i], bounds[i + M]
+            gathered.append(samples[_ranges(lo, hi - lo)])
+            slots_all.append(slots)
+            sizes_all.append(bounds[i[:, None] + np.arange(1, M + 1)] - bounds[i[:, None] + np.arange(M)])  # (k, M)
+        # Back from row-group order to the requested order, one gather.
+        slots, sizes_SM = np.concatenate(slots_all), np.concatenate(sizes_all)
+        step_sizes = sizes_SM.sum(axis=1)
+        step_start = np.cumsum(step_sizes) - step_sizes  # in the gathered (row-group order) samples
+        order = np.argsort(slots, kind="stable")
+        samples = np.concatenate(gathered)[_ranges(step_start[order], step_sizes[order])]
+        bounds = np.zeros(len(steps) * M + 1, dtype=np.int64)
+        np.cumsum(sizes_SM[order].ravel(), out=bounds[1:])
+        return samples.tolist(), bounds.tolist()
+
+    def _rank_rows(self, group: _RowGroup, rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """``rank``'s samples in a row group and the bounds of its groups in them (cached)."""
+        cached = group.rank_rows.get(rank)
+        if cached is not None:
+            return cached
+        # A rank's rows of one step are contiguous (rows are sorted by step, then rank), so its
+        # rows in the row group are num_steps runs: one vectorized gather.
         R, M = self.world_size, self.micro_batches
-        g = ((np.arange(group.num_steps)[:, None] * R + rank) * M + np.arange(M)[None, :]).ravel()
-        starts, sizes = group.offsets[g], group.offsets[g + 1] - group.offsets[g]
-        ends = np.cumsum(sizes)
-        rows = np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(starts - (ends - sizes), sizes)
-        samples, bounds = group.sample[rows].tolist(), [0] + ends.tolist()
-        return [samples[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        g0 = np.arange(group.num_steps, dtype=np.int64) * (R * M) + rank * M  # rank's first group per step
+        bounds_SM = group.offsets[g0[:, None] + np.arange(M + 1)]  # (steps, M+1) row bounds
+        lo, sizes = bounds_SM[:, 0], bounds_SM[:, -1] - bounds_SM[:, 0]
+        base = np.cumsum(sizes) - sizes  # where each step's run starts in the gathered rows
+        rows = _ranges(lo, sizes)
+        bounds = np.empty(group.num_steps * M + 1, dtype=np.int64)
+        bounds[:-1], bounds[-1] = (bounds_SM[:, :M] - (lo - base)[:, None]).ravel(), len(rows)
+        cached = group.rank_rows[rank] = (group.sample[rows], bounds)
+        return cached
 
     def step_groups(self, step: int) -> list[np.ndarray]:
         """All ``world_size * micro_batches`` groups of ``step`` in (rank, micro) order."""

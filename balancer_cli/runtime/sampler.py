@@ -53,6 +53,9 @@ __all__ = ["ManifestBatchSampler", "StepTokens"]
 logger = logging.getLogger("balancer_cli.runtime")
 
 STATE_VERSION = 1
+#: A reshuffled epoch is replayed in windows of about this many of a rank's samples: each row
+#: group is read once per window, and a window's batches are held as lists.
+_WINDOW_SAMPLES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,17 @@ class _Plan:
     head: list | None  # groups left over from an interrupted step; they open unit 0
     head_state: Mapping | None  # the saved state that describes ``head``
     native: bool  # units are single manifest steps replayed as packed
+
+
+class _Cursor:
+    """Progress of one iteration: ``n`` batches yielded after skipping ``skip`` of unit 0."""
+
+    __slots__ = ("plan", "state", "skip", "n", "synced", "cum")
+
+    def __init__(self, plan: _Plan, state: dict, skip: int) -> None:
+        self.plan, self.state, self.skip = plan, state, skip
+        self.n = self.synced = 0
+        self.cum: np.ndarray | None = None
 
 
 class ManifestBatchSampler(Sampler[list[int]]):
@@ -142,19 +156,21 @@ class ManifestBatchSampler(Sampler[list[int]]):
         self._plans: dict = {}
         self._iter_plan: _Plan | None = None
         self._resumed = False
+        self._cursor: _Cursor | None = None
         self.set_epoch(epoch)
         if self.world_size != self.manifest_world_size:
             self._current_plan()  # plans (and logs) the elastic replay up front
 
     def __getstate__(self) -> dict:
         # Plans are caches; the unit-cost array is a broadcast view that would pickle at full size.
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_plans", "_iter_plan")}
+        self._sync()
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_plans", "_iter_plan", "_cursor")}
         if self._sample_cost.strides == (0,):
             state["_sample_cost"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _plans={}, _iter_plan=None)
+        self.__dict__.update(state, _plans={}, _iter_plan=None, _cursor=None)
         if self._sample_cost is None:
             self._sample_cost = np.broadcast_to(np.float64(1.0), (self.num_samples,))
 
@@ -176,6 +192,16 @@ class ManifestBatchSampler(Sampler[list[int]]):
     @property
     def num_epochs_packed(self) -> int:
         return len(self._epoch_starts) - 1
+
+    @property
+    def _state(self) -> dict:
+        """The cursor (epoch, step, position, batch_in_step, head), synced with a running iterator."""
+        self._sync()
+        return self._st
+
+    @_state.setter
+    def _state(self, state: dict) -> None:
+        self._st, self._cursor = state, None  # a running iterator no longer moves the cursor
 
     @property
     def epoch(self) -> int:
@@ -296,27 +322,63 @@ class ManifestBatchSampler(Sampler[list[int]]):
         if self._at_end() and not self._resumed:
             self.set_epoch(self.epoch)  # a finished epoch replays from its start
         self._resumed = False  # a state loaded at the end of an epoch yields nothing more
-        self._iter_plan = self._current_plan()
-        return self._generate(self._iter_plan)
+        self._iter_plan = plan = self._current_plan()
+        cursor = self._cursor = _Cursor(plan, self._st, int(self._st["batch_in_step"]))
+        return self._generate(plan, cursor)
 
-    def _generate(self, plan: _Plan) -> Iterator[list[int]]:
-        state = self._state
-        skip = state["batch_in_step"]
+    def _generate(self, plan: _Plan, cursor: _Cursor) -> Iterator[list[int]]:
+        # Chunks come flat (samples, bounds) and each batch is sliced out as it is yielded, so
+        # batches die young. The only other per-batch work is the count: state_dict() (called
+        # while we are suspended) turns it into a position on demand (_sync).
+        n = 0
+        chunks = self._native_chunks(plan) if plan.native else self._elastic_chunks(plan)
+        skip = cursor.skip
+        for samples, bounds in chunks:
+            if skip:  # the first chunk opens with the interrupted step
+                bounds, skip = bounds[skip:], 0
+            for a, b in zip(bounds, bounds[1:]):
+                n += 1
+                cursor.n = n
+                yield samples[a:b]
+
+    def _native_chunks(self, plan: _Plan) -> Iterator[tuple[list[int], list[int]]]:
+        """This rank's batches of the plan's steps as packed, a row group (or window) at a time."""
+        lo, hi = int(plan.bounds[0]), int(plan.bounds[-1])
+        order = plan.order[lo:hi]
+        if not len(order):
+            return
+        first, last = int(order[0]), int(order[-1]) + 1
+        if last - first == len(order) and (len(order) == 1 or bool((np.diff(order) == 1).all())):
+            while first < last:  # a packed epoch: consecutive steps, whole row groups at a time
+                samples, bounds, first = self._reader.rank_span(first, last, self.rank)
+                yield samples, bounds
+            return
+        # A reshuffled epoch: windows of steps, each row group read once per window.
+        rows_per_step = max(1, self._reader.manifest._file.metadata.num_rows // max(1, self._reader.num_steps))  # noqa: SLF001
+        window = max(1, _WINDOW_SAMPLES * self.manifest_world_size // rows_per_step)
+        for start in range(0, len(order), window):
+            yield self._reader.rank_steps(order[start:start + window], self.rank)
+
+    def _elastic_chunks(self, plan: _Plan) -> Iterator[tuple[list[int], list[int]]]:
         for unit in range(len(plan.batches)):
-            if plan.native:
-                mine = self._reader.rank_batches(int(plan.order[plan.bounds[unit]]), self.rank)
-            else:
-                mine = [b.tolist() for b in self._plan_unit(plan, unit, self.world_size)[self.rank]]
-            last = len(mine) - 1
-            for j in range(skip, len(mine)):
-                # Update the cursor before yielding: state_dict() is called while we are suspended.
-                if j == last:
-                    state.update(step=plan.start_step + unit + 1, position=int(plan.bounds[unit + 1]),
-                                 batch_in_step=0, head=None)
-                else:
-                    state["batch_in_step"] = j + 1
-                yield mine[j]
-            skip = 0
+            mine = self._plan_unit(plan, unit, self.world_size)[self.rank]
+            sizes = [len(b) for b in mine]
+            yield np.concatenate(mine).tolist(), np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64).tolist()
+
+    def _sync(self) -> None:
+        """Bring the cursor state up to the batches the running iterator has yielded."""
+        cursor = self._cursor
+        if cursor is None or cursor.n == cursor.synced:
+            return
+        plan, done = cursor.plan, cursor.skip + cursor.n
+        if cursor.cum is None:
+            cursor.cum = np.cumsum(plan.batches)
+        unit = int(np.searchsorted(cursor.cum, done, side="right"))  # units fully yielded
+        in_unit = done - (int(cursor.cum[unit - 1]) if unit else 0)
+        if unit:
+            cursor.state.update(step=plan.start_step + unit, position=int(plan.bounds[unit]), head=None)
+        cursor.state["batch_in_step"] = in_unit
+        cursor.synced = cursor.n
 
     def __len__(self) -> int:
         """Batches the next ``iter()`` yields: the rest of the epoch after a resume, else all of it."""
