@@ -200,9 +200,24 @@ def test_kernels_pure_python_fallback_gives_identical_packings(monkeypatch):
     load = np.stack([rng.integers(0, 6, 300), rng.integers(20, 900, 300)], 1)
     caps = np.array([12, 3000])
     fast = (pack_balanced(load, caps, group_multiple=4, seed=1), pack_isf(load, caps, np.array([12, 2900]), iterations=4))
-    for mod, names in ((packer, ("first_fit", "refine_pass", "targeted_pass")), (isf, ("greedy_close",))):
+    for mod, names in ((packer, ("deal_rounds", "first_fit", "refine_pass", "targeted_pass")), (isf, ("greedy_close",))):
         for name in names:
             monkeypatch.setattr(mod, name, getattr(_kernels, name).py_func)
     slow = (pack_balanced(load, caps, group_multiple=4, seed=1), pack_isf(load, caps, np.array([12, 2900]), iterations=4))
     for a, b in zip(fast, slow):
         assert np.array_equal(a.order, b.order) and np.array_equal(a.group_offsets, b.group_offsets)
+
+
+def test_deal_probe_predicts_from_a_subsample():
+    """Large inputs probe dealing on a subsample first: loose caps deal, impossible G does not."""
+    from balancer_cli.pack.packer import _DealProbe
+
+    rng = np.random.default_rng(3)
+    load = np.stack([rng.integers(0, 6, 4000), rng.integers(20, 900, 4000), np.ones(4000, np.int64)], 1)
+    weight = load[:, :2].astype(float)
+    rows = np.arange(4000)
+    caps = np.array([24, 6000, 40])
+    probe = _DealProbe(rows, load, weight, caps, seed=0, size=1000, above=2000)
+    assert probe.active and probe.likely(1000)
+    assert not probe.likely(int(load[:, 0].sum() // 24 // 2))  # half the groups the items need
+    assert not _DealProbe(rows, load, weight, caps, seed=0, size=1000, above=10_000).active
