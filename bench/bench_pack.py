@@ -97,7 +97,7 @@ def run_scenario(name, load_NK, cost_NK, source_N, modules, caps_K, R, M, isf_bo
     rows.append(("ISF + our assigner", evaluate(p_isf, a, cost_NK, source_N, R), t_isf + time.process_time() - t))
     caps_ours = caps_K
     t = time.process_time()
-    p = pack_balanced(load_NK, caps_ours, cost_NK=cost_NK, group_multiple=R * M, seed=0)
+    p = pack_balanced(load_NK, caps_ours, cost_NK=cost_NK, group_multiple=R * M, seed=0, source_N=source_N)
     a = assign_groups(group_sums(p, cost_NK), world_size=R, micro_batches=M)
     t_ours = time.process_time() - t
     check_packing(p, len(load_NK), load_NK, caps_ours)
@@ -156,7 +156,7 @@ def speed(n, R, M):
     res = search_thresholds(load, cost, world_size=R, micro_batches=M, max_caps_K=2 * caps)
     t_search = time.process_time() - t
     t = time.process_time()
-    p = pack_balanced(load, res.best_caps_K, cost_NK=cost, group_multiple=R * M, seed=0)
+    p = pack_balanced(load, res.best_caps_K, cost_NK=cost, group_multiple=R * M, seed=0, source_N=d["source"])
     t_pack = time.process_time() - t
     t = time.process_time()
     assign_groups(group_sums(p, cost), world_size=R, micro_batches=M)

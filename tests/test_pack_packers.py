@@ -32,10 +32,13 @@ def _pack(name, load, caps, **kw):
     if name == "isf":
         bounds = np.maximum(caps - 1, 0)
         return pack_isf(load, caps, bounds, iterations=5, **kw)
+    if name == "balanced-mix":  # per-source counts join the objective (3 sources, seeded)
+        source = np.random.default_rng(len(load)).integers(0, 3, len(load))
+        return pack_balanced(load, caps, passes=2, source_N=source, max_sources=2, **kw)
     return pack_balanced(load, caps, passes=2, **kw)
 
 
-@pytest.mark.parametrize("name", ["isf", "balanced"])
+@pytest.mark.parametrize("name", ["isf", "balanced", "balanced-mix"])
 @SETTINGS
 @given(data=loads(), oversize=st.sampled_from(["isolate", "drop"]), seed=st.integers(0, 3))
 def test_conservation_caps_determinism(name, data, oversize, seed):
@@ -221,3 +224,27 @@ def test_deal_probe_predicts_from_a_subsample():
     assert probe.active and probe.likely(1000)
     assert not probe.likely(int(load[:, 0].sum() // 24 // 2))  # half the groups the items need
     assert not _DealProbe(rows, load, weight, caps, seed=0, size=1000, above=10_000).active
+
+
+def test_sources_even_out_per_group_source_mix():
+    """Item counts that correlate with sources: with source_N each group holds a similar mix,
+    and item balance is kept."""
+    rng = np.random.default_rng(0)
+    n = 4000
+    source = rng.integers(0, 2, n)  # source 0: 1-3 tiles, source 1: 2-5 tiles
+    items = np.where(source == 0, rng.integers(1, 4, n), rng.integers(2, 6, n))
+    tokens = 256 * items + rng.integers(20, 600, n)
+    load = np.stack([items, tokens], 1)
+    caps = np.array([18, 6000])
+
+    def share_spread(p):
+        gid = p.group_ids()
+        share = np.bincount(gid, source[p.order] == 0) / np.bincount(gid)
+        return share.std(), group_sums(p, load)
+
+    plain, sums_plain = share_spread(pack_balanced(load, caps, cost_NK=load, group_multiple=8, seed=0))
+    mixed, sums_mixed = share_spread(pack_balanced(load, caps, cost_NK=load, group_multiple=8, seed=0, source_N=source))
+    assert mixed < 0.8 * plain
+    assert np.ptp(sums_mixed[:, 0]) <= np.ptp(sums_plain[:, 0]) + 1
+    with pytest.raises(UsageError):
+        pack_balanced(load, caps, source_N=source[:-1])

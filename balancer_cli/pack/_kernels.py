@@ -135,6 +135,7 @@ def refine_pass(order_G, cand_GC, members_GS, count_G, sum_GK, lsum_GK, weight_N
     G, S = members_GS.shape
     K = len(target_K)
     C = cand_GC.shape[1]
+    KL = load_NK.shape[1]
     zero = np.zeros(K)
     delta = np.zeros(K)
     changes = 0
@@ -167,7 +168,7 @@ def refine_pass(order_G, cand_GC, members_GS, count_G, sum_GK, lsum_GK, weight_N
                     if new_ng < 1 or new_nh < 1 or new_ng > S or new_nh > S:
                         continue
                     ok = True
-                    for k in range(K):
+                    for k in range(KL):
                         dl = (load_NK[j, k] if j >= 0 else 0) - (load_NK[i, k] if i >= 0 else 0)
                         if lsum_GK[g, k] + dl > caps_K[k] or lsum_GK[h, k] - dl > caps_K[k]:
                             ok = False
@@ -190,9 +191,10 @@ def refine_pass(order_G, cand_GC, members_GS, count_G, sum_GK, lsum_GK, weight_N
         j = members_GS[h, best_b] if best_b >= 0 else -1
         for k in range(K):
             dw = (weight_NK[j, k] if j >= 0 else 0.0) - (weight_NK[i, k] if i >= 0 else 0.0)
-            dl = (load_NK[j, k] if j >= 0 else 0) - (load_NK[i, k] if i >= 0 else 0)
             sum_GK[g, k] += dw
             sum_GK[h, k] -= dw
+        for k in range(KL):
+            dl = (load_NK[j, k] if j >= 0 else 0) - (load_NK[i, k] if i >= 0 else 0)
             lsum_GK[g, k] += dl
             lsum_GK[h, k] -= dl
         # remove i from g / j from h (swap with the last member), then append the other.
@@ -224,6 +226,8 @@ def targeted_pass(order_G, members_GS, count_G, group_of_N, pos_N, sum_GK, lsum_
     per module (``dims_K`` cells each, row-major). Returns the number of swaps."""
     G, S = members_GS.shape
     K = len(target_K)
+    KL = load_NK.shape[1]
+    KG = len(dims_K)
     zero = np.zeros(K)
     delta = np.zeros(K)
     changes = 0
@@ -241,7 +245,7 @@ def targeted_pass(order_G, members_GS, count_G, group_of_N, pos_N, sum_GK, lsum_
                 t = 0.5 if half == 0 else 1.0
                 cell = 0
                 inside = True
-                for k in range(K):
+                for k in range(KG):
                     u = (weight_NK[i, k] - t * (sum_GK[g, k] - target_K[k])) * inv_t_K[k]
                     c = int(np.floor(u / width)) if u >= 0 else -1
                     if c < 0 or c >= dims_K[k]:
@@ -262,7 +266,7 @@ def targeted_pass(order_G, members_GS, count_G, group_of_N, pos_N, sum_GK, lsum_
                     if h < 0 or h == g:
                         continue
                     ok = True
-                    for k in range(K):
+                    for k in range(KL):
                         dl = load_NK[j, k] - load_NK[i, k]
                         if lsum_GK[g, k] + dl > caps_K[k] or lsum_GK[h, k] - dl > caps_K[k]:
                             ok = False
@@ -285,9 +289,10 @@ def targeted_pass(order_G, members_GS, count_G, group_of_N, pos_N, sum_GK, lsum_
         h = group_of_N[j]
         for k in range(K):
             dw = weight_NK[j, k] - weight_NK[i, k]
-            dl = load_NK[j, k] - load_NK[i, k]
             sum_GK[g, k] += dw
             sum_GK[h, k] -= dw
+        for k in range(KL):
+            dl = load_NK[j, k] - load_NK[i, k]
             lsum_GK[g, k] += dl
             lsum_GK[h, k] -= dl
         pi = pos_N[i]

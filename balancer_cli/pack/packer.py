@@ -179,6 +179,9 @@ def pack_balanced(
     targeted: bool = True,
     cell_width: float = 0.01,
     scan: int = 8,
+    source_N: np.ndarray | None = None,
+    mix_weight: float = 1e-3,
+    max_sources: int = 16,
     module_names: Sequence[str] | None = None,
 ) -> Packing:
     """Pack samples into nearly identical groups under per-module caps (see the module docstring).
@@ -204,6 +207,12 @@ def pack_balanced(
             deviation) before each random-partner pass.
         cell_width: grid cell size of targeted swaps, as a share of a group's target.
         scan: samples tried per grid cell lookup.
+        source_N: (N,) source code (or name) of each row. When given, refinement also evens
+            out each group's sample count per source (the ``max_sources - 1`` most frequent
+            sources, the rest as one), so groups are equal source mixes and steps stay mixed
+            whatever the assigner sorts on.
+        mix_weight: weight of the per-source terms in the squared objective (the modules' is 1).
+        max_sources: sources tracked (memory: N x max_sources floats during refinement).
         module_names: names used in drop reasons and errors.
 
     Returns:
@@ -277,13 +286,20 @@ def pack_balanced(
             # sorting balances them anyway (Dist Ratio 0.0001 / 0.0009 with or without).
             passes = 0
     grid = _weight_grid(rows, weight, inv_t, cell_width) if targeted else None
+    K = weight.shape[1]
+    if source_N is not None and passes > 0 and mix_weight > 0:
+        # Per-source sample counts join the objective with a small weight: groups become
+        # equal mixes of sources too, so whatever class of groups the assigner puts in a step
+        # (e.g. equal item counts), the step stays a random-like mix.
+        weight, wsum, target_K, inv_t, inv_t2 = _with_sources(
+            np.asarray(source_N).reshape(-1), rows, members, count, weight, wsum, mix_weight, max_sources)
     for _ in range(passes):
         changed = 0
         if grid is not None:
             group_of, pos = _membership(members, count, len(load))
             changed += targeted_pass(rng.permutation(G), members, count, group_of, pos, wsum, lsum, weight, load, caps,
                                      target_K, inv_t, inv_t2, *grid, scan, tol)
-        cand = _partners(wsum, target_K, inv_t, partners, rng)
+        cand = _partners(wsum[:, :K], target_K[:K], inv_t[:K], partners, rng)
         changed += refine_pass(rng.permutation(G), cand, members, count, wsum, lsum, weight, load, caps, target_K,
                                inv_t2, tol)
         if changed == 0:
@@ -292,6 +308,33 @@ def pack_balanced(
     mask = np.arange(members.shape[1])[None, :] < count[:, None]
     order_rows = members[mask]  # row-major: group by group
     return assemble((order_rows, offsets), split, ids)
+
+
+def _with_sources(source_N, rows, members_GS, count_G, weight_NK, wsum_GK, mix_weight, max_sources):
+    """Append per-source one-hot columns to the weights and group sums; their objective terms
+    get ``mix_weight``. Returns (weight, wsum, target, inv_t, inv_t2) extended."""
+    if len(source_N) != len(weight_NK):
+        raise UsageError(f"source_N has {len(source_N)} rows, loads {len(weight_NK)}", fix="pass one source per sample")
+    _, code = np.unique(source_N, return_inverse=True)
+    code = code.reshape(-1)
+    freq = np.bincount(code[rows])
+    keep = np.argsort(-freq, kind="stable")[: max(1, max_sources - 1)]
+    col = np.full(len(freq), len(keep), dtype=np.int64)  # rare sources share the last column
+    col[keep] = np.arange(len(keep))
+    S = len(keep) + int(len(freq) > len(keep))
+    G, K = wsum_GK.shape
+    mix_NS = np.zeros((len(weight_NK), S))
+    mix_NS[rows, col[code[rows]]] = 1.0
+    mask = np.arange(members_GS.shape[1])[None, :] < count_G[:, None]
+    msum_GS = np.zeros((G, S))
+    np.add.at(msum_GS, (np.repeat(np.arange(G), count_G), col[code[members_GS[mask]]]), 1.0)
+    weight = np.hstack([weight_NK, mix_NS])
+    wsum = np.ascontiguousarray(np.hstack([wsum_GK, msum_GS]))
+    target_K = wsum.sum(axis=0) / G
+    inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
+    inv_t2 = inv_t**2
+    inv_t2[K:] *= mix_weight
+    return weight, wsum, target_K, inv_t, inv_t2
 
 
 def _membership(members_GS, count_G, num_rows):
