@@ -159,8 +159,9 @@ def speed(n, R, M):
     p = pack_balanced(load, res.best_caps_K, cost_NK=cost, group_multiple=R * M, seed=0, source_N=d["source"])
     t_pack = time.process_time() - t
     t = time.process_time()
-    assign_groups(group_sums(p, cost), world_size=R, micro_batches=M)
+    a = assign_groups(group_sums(p, cost), world_size=R, micro_batches=M)
     t_assign = time.process_time() - t
+    r = evaluate(p, a, cost, d["source"], R)
     t = time.process_time()
     pack_isf(load, caps, caps - np.maximum(1, caps // 32), iterations=50, seed=0)
     t_isf = time.process_time() - t
@@ -168,7 +169,10 @@ def speed(n, R, M):
     total = t_search + t_pack + t_assign
     print(f"search {t_search:.2f} s + pack {t_pack:.2f} s + assign {t_assign:.2f} s = {total:.2f} s CPU "
           f"(ISF, 50 iterations: {t_isf:.2f} s; ratio {total / t_isf:.2f}x); peak RSS {peak_mb:.0f} MiB; "
-          f"best caps {res.best_caps_K.tolist()}, {p.num_groups} groups")
+          f"best caps {res.best_caps_K.tolist()}, {p.num_groups} groups; Dist Ratio "
+          f"{' / '.join(f'{r[f"dist{k}"]:.4f}' for k in range(cost.shape[1]))}, steps {r['steps']} "
+          f"(lower bound {-(-groups_lower_bound(load, res.best_caps_K) // (R * M))}), "
+          f"mix {r['mix'] / r['mix_random']:.2f}x")
 
 
 if __name__ == "__main__":

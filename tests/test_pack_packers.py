@@ -248,3 +248,14 @@ def test_sources_even_out_per_group_source_mix():
     assert np.ptp(sums_mixed[:, 0]) <= np.ptp(sums_plain[:, 0]) + 1
     with pytest.raises(UsageError):
         pack_balanced(load, caps, source_N=source[:-1])
+
+
+def test_lower_bound_counts_items_that_long_texts_waste():
+    """Tokens = 256 per item + text: a 4000-token text leaves room for 9 of 18 items."""
+    load = np.array([[0, 4000]] * 4 + [[6, 1536 + 10]] * 12)  # 72 items = 4 groups by the item sum
+    caps = np.array([18, 6400])
+    assert int(np.ceil(72 / 18)) == 4
+    # a = 1546 / 6 tokens per item: each long text wastes (4000 - (6400 - 18 a)) / a = 8.7 items -> 6
+    assert groups_lower_bound(load, caps) == 6
+    p = pack_balanced(load, caps)
+    assert p.num_groups >= groups_lower_bound(load, caps)
