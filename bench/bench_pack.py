@@ -165,12 +165,13 @@ def speed(n, R, M):
     t = time.process_time()
     pack_isf(load, caps, caps - np.maximum(1, caps // 32), iterations=50, seed=0)
     t_isf = time.process_time() - t
+    dists = " / ".join(f"{r['dist%d' % k]:.4f}" for k in range(cost.shape[1]))
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     total = t_search + t_pack + t_assign
     print(f"search {t_search:.2f} s + pack {t_pack:.2f} s + assign {t_assign:.2f} s = {total:.2f} s CPU "
           f"(ISF, 50 iterations: {t_isf:.2f} s; ratio {total / t_isf:.2f}x); peak RSS {peak_mb:.0f} MiB; "
           f"best caps {res.best_caps_K.tolist()}, {p.num_groups} groups; Dist Ratio "
-          f"{' / '.join(f'{r[f"dist{k}"]:.4f}' for k in range(cost.shape[1]))}, steps {r['steps']} "
+          f"{dists}, steps {r['steps']} "
           f"(lower bound {-(-groups_lower_bound(load, res.best_caps_K) // (R * M))}), "
           f"mix {r['mix'] / r['mix_random']:.2f}x")
 
