@@ -318,7 +318,7 @@ def pack_balanced(
             # (1.2M synthetic: group CV 0.39 -> 0.32 after 2 passes, 2.5 s) and the assigner's
             # sorting balances them anyway (Dist Ratio 0.0001 / 0.0009 with or without).
             passes = 0
-    grid = _weight_grid(rows, weight, inv_t, cell_width) if targeted else None
+    grid = _weight_grid(rows, weight, inv_t, cell_width) if targeted and passes > 0 else None
     K = weight.shape[1]
     if source_N is not None and passes > 0 and mix_weight > 0:
         # Per-source sample counts join the objective with a small weight: groups become
