@@ -131,7 +131,9 @@ def refine_pass(order_G, cand_GC, members_GS, count_G, sum_GK, lsum_GK, weight_N
     """One pass of local search: for each group (in ``order_G``), try every swap of one sample
     with one of a candidate partner's samples, and every move of one sample between the two,
     that keeps both under the caps; apply the one that most lowers
-    ``sum_k ((sum_gk - target_k) / target_k)^2`` over the pair. Returns the number of changes."""
+    ``sum_k ((sum_gk - target_k) / target_k)^2`` over the pair. ``weight_NK`` / ``sum_GK`` may
+    have more columns than ``load_NK`` (balance-only terms, e.g. per-source counts); caps apply
+    to the load columns. Returns the number of changes."""
     G, S = members_GS.shape
     K = len(target_K)
     C = cand_GC.shape[1]

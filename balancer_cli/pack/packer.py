@@ -24,7 +24,12 @@ Algorithm:
    up in a grid, and the best swap within the caps is applied. Then *random partners*: every
    one-for-one swap and one-sample move with a few random or opposite-deviation partner groups.
    Objective: ``sum_k ((sum_gk - t_k) / t_k)^2`` with ``t_k = sum w_k / G``; integer item
-   counts converge to equal counts where the totals allow.
+   counts converge to equal counts where the totals allow. With ``source_N`` the per-group
+   count of each source joins the objective (weight ``mix_weight``), so groups are equal source
+   mixes and steps stay mixed even when the assigner keeps equal item counts together.
+
+Above 300k rows each full deal is first probed on a 100k-row subsample (a failed deal of 1M rows
+costs about a second), and first fit's groups are not refined (the assigner balances them).
 
 Samples are balanced on ``cost_NK`` when given (e.g. FLOPs), else on their loads; caps always
 apply to loads. Nothing is sorted by source, so each group is a random mix of sources.
@@ -213,7 +218,7 @@ def pack_balanced(
     cell_width: float = 0.01,
     scan: int = 8,
     source_N: np.ndarray | None = None,
-    mix_weight: float = 1e-3,
+    mix_weight: float = 1e-2,
     max_sources: int = 16,
     module_names: Sequence[str] | None = None,
 ) -> Packing:
