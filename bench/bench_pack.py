@@ -165,7 +165,7 @@ def speed(n, R, M):
     t = time.process_time()
     pack_isf(load, caps, caps - np.maximum(1, caps // 32), iterations=50, seed=0)
     t_isf = time.process_time() - t
-    dists = " / ".join(f"{r['dist%d' % k]:.4f}" for k in range(cost.shape[1]))
+    dists = " / ".join(f"{r['dist' + str(k)]:.4f}" for k in range(cost.shape[1]))
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     total = t_search + t_pack + t_assign
     print(f"search {t_search:.2f} s + pack {t_pack:.2f} s + assign {t_assign:.2f} s = {total:.2f} s CPU "
