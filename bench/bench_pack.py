@@ -97,7 +97,7 @@ def run_scenario(name, load_NK, cost_NK, source_N, modules, caps_K, R, M, isf_bo
     rows.append(("ISF + our assigner", evaluate(p_isf, a, cost_NK, source_N, R), t_isf + time.process_time() - t))
     caps_ours = caps_K
     t = time.process_time()
-    p = pack_balanced(load_NK, caps_ours, cost_NK=cost_NK, group_multiple=R * M, seed=0)
+    p = pack_balanced(load_NK, caps_ours, cost_NK=cost_NK, group_multiple=R * M, seed=0, source_N=source_N)
     a = assign_groups(group_sums(p, cost_NK), world_size=R, micro_batches=M)
     t_ours = time.process_time() - t
     check_packing(p, len(load_NK), load_NK, caps_ours)
@@ -156,19 +156,24 @@ def speed(n, R, M):
     res = search_thresholds(load, cost, world_size=R, micro_batches=M, max_caps_K=2 * caps)
     t_search = time.process_time() - t
     t = time.process_time()
-    p = pack_balanced(load, res.best_caps_K, cost_NK=cost, group_multiple=R * M, seed=0)
+    p = pack_balanced(load, res.best_caps_K, cost_NK=cost, group_multiple=R * M, seed=0, source_N=d["source"])
     t_pack = time.process_time() - t
     t = time.process_time()
-    assign_groups(group_sums(p, cost), world_size=R, micro_batches=M)
+    a = assign_groups(group_sums(p, cost), world_size=R, micro_batches=M)
     t_assign = time.process_time() - t
+    r = evaluate(p, a, cost, d["source"], R)
     t = time.process_time()
     pack_isf(load, caps, caps - np.maximum(1, caps // 32), iterations=50, seed=0)
     t_isf = time.process_time() - t
+    dists = " / ".join(f"{r['dist' + str(k)]:.4f}" for k in range(cost.shape[1]))
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     total = t_search + t_pack + t_assign
     print(f"search {t_search:.2f} s + pack {t_pack:.2f} s + assign {t_assign:.2f} s = {total:.2f} s CPU "
           f"(ISF, 50 iterations: {t_isf:.2f} s; ratio {total / t_isf:.2f}x); peak RSS {peak_mb:.0f} MiB; "
-          f"best caps {res.best_caps_K.tolist()}, {p.num_groups} groups")
+          f"best caps {res.best_caps_K.tolist()}, {p.num_groups} groups; Dist Ratio "
+          f"{dists}, steps {r['steps']} "
+          f"(lower bound {-(-groups_lower_bound(load, res.best_caps_K) // (R * M))}), "
+          f"mix {r['mix'] / r['mix_random']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -32,10 +32,13 @@ def _pack(name, load, caps, **kw):
     if name == "isf":
         bounds = np.maximum(caps - 1, 0)
         return pack_isf(load, caps, bounds, iterations=5, **kw)
+    if name == "balanced-mix":  # per-source counts join the objective (3 sources, seeded)
+        source = np.random.default_rng(len(load)).integers(0, 3, len(load))
+        return pack_balanced(load, caps, passes=2, source_N=source, max_sources=2, **kw)
     return pack_balanced(load, caps, passes=2, **kw)
 
 
-@pytest.mark.parametrize("name", ["isf", "balanced"])
+@pytest.mark.parametrize("name", ["isf", "balanced", "balanced-mix"])
 @SETTINGS
 @given(data=loads(), oversize=st.sampled_from(["isolate", "drop"]), seed=st.integers(0, 3))
 def test_conservation_caps_determinism(name, data, oversize, seed):
@@ -200,9 +203,59 @@ def test_kernels_pure_python_fallback_gives_identical_packings(monkeypatch):
     load = np.stack([rng.integers(0, 6, 300), rng.integers(20, 900, 300)], 1)
     caps = np.array([12, 3000])
     fast = (pack_balanced(load, caps, group_multiple=4, seed=1), pack_isf(load, caps, np.array([12, 2900]), iterations=4))
-    for mod, names in ((packer, ("first_fit", "refine_pass", "targeted_pass")), (isf, ("greedy_close",))):
+    for mod, names in ((packer, ("deal_rounds", "first_fit", "refine_pass", "targeted_pass")), (isf, ("greedy_close",))):
         for name in names:
             monkeypatch.setattr(mod, name, getattr(_kernels, name).py_func)
     slow = (pack_balanced(load, caps, group_multiple=4, seed=1), pack_isf(load, caps, np.array([12, 2900]), iterations=4))
     for a, b in zip(fast, slow):
         assert np.array_equal(a.order, b.order) and np.array_equal(a.group_offsets, b.group_offsets)
+
+
+def test_deal_probe_predicts_from_a_subsample():
+    """Large inputs probe dealing on a subsample first: loose caps deal, impossible G does not."""
+    from balancer_cli.pack.packer import _DealProbe
+
+    rng = np.random.default_rng(3)
+    load = np.stack([rng.integers(0, 6, 4000), rng.integers(20, 900, 4000), np.ones(4000, np.int64)], 1)
+    weight = load[:, :2].astype(float)
+    rows = np.arange(4000)
+    caps = np.array([24, 6000, 40])
+    probe = _DealProbe(rows, load, weight, caps, seed=0, size=1000, above=2000)
+    assert probe.active and probe.likely(1000)
+    assert not probe.likely(int(load[:, 0].sum() // 24 // 2))  # half the groups the items need
+    assert not _DealProbe(rows, load, weight, caps, seed=0, size=1000, above=10_000).active
+
+
+def test_sources_even_out_per_group_source_mix():
+    """Item counts that correlate with sources: with source_N each group holds a similar mix,
+    and item balance is kept."""
+    rng = np.random.default_rng(0)
+    n = 4000
+    source = rng.integers(0, 2, n)  # source 0: 1-3 tiles, source 1: 2-5 tiles
+    items = np.where(source == 0, rng.integers(1, 4, n), rng.integers(2, 6, n))
+    tokens = 256 * items + rng.integers(20, 600, n)
+    load = np.stack([items, tokens], 1)
+    caps = np.array([18, 6000])
+
+    def share_spread(p):
+        gid = p.group_ids()
+        share = np.bincount(gid, source[p.order] == 0) / np.bincount(gid)
+        return share.std(), group_sums(p, load)
+
+    plain, sums_plain = share_spread(pack_balanced(load, caps, cost_NK=load, group_multiple=8, seed=0))
+    mixed, sums_mixed = share_spread(pack_balanced(load, caps, cost_NK=load, group_multiple=8, seed=0, source_N=source))
+    assert mixed < 0.8 * plain
+    assert np.ptp(sums_mixed[:, 0]) <= np.ptp(sums_plain[:, 0]) + 1
+    with pytest.raises(UsageError):
+        pack_balanced(load, caps, source_N=source[:-1])
+
+
+def test_lower_bound_counts_items_that_long_texts_waste():
+    """Tokens = 256 per item + text: a 4000-token text leaves room for 9 of 18 items."""
+    load = np.array([[0, 4000]] * 4 + [[6, 1536 + 10]] * 12)  # 72 items = 4 groups by the item sum
+    caps = np.array([18, 6400])
+    assert int(np.ceil(72 / 18)) == 4
+    # a = 1546 / 6 tokens per item: each long text wastes (4000 - (6400 - 18 a)) / a = 8.7 items -> 6
+    assert groups_lower_bound(load, caps) == 6
+    p = pack_balanced(load, caps)
+    assert p.num_groups >= groups_lower_bound(load, caps)

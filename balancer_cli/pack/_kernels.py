@@ -131,10 +131,13 @@ def refine_pass(order_G, cand_GC, members_GS, count_G, sum_GK, lsum_GK, weight_N
     """One pass of local search: for each group (in ``order_G``), try every swap of one sample
     with one of a candidate partner's samples, and every move of one sample between the two,
     that keeps both under the caps; apply the one that most lowers
-    ``sum_k ((sum_gk - target_k) / target_k)^2`` over the pair. Returns the number of changes."""
+    ``sum_k ((sum_gk - target_k) / target_k)^2`` over the pair. ``weight_NK`` / ``sum_GK`` may
+    have more columns than ``load_NK`` (balance-only terms, e.g. per-source counts); caps apply
+    to the load columns. Returns the number of changes."""
     G, S = members_GS.shape
     K = len(target_K)
     C = cand_GC.shape[1]
+    KL = load_NK.shape[1]
     zero = np.zeros(K)
     delta = np.zeros(K)
     changes = 0
@@ -167,7 +170,7 @@ def refine_pass(order_G, cand_GC, members_GS, count_G, sum_GK, lsum_GK, weight_N
                     if new_ng < 1 or new_nh < 1 or new_ng > S or new_nh > S:
                         continue
                     ok = True
-                    for k in range(K):
+                    for k in range(KL):
                         dl = (load_NK[j, k] if j >= 0 else 0) - (load_NK[i, k] if i >= 0 else 0)
                         if lsum_GK[g, k] + dl > caps_K[k] or lsum_GK[h, k] - dl > caps_K[k]:
                             ok = False
@@ -190,9 +193,10 @@ def refine_pass(order_G, cand_GC, members_GS, count_G, sum_GK, lsum_GK, weight_N
         j = members_GS[h, best_b] if best_b >= 0 else -1
         for k in range(K):
             dw = (weight_NK[j, k] if j >= 0 else 0.0) - (weight_NK[i, k] if i >= 0 else 0.0)
-            dl = (load_NK[j, k] if j >= 0 else 0) - (load_NK[i, k] if i >= 0 else 0)
             sum_GK[g, k] += dw
             sum_GK[h, k] -= dw
+        for k in range(KL):
+            dl = (load_NK[j, k] if j >= 0 else 0) - (load_NK[i, k] if i >= 0 else 0)
             lsum_GK[g, k] += dl
             lsum_GK[h, k] -= dl
         # remove i from g / j from h (swap with the last member), then append the other.
@@ -224,6 +228,8 @@ def targeted_pass(order_G, members_GS, count_G, group_of_N, pos_N, sum_GK, lsum_
     per module (``dims_K`` cells each, row-major). Returns the number of swaps."""
     G, S = members_GS.shape
     K = len(target_K)
+    KL = load_NK.shape[1]
+    KG = len(dims_K)
     zero = np.zeros(K)
     delta = np.zeros(K)
     changes = 0
@@ -241,7 +247,7 @@ def targeted_pass(order_G, members_GS, count_G, group_of_N, pos_N, sum_GK, lsum_
                 t = 0.5 if half == 0 else 1.0
                 cell = 0
                 inside = True
-                for k in range(K):
+                for k in range(KG):
                     u = (weight_NK[i, k] - t * (sum_GK[g, k] - target_K[k])) * inv_t_K[k]
                     c = int(np.floor(u / width)) if u >= 0 else -1
                     if c < 0 or c >= dims_K[k]:
@@ -262,7 +268,7 @@ def targeted_pass(order_G, members_GS, count_G, group_of_N, pos_N, sum_GK, lsum_
                     if h < 0 or h == g:
                         continue
                     ok = True
-                    for k in range(K):
+                    for k in range(KL):
                         dl = load_NK[j, k] - load_NK[i, k]
                         if lsum_GK[g, k] + dl > caps_K[k] or lsum_GK[h, k] - dl > caps_K[k]:
                             ok = False
@@ -285,9 +291,10 @@ def targeted_pass(order_G, members_GS, count_G, group_of_N, pos_N, sum_GK, lsum_
         h = group_of_N[j]
         for k in range(K):
             dw = weight_NK[j, k] - weight_NK[i, k]
-            dl = load_NK[j, k] - load_NK[i, k]
             sum_GK[g, k] += dw
             sum_GK[h, k] -= dw
+        for k in range(KL):
+            dl = load_NK[j, k] - load_NK[i, k]
             lsum_GK[g, k] += dl
             lsum_GK[h, k] -= dl
         pi = pos_N[i]
@@ -300,3 +307,131 @@ def targeted_pass(order_G, members_GS, count_G, group_of_N, pos_N, sum_GK, lsum_
         pos_N[i] = pj
         changes += 1
     return changes
+
+
+@njit(cache=True)
+def _norm_order(wsum_GK, inv_t_K):  # pragma: no cover - compiled
+    G, K = wsum_GK.shape
+    key = np.zeros(G)
+    for g in range(G):
+        s = 0.0
+        for k in range(K):
+            s += wsum_GK[g, k] * inv_t_K[k]
+        key[g] = s
+    return key
+
+
+@njit(cache=True)
+def _fits(lsum_GK, g, load_NK, i, caps_K):  # pragma: no cover - compiled
+    for k in range(len(caps_K)):
+        if lsum_GK[g, k] + load_NK[i, k] > caps_K[k]:
+            return False
+    return True
+
+
+@njit(cache=True)
+def deal_rounds(queue, load_NK, weight_NK, caps_K, G, inv_t_K, max_stragglers):  # pragma: no cover
+    """Deal ``queue`` (rows, biggest first) in rounds of G, each row of a round to the next
+    lightest group (normalized weight ``sum_k w_k * inv_t_k``, stable ties); a row that breaks a
+    cap gets a second chance on the unused groups with the most room in their fullest module,
+    then waits for the next round. When no row of a round fits, up to ``max_stragglers`` left
+    rows go one by one to the lightest group with room.
+
+    Returns:
+        (n,) group id per queue position, or an empty array when some row found no room.
+    """
+    n = len(queue)
+    K = load_NK.shape[1]
+    KW = weight_NK.shape[1]
+    gid = np.full(n, -1, dtype=np.int64)
+    wsum = np.zeros((G, KW))
+    lsum = np.zeros((G, K), dtype=np.int64)
+    carry = np.empty(G, dtype=np.int64)
+    n_carry = 0
+    chunk = np.empty(G, dtype=np.int64)
+    bins = np.empty(G, dtype=np.int64)
+    fits = np.zeros(G, dtype=np.bool_)
+    used = np.zeros(G, dtype=np.bool_)
+    fill = np.zeros(G)
+    pos = 0
+    while pos < n or n_carry > 0:
+        take = max(0, G - n_carry)
+        m = 0
+        for c in range(n_carry):
+            chunk[m] = carry[c]
+            m += 1
+        end = min(pos + take, n)
+        for p in range(pos, end):
+            chunk[m] = p
+            m += 1
+        pos = end
+        order = np.argsort(_norm_order(wsum, inv_t_K), kind="mergesort")
+        n_fit = 0
+        for c in range(m):
+            bins[c] = order[c]
+            fits[c] = _fits(lsum, bins[c], load_NK, queue[chunk[c]], caps_K)
+            n_fit += fits[c]
+        if n_fit < m:
+            # Second chance: the unused groups with the most room in their fullest module.
+            used[:] = False
+            for c in range(m):
+                if fits[c]:
+                    used[bins[c]] = True
+            n_spare = 0
+            for g in range(G):
+                if not used[g]:
+                    f = 0.0
+                    for k in range(K):
+                        f = max(f, lsum[g, k] / caps_K[k])
+                    fill[n_spare] = f
+                    n_spare += 1
+            spare_ids = np.flatnonzero(~used)
+            spare = spare_ids[np.argsort(fill[:n_spare], kind="mergesort")]
+            t = 0
+            for c in range(m):
+                if t >= n_spare:
+                    break
+                if fits[c]:
+                    continue
+                alt = spare[t]
+                t += 1
+                if _fits(lsum, alt, load_NK, queue[chunk[c]], caps_K):
+                    bins[c] = alt
+                    fits[c] = True
+                    n_fit += 1
+        if n_fit == 0:
+            # The lightest groups are full in some module: place the few stragglers in the
+            # lightest group that still has room, or give up (first fit takes over).
+            if m + (n - pos) > max_stragglers:
+                return np.empty(0, dtype=np.int64)
+            for c in range(m + (n - pos)):
+                p = chunk[c] if c < m else pos + (c - m)
+                i = queue[p]
+                key = _norm_order(wsum, inv_t_K)
+                b = -1
+                for g in range(G):
+                    if _fits(lsum, g, load_NK, i, caps_K) and (b < 0 or key[g] < key[b]):
+                        b = g
+                if b < 0:
+                    return np.empty(0, dtype=np.int64)
+                gid[p] = b
+                for k in range(KW):
+                    wsum[b, k] += weight_NK[i, k]
+                for k in range(K):
+                    lsum[b, k] += load_NK[i, k]
+            break
+        n_carry = 0
+        for c in range(m):
+            p = chunk[c]
+            if fits[c]:
+                b = bins[c]
+                i = queue[p]
+                gid[p] = b
+                for k in range(KW):
+                    wsum[b, k] += weight_NK[i, k]
+                for k in range(K):
+                    lsum[b, k] += load_NK[i, k]
+            else:
+                carry[n_carry] = p
+                n_carry += 1
+    return gid

@@ -215,8 +215,11 @@ def make_packer(inputs: PackInputs, config: PackConfig, caps_K: np.ndarray, boun
 
         # G a multiple of R x M, so no group is left out of a full step.
         group_multiple = config.world_size * config.micro_batches
+        # Sources join refinement's objective so that groups (and so steps) are even mixes.
+        source = inputs.source_codes_N[ids]
         return lambda epoch: pack_balanced(load, caps_K, seed=config.seed + epoch, cost_NK=cost,
-                                           group_multiple=group_multiple, module_names=inputs.modules, **common)
+                                           group_multiple=group_multiple, source_N=source,
+                                           module_names=inputs.modules, **common)
     if algorithm == "isf":
         from balancer_cli.pack.isf import pack_isf
 
