@@ -7,8 +7,6 @@ dispatching, from the same global data.
 
 from __future__ import annotations
 
-import os
-import tempfile
 
 import numpy as np
 import pytest
@@ -18,6 +16,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+from dist_util import free_tcp_init_method, shutdown  # noqa: E402
 
 
 WORLD = 3
@@ -66,10 +65,10 @@ def _segment_sum(rows, lengths):
     return out.index_add(0, index, rows)
 
 
-def _worker(rank, init_file):
+def _worker(rank, init_method):
     from balancer_cli.runtime.dispatch import PhaseDispatcher, plan_from_local_costs
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=WORLD)
     try:
         for ROWS, LLM_COST, balance_llm in SCENARIOS:
             ref_out, ref_pooled, ref_grad_x, ref_grad_w = _reference(ROWS)
@@ -108,14 +107,12 @@ def _worker(rank, init_file):
             dist.all_reduce(grad_w)  # what DDP does: the global batch is unchanged
             torch.testing.assert_close(grad_w, ref_grad_w)
     finally:
-        dist.destroy_process_group()
+        shutdown(dist)
 
 
 @pytest.mark.dist
 def test_dispatch_matches_undispatched_step():
-    with tempfile.TemporaryDirectory() as tmp:
-        init_file = os.path.join(tmp, "init")
-        mp.spawn(_worker, args=(init_file,), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_tcp_init_method(),), nprocs=WORLD, join=True)
 
 
 def _simulate(routes, items_by_rank):

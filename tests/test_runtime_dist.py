@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from dist_util import free_tcp_init_method, shutdown  # noqa: E402
 from runtime_util import pack_random, random_lengths  # noqa: E402
 
 from balancer_cli.manifest import open_manifest  # noqa: E402
@@ -28,13 +29,13 @@ class _Dataset(torch.utils.data.Dataset):
         return torch.tensor([float(i)])
 
 
-def _worker(rank: int, world: int, init_file: str, manifests: list[str], out: str) -> None:
+def _worker(rank: int, world: int, init_method: str, manifests: list[str], out: str) -> None:
     import torch.distributed as dist
 
     from balancer_cli.runtime import ManifestBatchSampler
 
     torch.set_num_threads(1)  # two ranks share the CPU cores
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     try:
         result = {}
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
@@ -57,7 +58,7 @@ def _worker(rank: int, world: int, init_file: str, manifests: list[str], out: st
         if rank == 0:
             Path(out).write_text(json.dumps(result))
     finally:
-        dist.destroy_process_group()
+        shutdown(dist)
 
 
 def test_two_process_gloo_job_replays_native_and_elastic_manifests(tmp_path):
@@ -65,7 +66,7 @@ def test_two_process_gloo_job_replays_native_and_elastic_manifests(tmp_path):
     native = pack_random(tmp_path / "native", num_samples=240, world_size=2, micro_batches=2, lengths=lengths)
     elastic = pack_random(tmp_path / "elastic", num_samples=240, world_size=3, micro_batches=1, lengths=lengths)
     out = tmp_path / "result.json"
-    torch.multiprocessing.spawn(_worker, args=(2, str(tmp_path / "init"), [str(native), str(elastic)], str(out)),
+    torch.multiprocessing.spawn(_worker, args=(2, free_tcp_init_method(), [str(native), str(elastic)], str(out)),
                                 nprocs=2, join=True)
     result = json.loads(out.read_text())
     for manifest in (native, elastic):
