@@ -86,8 +86,11 @@ def default_jobs() -> int:
 
 def measure_job(block: RecordBlock, config: ScanConfig) -> pa.Table | tuple:
     """:func:`~balancer_cli.scan.measure.measure_block` for any worker: a table, or under ``--strict``
-    the first bad sample as a plain tuple (SampleError's keyword-only constructor does not survive
-    pickling), which :func:`unwrap_job` raises again in the driver."""
+    the first bad sample as a plain tuple, which :func:`unwrap_job` raises again in the driver.
+
+    SampleError itself pickles whole (``BalancerError.__reduce__``); the tuple is kept because it is
+    plain JSON-able data: the Ray engine stores it next to the block's shard, so a resumed run
+    re-raises the same error without measuring again, and every engine handles results one way."""
     try:
         return measure_block(block, config)
     except SampleError as exc:
