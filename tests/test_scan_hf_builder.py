@@ -97,9 +97,11 @@ def test_json_builder_matches_json_reader_and_globs(imagefolder, tmp_path):
         (data / f"img{i}.png").write_bytes((imagefolder / f"img{i}.png").read_bytes())
     assert _run(str(data / "a.json"), "--hf-builder", "json", "-o", str(tmp_path / "hf.parquet")).exit_code == 0
     assert _run(str(data / "a.json"), "-o", str(tmp_path / "ours.parquet")).exit_code == 0
-    hf_table, _ = _table(tmp_path / "hf.parquet")
-    ours_table, _ = _table(tmp_path / "ours.parquet")
+    hf_table, hf_lengths = _table(tmp_path / "hf.parquet")
+    ours_table, ours_lengths = _table(tmp_path / "ours.parquet")
     assert hf_table.equals(ours_table)
+    hf_input, ours_input = hf_lengths.metadata["inputs"][0], ours_lengths.metadata["inputs"][0]
+    assert hf_input["file_fingerprint"] == ours_input["file_fingerprint"]  # a single file: its own fingerprint
     both = _run(str(data / "*.json"), "--hf-builder", "json", "-o", str(tmp_path / "glob.parquet"))
     assert both.exit_code == 0, both.output
     assert json.loads(both.output)["samples"] == 2 * len(SIZES)

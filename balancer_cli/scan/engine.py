@@ -180,7 +180,7 @@ def assemble(tables: Sequence[pa.Table], metadata: dict[str, Any]) -> LengthsTab
 
 def _input_record(spec: InputSpec, num_samples: int) -> dict[str, Any]:
     path = Path(spec.path)
-    if spec.builder is not None or path.is_dir():
+    if path.is_dir() or (spec.builder is not None and not path.is_file()):
         files = builder_files(spec.path)  # a folder's files, or those a --hf-builder glob matches
         base = path if path.is_dir() else None
         size = sum(p.stat().st_size for p in files)
