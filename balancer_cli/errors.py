@@ -41,6 +41,20 @@ class BalancerError(Exception):
     def __str__(self) -> str:
         return f"{self.message}; fix: {self.fix}" if self.fix else self.message
 
+    def __reduce__(self) -> tuple:
+        # Rebuild without calling __init__, whose keyword-only fields (and a subclass's own
+        # signature) Exception's default reduce cannot replay: every attribute comes back as is,
+        # so errors cross process pools and Ray workers whole (message, fix, kind, file, line).
+        return _rebuild_error, (type(self), self.args, dict(self.__dict__))
+
+
+def _rebuild_error(cls: type[BalancerError], args: tuple, state: dict) -> BalancerError:
+    """Unpickle a :class:`BalancerError` (see ``BalancerError.__reduce__``)."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
 
 class InputError(BalancerError):
     """An input file or table is unreadable, empty, or violates its contract (exit code 1)."""

@@ -85,7 +85,11 @@ def _render(summary: dict[str, Any]) -> str:
 @click.option("--format", "input_format", default=None,
               type=click.Choice(["jsonl", "json", "internvl-meta", "parquet", "hf"]),
               help="Force the input format (default: detected from content).")
-@click.option("--split", default=None, help="Split of a DatasetDict folder (default: train).")
+@click.option("--hf-builder", default=None, metavar="BUILDER",
+              help="Load each INPUT (a local file, glob or folder) with datasets.load_dataset(BUILDER, "
+                   "data_files=INPUT), offline: json, csv, parquet, arrow, text, imagefolder, videofolder, "
+                   "audiofolder, webdataset.")
+@click.option("--split", default=None, help="Split of a DatasetDict folder or --hf-builder input (default: train).")
 @click.option("--strict", is_flag=True, help="Stop at the first bad sample (exit 1).")
 @click.option("-j", "--jobs", type=int, default=0, help="Worker processes (default: all cores).")
 @click.option("--block-size", type=int, default=2048, show_default=True, help="Records per unit of work.")
@@ -101,14 +105,15 @@ def _render(summary: dict[str, Any]) -> str:
 def command(inputs: tuple[str, ...], output: str, model: str, tokenizer: str, template: str | None,
             processor_config: str | None, min_pixels: int | None, max_pixels: int | None, min_tiles: int | None,
             max_tiles: int | None, params: tuple[str, ...], image_root: str | None, video_size: str,
-            fields: tuple[str, ...], input_format: str | None, split: str | None, strict: bool, jobs: int,
-            block_size: int, engine: str, ray_address: str | None, keep_parts: bool, quiet: bool,
+            fields: tuple[str, ...], input_format: str | None, hf_builder: str | None, split: str | None,
+            strict: bool, jobs: int, block_size: int, engine: str, ray_address: str | None, keep_parts: bool, quiet: bool,
             as_json: bool) -> None:
     """Scan datasets into a lengths table: one row per sample with its encoder and LLM tokens.
 
     \b
     INPUT: LLaVA JSON/JSONL, `messages` JSON/JSONL, InternVL meta JSON, Parquet, or a
-    datasets save_to_disk folder; several inputs concatenate in order.
+    datasets save_to_disk folder, or with --hf-builder local files for datasets.load_dataset
+    (e.g. --hf-builder imagefolder DIR); several inputs concatenate in order.
     Bad samples keep their row with an `error` (summary by kind); --strict stops at the first.
 
     \b
@@ -152,7 +157,7 @@ def command(inputs: tuple[str, ...], output: str, model: str, tokenizer: str, te
     bar = tqdm(unit=" samples", desc="scan", disable=quiet or not sys.stderr.isatty(), file=sys.stderr)
     try:
         result = scan(list(inputs), config, jobs=jobs, engine=engine, block_size=block_size, image_root=image_root,
-                      format=input_format, split=split, progress=bar.update,
+                      format=input_format, split=split, hf_builder=hf_builder, progress=bar.update,
                       engine_options=engine_options)
     finally:
         bar.close()

@@ -53,7 +53,13 @@ from balancer_cli.scan.measure import (
     error_kind,
     measure_block,
 )
-from balancer_cli.scan.readers import InputSpec, RecordBlock, expand_inputs, iter_blocks
+from balancer_cli.scan.readers import (
+    InputSpec,
+    RecordBlock,
+    builder_files,
+    expand_inputs,
+    iter_blocks,
+)
 from balancer_cli.scan.text import load_tokenizer
 
 __all__ = ["ScanResult", "assemble", "default_jobs", "measure_job", "scan", "scan_metadata", "unwrap_job"]
@@ -80,8 +86,11 @@ def default_jobs() -> int:
 
 def measure_job(block: RecordBlock, config: ScanConfig) -> pa.Table | tuple:
     """:func:`~balancer_cli.scan.measure.measure_block` for any worker: a table, or under ``--strict``
-    the first bad sample as a plain tuple (SampleError's keyword-only constructor does not survive
-    pickling), which :func:`unwrap_job` raises again in the driver."""
+    the first bad sample as a plain tuple, which :func:`unwrap_job` raises again in the driver.
+
+    SampleError itself pickles whole (``BalancerError.__reduce__``); the tuple is kept because it is
+    plain JSON-able data: the Ray engine stores it next to the block's shard, so a resumed run
+    re-raises the same error without measuring again, and every engine handles results one way."""
     try:
         return measure_block(block, config)
     except SampleError as exc:
@@ -171,14 +180,18 @@ def assemble(tables: Sequence[pa.Table], metadata: dict[str, Any]) -> LengthsTab
 
 def _input_record(spec: InputSpec, num_samples: int) -> dict[str, Any]:
     path = Path(spec.path)
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file())
+    if path.is_dir() or (spec.builder is not None and not path.is_file()):
+        files = builder_files(spec.path)  # a folder's files, or those a --hf-builder glob matches
+        base = path if path.is_dir() else None
         size = sum(p.stat().st_size for p in files)
-        fingerprint = bytes_fingerprint(*(f"{p.relative_to(path)}={file_fingerprint(p)}".encode() for p in files))
+        fingerprint = bytes_fingerprint(*(f"{p.relative_to(base) if base else p}={file_fingerprint(p)}".encode()
+                                          for p in files))
     else:
         size, fingerprint = path.stat().st_size, file_fingerprint(path)
     record = {"path": spec.path, "format": spec.format, "source": spec.source, "size_bytes": size,
               "file_fingerprint": fingerprint, "num_samples": num_samples}
+    if spec.builder is not None:
+        record["builder"] = spec.builder
     if spec.repeat != 1.0:
         record["repeat_time"] = spec.repeat
     if spec.rule_overrides:
@@ -207,7 +220,7 @@ def scan_metadata(config: ScanConfig, specs: Sequence[InputSpec], samples_per_in
 
 def scan(inputs: Sequence[str], config: ScanConfig, jobs: int | None = None, engine: str = "local", *,
          block_size: int = DEFAULT_BLOCK_SIZE, image_root: str | None = None, format: str | None = None,
-         split: str | None = None, progress: Callable[[int], None] | None = None,
+         split: str | None = None, hf_builder: str | None = None, progress: Callable[[int], None] | None = None,
          engine_options: Any = None) -> ScanResult:
     """Scan ``inputs`` into a lengths table (``sample`` indexes their concatenation, in order).
 
@@ -218,6 +231,8 @@ def scan(inputs: Sequence[str], config: ScanConfig, jobs: int | None = None, eng
         engine: ``local`` (a process pool) or ``ray`` (Ray Data, :mod:`~balancer_cli.scan.engine_ray`).
         block_size: records per block (the unit of work and of in-flight memory).
         image_root, format, split: see :func:`~balancer_cli.scan.readers.expand_inputs`.
+        hf_builder: read every input with ``datasets.load_dataset(hf_builder, ...)`` over local files
+            (``builder`` of :func:`~balancer_cli.scan.readers.expand_inputs`).
         progress: called with the number of samples of each finished block (e.g. a tqdm update).
         engine_options: passed to the engine's ``run_blocks`` as ``options`` (e.g. ``RayOptions``).
 
@@ -231,7 +246,7 @@ def scan(inputs: Sequence[str], config: ScanConfig, jobs: int | None = None, eng
     config.rule()  # fail fast on a bad preset/tokenizer/template, before any worker starts
     load_tokenizer(config.tokenizer)
     _ = config.template_name
-    specs = expand_inputs(inputs, image_root=image_root, format=format, split=split)
+    specs = expand_inputs(inputs, image_root=image_root, format=format, split=split, builder=hf_builder)
     per_spec = [0] * len(specs)
     owners: collections.deque[int] = collections.deque()  # spec of each block, in submission order
     tables: list[pa.Table] = []

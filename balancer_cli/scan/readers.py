@@ -33,7 +33,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -42,10 +41,17 @@ from pathlib import Path
 from typing import Any
 
 from balancer_cli.errors import InputError, UsageError
+from balancer_cli.scan.hf_datasets import (
+    HF_BUILDERS,
+    builder_files,
+    check_builder_input,
+    open_dataset,
+)
 from balancer_cli.scan.jsonlist import iter_json_list
 from balancer_cli.scan.records import FIELD_NAMES
 
-__all__ = ["FORMATS", "InputSpec", "RecordBlock", "detect_format", "expand_inputs", "iter_blocks", "read_block"]
+__all__ = ["FORMATS", "HF_BUILDERS", "InputSpec", "RecordBlock", "builder_files", "detect_format", "expand_inputs",
+           "iter_blocks", "read_block"]
 
 FORMATS = ("jsonl", "json", "internvl-meta", "parquet", "hf")
 _WHITESPACE = " \t\r\n"
@@ -62,6 +68,7 @@ class InputSpec:
     repeat: float = 1.0
     rule_overrides: tuple[tuple[str, Any], ...] = ()
     split: str | None = None
+    builder: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,7 @@ class RecordBlock:
         image_root: folder relative image paths resolve against (and may not escape).
         rule_overrides: vision-rule parameters for this input only (InternVL meta).
         split: the ``DatasetDict`` split (``hf`` only).
+        builder: the ``datasets.load_dataset`` builder of ``path`` (``hf`` over local files only).
     """
 
     path: str
@@ -97,6 +105,7 @@ class RecordBlock:
     image_root: str = "."
     rule_overrides: tuple[tuple[str, Any], ...] = ()
     split: str | None = None
+    builder: str | None = None
 
 
 def _open_error(path: str, exc: OSError) -> InputError:
@@ -190,17 +199,30 @@ def _relative_to(value: str, base: Path) -> str:
     return str(base / value)
 
 
+def _builder_spec(path: str, builder: str, image_root: str | None, split: str | None) -> InputSpec:
+    check_builder_input(path, builder)
+    folder = Path(path) if Path(path).is_dir() else Path(path).parent
+    name = Path(path).name or str(folder)
+    return InputSpec(path, "hf", name, image_root or str(folder), 1.0, (), split, builder)
+
+
 def expand_inputs(paths: Sequence[str], *, image_root: str | None = None, format: str | None = None,
-                  split: str | None = None) -> list[InputSpec]:
+                  split: str | None = None, builder: str | None = None) -> list[InputSpec]:
     """Detect each input's format and expand meta files into their annotation files, in order.
 
     Relative image paths resolve against ``image_root``, else the InternVL ``root``, else the
-    input file's folder.
+    input file's folder. With ``builder`` (one of :data:`HF_BUILDERS`) every input is a local
+    file, glob or folder loaded by ``datasets.load_dataset(builder, ...)``.
     """
     if not paths:
         raise UsageError("no input given", fix="pass one or more dataset files: balancer scan DATA.jsonl ...")
     if format is not None and format not in FORMATS:
         raise UsageError(f"unknown --format {format!r}", fix="use one of: " + ", ".join(FORMATS))
+    if builder is not None:
+        if format is not None:
+            raise UsageError("--format and --hf-builder cannot be combined",
+                             fix="--hf-builder already says how to read the inputs; drop --format")
+        return [_builder_spec(str(path), builder, image_root, split) for path in paths]
     specs: list[InputSpec] = []
     for path in paths:
         fmt = format or detect_format(path)
@@ -253,7 +275,7 @@ def iter_blocks(inputs: Sequence[str] | Sequence[InputSpec], block_size: int = 2
 def _blocks_once(spec: InputSpec, block_size: int, first_sample: int,
                  limit: int | None = None) -> Iterator[RecordBlock]:
     common = {"path": spec.path, "format": spec.format, "source": spec.source, "image_root": spec.image_root,
-              "rule_overrides": spec.rule_overrides, "split": spec.split}
+              "rule_overrides": spec.rule_overrides, "split": spec.split, "builder": spec.builder}
     if spec.format == "jsonl":
         chunks = _jsonl_ranges(spec.path, block_size, limit)
     elif spec.format == "json":
@@ -318,27 +340,7 @@ def _table_rows(spec: InputSpec) -> int:
             return pq.ParquetFile(spec.path).metadata.num_rows
         except Exception as exc:  # pyarrow raises several types for corrupt files
             raise InputError(f"{spec.path}: unreadable Parquet ({str(exc)[:120]})", fix="check the file") from None
-    return len(_open_dataset(spec.path, spec.split))
-
-
-@functools.lru_cache(maxsize=8)
-def _open_dataset(path: str, split: str | None) -> Any:
-    import datasets
-
-    try:
-        if path.endswith(".arrow") and os.path.isfile(path):
-            return datasets.Dataset.from_file(path)
-        loaded = datasets.load_from_disk(path)
-    except Exception as exc:  # datasets raises many types; all mean "not loadable"
-        raise InputError(f"{path}: cannot load the datasets folder ({str(exc)[:120]})",
-                         fix="pass a folder written by Dataset.save_to_disk") from None
-    if isinstance(loaded, datasets.DatasetDict):
-        name = split or "train"
-        if name not in loaded:
-            raise UsageError(f"{path}: DatasetDict has no split {name!r} (splits: {', '.join(loaded)})",
-                             fix="choose one with --split")
-        return loaded[name]
-    return loaded
+    return len(open_dataset(spec.path, spec.split, spec.builder))
 
 
 def _wanted_columns(names: Sequence[str], fields: dict[str, str]) -> list[str]:
@@ -381,7 +383,7 @@ def read_block(block: RecordBlock, fields: dict[str, str] | None = None) -> Iter
         columns = _wanted_columns(handle.schema_arrow.names, fields)
         table = _read_rows(handle, block.start, block.stop, columns)
     else:
-        dataset = _open_dataset(block.path, block.split)
+        dataset = open_dataset(block.path, block.split, block.builder)
         columns = _wanted_columns(dataset.column_names, fields)
         table = dataset.select_columns(columns).with_format("arrow")[block.start:block.stop]
     for offset, row in enumerate(table.to_pylist()):
