@@ -7,11 +7,12 @@ A step (or run of steps) of a manifest packed for ``R`` ranks is re-planned for 
 1. **Weights.** Each module's per-sample cost is divided by the module's step total, so every
    module counts equally; a sample's weight is the sum over modules (unit cost without lengths).
 2. **LPT over samples.** Heaviest sample first (manifest position on ties) to the least loaded
-   rank (lowest rank on ties), keeping at least ``k`` samples for every rank. Balancing samples,
+   rank (lowest rank on ties); a rank left with fewer than ``k`` samples takes the lightest
+   samples of the rank with the most. Balancing samples,
    not packed groups, removes the group-granularity floor of the old whole-group plan (a
    perfectly packed 4x2 manifest replayed on 3 ranks at Dist Ratio 0.11).
 3. **Swaps** (two or more modules): the rank with the highest load of any module swaps one
-   sample with another rank when that lowers the pair's peak, for a few rounds.
+   sample with another rank when that lowers the pair's peak, up to 16 rounds (numba kernel).
 4. **Batches.** A rank's samples, in manifest order, are cut into ``k`` batches of nearly equal
    weight (at least one sample each); this never changes the rank's load.
 
@@ -35,7 +36,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["assign_ranks", "refine_swaps", "plan_window", "plan_window_rank"]
+from balancer_cli.runtime._replan_kernels import lpt_swap
+
+__all__ = ["assign_ranks", "plan_window", "plan_window_rank"]
+
+_SWAP_ROUNDS = 16
+
 
 def _normalized_costs(samples_U: Sequence[np.ndarray], cost_Nm: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """(U, L, m) per-sample cost of each module over its step total (0 past a step's end) and
@@ -57,97 +63,38 @@ def _normalized_costs(samples_U: Sequence[np.ndarray], cost_Nm: np.ndarray | Non
     return cost, sizes
 
 
-def assign_ranks(weight_UL: np.ndarray, sizes_U: np.ndarray, world_size: int, batches_U: np.ndarray) -> np.ndarray:
-    """(U, L) rank of every sample (-1 past a step's end): LPT per step, vectorized over steps.
+def assign_ranks(cost_ULm: np.ndarray, sizes_U: np.ndarray, world_size: int, swap_rounds: int = _SWAP_ROUNDS) -> np.ndarray:
+    """(U, L) rank of every sample of every step (-1 past a step's end).
 
-    Samples go heaviest first (manifest position on ties) to the least loaded rank (lowest on
-    ties); once the samples left are just enough to give every rank ``batches_U[u]``, only ranks
-    short of that take them.
+    Per step: LPT by summed normalized cost, heaviest first (manifest position on ties) to the
+    least loaded rank (lowest on ties), so ``max_r load_r <= mean + max sample``; then, with two
+    or more modules, up to ``swap_rounds`` swaps lower the peak module load (see
+    :func:`balancer_cli.runtime._replan_kernels.lpt_swap`). Callers enforce ``k`` samples per
+    rank with :func:`_ensure_counts`.
     """
-    U, L = weight_UL.shape
+    U, L, m = cost_ULm.shape
     sizes = np.asarray(sizes_U, dtype=np.int64)
-    k = np.asarray(batches_U, dtype=np.int64)[:, None]
     valid = np.arange(L)[None, :] < sizes[:, None]
-    order = np.argsort(np.where(valid, -weight_UL, np.inf), axis=1, kind="stable")
-    rows = np.arange(U)
-    load = np.zeros((U, world_size), dtype=np.float64)
-    count = np.zeros((U, world_size), dtype=np.int64)
+    weight = cost_ULm.sum(axis=2)
+    order = np.argsort(np.where(valid, -weight, np.inf), axis=1, kind="stable").astype(np.int64)
     rank_of = np.full((U, L), -1, dtype=np.int64)
-    for j in range(L):
-        live = rows[j < sizes]
-        if not len(live):
-            break
-        item = order[live, j]
-        short = np.maximum(k[live] - count[live], 0)
-        forced = (sizes[live] - j <= short.sum(axis=1))[:, None] & (short == 0)
-        rank = np.where(forced, np.inf, load[live]).argmin(axis=1)
-        rank_of[live, item] = rank
-        load[live, rank] += weight_UL[live, item]
-        count[live, rank] += 1
+    lpt_swap(np.ascontiguousarray(cost_ULm), sizes, order, int(world_size), int(swap_rounds if m > 1 else 0), rank_of)
     return rank_of
 
 
-def refine_swaps(cost_ULm: np.ndarray, rank_of_UL: np.ndarray, world_size: int, rounds: int = 16) -> np.ndarray:
-    """Lower each step's peak module load by swapping single samples between two ranks.
-
-    Per round and step: the rank holding the highest load of any module (``p``) swaps one sample
-    with one of another rank ``q``, the pair (over all ``q``) that most lowers the peak
-    ``max(load_p, load_q)`` over modules, if it is below ``p``'s peak (ties: lowest ``q``, then
-    lowest positions). Swaps keep every rank's sample count.
-    Works in place on ``rank_of_UL`` and returns it.
-    """
-    U, L, m = cost_ULm.shape
-    if U == 0 or world_size == 1:
-        return rank_of_UL
-    load = np.stack([np.cumsum(np.where((rank_of_UL == r)[:, :, None], cost_ULm, 0.0), axis=1)[:, -1, :]
-                     for r in range(world_size)], axis=1)  # (U, R, m), sequential sums
-    active = np.arange(U)
-    for _ in range(rounds):
-        if not len(active):
-            break
-        ld = load[active]
-        rows = np.arange(len(active))
-        p = ld.max(axis=2).argmax(axis=1)
-        ro = rank_of_UL[active]
-        c = cost_ULm[active]
-        in_p = ro == p[:, None]
-        cp = int(in_p.sum(axis=1).max())
-        pos_p = np.argsort(~in_p, axis=1, kind="stable")[:, :cp]  # p's samples first, in order
-        ok_p = np.take_along_axis(in_p, pos_p, 1)
-        c_p = c[rows[:, None], pos_p]
-        old = ld[rows, p].max(axis=1)
-        best_score = np.full(len(active), np.inf)
-        best_a = np.zeros(len(active), np.int64)
-        best_b = np.zeros(len(active), np.int64)
-        best_q = np.zeros(len(active), np.int64)
-        for q in range(world_size):  # try every partner rank; keep the best swap per step
-            in_q = ro == q
-            cq = int(in_q.sum(axis=1).max())
-            if cq == 0:
-                continue
-            pos_q = np.argsort(~in_q, axis=1, kind="stable")[:, :cq]
-            ok = ok_p[:, :, None] & np.take_along_axis(in_q, pos_q, 1)[:, None, :] & (p != q)[:, None, None]
-            delta = c_p[:, :, None, :] - c[rows[:, None], pos_q][:, None, :, :]  # (u, cp, cq, m)
-            new_p = ld[rows, p][:, None, None, :] - delta
-            new_q = ld[rows, q][:, None, None, :] + delta
-            score = np.where(ok, np.maximum(new_p, new_q).max(axis=3), np.inf).reshape(len(active), -1)
-            best = score.argmin(axis=1)
-            better = score[rows, best] < best_score
-            best_score = np.where(better, score[rows, best], best_score)
-            best_a = np.where(better, pos_p[rows, best // cq], best_a)
-            best_b = np.where(better, pos_q[rows, best % cq], best_b)
-            best_q = np.where(better, q, best_q)
-        gain = best_score < old * (1 - 1e-9)
-        if not gain.any():
-            break
-        g = rows[gain]
-        u, a, b, pg, qg = active[g], best_a[g], best_b[g], p[g], best_q[g]
-        d = cost_ULm[u, a] - cost_ULm[u, b]
-        rank_of_UL[u, a], rank_of_UL[u, b] = qg, pg
-        load[u, pg] -= d
-        load[u, qg] += d
-        active = u
-    return rank_of_UL
+def _ensure_counts(rank_of_UL: np.ndarray, weight_UL: np.ndarray, world_size: int, batches_U: np.ndarray) -> None:
+    """Give every rank at least ``k`` samples: a rank short of them takes the lightest sample of
+    the rank with the most, until none is short (rare: heavy samples can leave a rank short)."""
+    k = np.asarray(batches_U, dtype=np.int64)
+    counts = np.stack([(rank_of_UL == r).sum(axis=1) for r in range(world_size)], axis=1)
+    for u in np.flatnonzero((counts < k[:, None]).any(axis=1)).tolist():
+        c = counts[u].copy()
+        while c.min() < k[u]:
+            short, rich = int(np.argmin(c)), int(np.argmax(c))
+            mine = np.flatnonzero(rank_of_UL[u] == rich)
+            rank_of_UL[u, mine[np.argmin(weight_UL[u, mine])]] = short
+            c[short] += 1
+            c[rich] -= 1
 
 
 def _rank_batches(rank_of_UL: np.ndarray, weight_UL: np.ndarray, rank: int,
@@ -189,9 +136,8 @@ def _rank_batches(rank_of_UL: np.ndarray, weight_UL: np.ndarray, rank: int,
 def _assign(samples_U, cost_Nm, world_size, batches_U):
     cost, sizes = _normalized_costs(samples_U, cost_Nm)
     weight = cost.sum(axis=2)
-    rank_of = assign_ranks(weight, sizes, world_size, batches_U)
-    if cost.shape[2] > 1:  # one module: LPT alone is within one sample of the best
-        refine_swaps(cost, rank_of, world_size)
+    rank_of = assign_ranks(cost, sizes, world_size)
+    _ensure_counts(rank_of, weight, world_size, batches_U)
     return weight, rank_of, sizes
 
 
