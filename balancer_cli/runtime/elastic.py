@@ -247,8 +247,8 @@ class ElasticReport:
         manifest_world_size, world_size: ``R`` (packed for) and ``R'`` (replaying on).
         micro_batches, batches_per_rank: ``M`` and ``k`` (batches per rank per step).
         steps_packed, steps_replayed: remaining steps of the epoch before and after run merging.
-        splits_per_step: groups split per step (``k*R' - R*M`` when positive).
-        merges_per_step: groups merged per step (when ``R*M > k*R'``, never with this ``k``).
+        splits_per_step: batches per step beyond the packed groups (``k*R' - R*M`` when positive).
+        merges_per_step: batches per step short of the packed groups (``R*M - k*R'``, never with this ``k``).
         dist_ratio_packed, dist_ratio_replayed: mean Dist Ratio of the first planned steps.
         resumed_mid_step: a step interrupted at another world size was re-planned.
     """
@@ -269,9 +269,9 @@ class ElasticReport:
         """One log line."""
         text = (f"manifest packed for {self.manifest_world_size} ranks x {self.micro_batches} micro-batches, "
                 f"replaying on {self.world_size} ranks x {self.batches_per_rank} batches per step; "
-                f"{self.splits_per_step} group(s) split per step")
+                f"{self.splits_per_step} more batch(es) than packed groups per step")
         if self.merges_per_step:
-            text += f", {self.merges_per_step} merged"
+            text += f", {self.merges_per_step} fewer"
         if self.steps_replayed != self.steps_packed:
             text += f"; {self.steps_packed} remaining steps merged into {self.steps_replayed} (steps with too few samples)"
         if self.resumed_mid_step:

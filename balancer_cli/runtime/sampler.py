@@ -47,7 +47,7 @@ from balancer_cli.lengths import LengthsTable, read_lengths
 from balancer_cli.runtime.elastic import ElasticReport, batches_per_rank, dist_ratio, form_runs, plan_step
 from balancer_cli.runtime.ranks import resolve_rank
 from balancer_cli.runtime.reader import ManifestReader
-from balancer_cli.runtime.replan import plan_window_rank
+from balancer_cli.runtime.replan import plan_window, plan_window_rank
 
 __all__ = ["ManifestBatchSampler", "StepTokens"]
 
@@ -311,9 +311,12 @@ class ManifestBatchSampler(Sampler[list[int]]):
     def _report(self, plan: _Plan) -> None:
         packed, replayed = [], []
         R, M = self.manifest_world_size, self.micro_batches
-        for unit in range(min(8, len(plan.batches))):
-            cost = lambda g: float(self._sample_cost[g].sum())  # noqa: E731
-            replayed.append(dist_ratio([sum(cost(b) for b in bs) for bs in self._plan_unit(plan, unit, self.world_size)]))
+        cost = lambda g: float(self._sample_cost[g].sum())  # noqa: E731
+        units = range(min(8, len(plan.batches)))
+        flat = [self._unit_flat(plan, unit) for unit in units]
+        planned = plan_window([s for s, _ in flat], [o for _, o in flat], self._cost_Nm, self.world_size, plan.batches[:len(units)])
+        for unit in units:
+            replayed.append(dist_ratio([sum(cost(b) for b in bs) for bs in planned[unit]]))
             for pos in range(int(plan.bounds[unit]), int(plan.bounds[unit + 1])):
                 groups = self._reader.step_groups(int(plan.order[pos]))
                 packed.append(dist_ratio([sum(cost(g) for g in groups[r * M:(r + 1) * M]) for r in range(R)]))
