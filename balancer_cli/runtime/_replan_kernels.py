@@ -31,7 +31,7 @@ def lpt_swap(cost_ULm, sizes_U, order_UL, world_size, swap_rounds, rank_of_UL): 
     """Per step: LPT of the samples (``order_UL``, heaviest first) by summed cost, then up to
     ``swap_rounds`` single swaps between the rank holding the peak module load and another rank,
     the swap that most lowers that pair's peak (first on ties). Writes ``rank_of_UL``."""
-    U, L, m = cost_ULm.shape
+    U, _, m = cost_ULm.shape
     R = world_size
     load = np.zeros((R, m))
     total = np.zeros(R)

@@ -147,15 +147,16 @@ def plan_window(samples_U: Sequence[np.ndarray], offsets_U: Sequence[np.ndarray]
 
     Args:
         samples_U: per step, its (n_u,) int64 samples in manifest order.
-        offsets_U: per step, its group offsets into ``samples_U[u]`` (``[0, .., n_u]``); the plan
-            does not need them (kept for callers that report splits).
+        offsets_U: per step, its group offsets into ``samples_U[u]`` (``[0, .., n_u]``). Unused by
+            this plan (batches are cut by cost, not at group boundaries); kept in the signature
+            so a group-aware planner can replace it.
         cost_Nm: (N, m) per-sample cost of each module, indexed by sample; ``None`` for unit cost.
         world_size: ``R'``; batches_U: (U,) batches per rank of each step (``k * R' <= n_u``).
     """
     plan: list[list[list[np.ndarray]]] = [[] for _ in samples_U]
-    weight, rank_of, sizes = _assign(samples_U, cost_Nm, world_size, batches_U)
+    weight, rank_of, _ = _assign(samples_U, cost_Nm, world_size, batches_U)
     for rank in range(world_size):
-        unit, pos, cuts = _rank_batches(rank_of, weight, rank, batches_U)
+        _, pos, cuts = _rank_batches(rank_of, weight, rank, batches_U)
         first = 0
         for u, k in enumerate(np.asarray(batches_U).tolist()):
             batch_pos = [pos[a:b] for a, b in zip(cuts[first:first + k].tolist(), cuts[first + 1:first + k + 1].tolist())]
