@@ -5,13 +5,14 @@ A manifest is packed for ``R`` ranks with ``M`` groups per rank per step. Replay
 batch) and re-plans each step as follows, as a pure function of the step's groups, the per-sample
 costs and ``R'`` (so every rank computes the same plan on its own, without collectives):
 
-1. ``k = ceil(R * M / R')`` batches per rank per step, so a step needs ``G' = k * R'`` groups.
-2. While a step has fewer than ``G'`` groups, split the costliest group that has at least two
-   samples into two halves of nearly equal cost (samples keep their order). While it has more,
-   merge the two cheapest groups. Splitting keeps every group within the packer's caps.
-3. Assign the groups to ranks by longest-processing-time first under the constraint that every
-   rank gets exactly ``k`` groups (ties go to the lower rank), then order each rank's groups as
-   they appear in the manifest.
+1. ``k = ceil(R * M / R')`` batches per rank per step.
+2. The step's samples are balanced over the ``R'`` ranks by every module's cost (LPT over
+   samples plus swaps, :mod:`balancer_cli.runtime.replan`), each rank keeping at least ``k``.
+3. Each rank's samples, in manifest order, are cut into ``k`` batches of nearly equal cost, so
+   every rank runs the same number of batches.
+
+(:func:`adjust_group_count` and :func:`assign_groups`, the former whole-group plan, stay as
+building blocks.)
 
 A step with fewer than ``G'`` samples cannot give every rank ``k`` non-empty batches; such a step
 is merged with the steps after it (a **run**) until the run has at least ``G'`` samples; a short
@@ -23,7 +24,7 @@ Example:
     >>> groups = [np.array([0, 1, 2, 3]), np.array([4]), np.array([5, 6])]
     >>> plan = plan_step(groups, np.ones(7), world_size=2, batches_per_rank=2)
     >>> [[b.tolist() for b in batches] for batches in plan]
-    [[[0, 1], [5, 6]], [[2, 3], [4]]]
+    [[[0, 2], [4, 6]], [[1], [3, 5]]]
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from balancer_cli.errors import ManifestError
+from balancer_cli.runtime.replan import plan_window
 
 __all__ = [
     "ElasticReport",
@@ -167,20 +169,29 @@ def plan_step(
 ) -> list[list[np.ndarray]]:
     """Plan one step (or run) for ``world_size`` ranks: per rank, its batches in order.
 
+    Balanced per module at sample granularity by :mod:`balancer_cli.runtime.replan` (contiguous
+    spans of the step's samples, cut at balanced cost, then cut into batches at group boundaries).
     Gives every rank ``min(batches_per_rank, samples // world_size)`` batches (the smaller value
     only for an epoch too short to fill them).
+
+    Args:
+        groups: the step's groups in manifest order.
+        sample_cost: (N,) cost, or (N, m) cost of each module, indexed by sample.
 
     Raises:
         ManifestError: the step has fewer samples than ranks.
     """
-    total = sum(len(g) for g in groups)
+    sizes = [len(g) for g in groups]
+    total = sum(sizes)
     k = min(batches_per_rank, total // world_size)
     if k == 0:
         raise ManifestError(f"a step holds {total} samples, fewer than the {world_size} ranks replaying it",
                             fix="replay on fewer ranks, or pack the manifest for this world size")
-    adjusted, _, _ = adjust_group_count(groups, sample_cost, k * world_size)
-    costs = np.array(_group_costs(adjusted, sample_cost), dtype=np.float64)
-    return [[adjusted[g] for g in mine] for mine in assign_groups(costs, world_size, k)]
+    samples = np.concatenate([np.asarray(g, dtype=np.int64) for g in groups])
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    cost = np.asarray(sample_cost, dtype=np.float64)
+    cost_Nm = cost[:, None] if cost.ndim == 1 else cost
+    return plan_window([samples], [offsets], cost_Nm, world_size, np.array([k]))[0]
 
 
 def form_runs(step_samples: np.ndarray, min_samples: int, head_samples: int = 0) -> np.ndarray:
@@ -236,8 +247,8 @@ class ElasticReport:
         manifest_world_size, world_size: ``R`` (packed for) and ``R'`` (replaying on).
         micro_batches, batches_per_rank: ``M`` and ``k`` (batches per rank per step).
         steps_packed, steps_replayed: remaining steps of the epoch before and after run merging.
-        splits_per_step: groups split per step (``k*R' - R*M`` when positive).
-        merges_per_step: groups merged per step (when ``R*M > k*R'``, never with this ``k``).
+        splits_per_step: batches per step beyond the packed groups (``k*R' - R*M`` when positive).
+        merges_per_step: batches per step short of the packed groups (``R*M - k*R'``, never with this ``k``).
         dist_ratio_packed, dist_ratio_replayed: mean Dist Ratio of the first planned steps.
         resumed_mid_step: a step interrupted at another world size was re-planned.
     """
@@ -258,9 +269,9 @@ class ElasticReport:
         """One log line."""
         text = (f"manifest packed for {self.manifest_world_size} ranks x {self.micro_batches} micro-batches, "
                 f"replaying on {self.world_size} ranks x {self.batches_per_rank} batches per step; "
-                f"{self.splits_per_step} group(s) split per step")
+                f"{self.splits_per_step} more batch(es) than packed groups per step")
         if self.merges_per_step:
-            text += f", {self.merges_per_step} merged"
+            text += f", {self.merges_per_step} fewer"
         if self.steps_replayed != self.steps_packed:
             text += f"; {self.steps_packed} remaining steps merged into {self.steps_replayed} (steps with too few samples)"
         if self.resumed_mid_step:

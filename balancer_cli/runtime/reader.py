@@ -245,6 +245,14 @@ class ManifestReader:
         bounds = group.offsets[g0:g0 + self.groups_per_step + 1]
         return [group.sample[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
 
+    def step_flat(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(samples, offsets)`` of ``step``: (n,) int64 samples in manifest order and the
+        (G+1,) int64 offsets of its groups into them (``[0, .., n]``)."""
+        group = self._row_group(step)
+        g0 = (step - group.first_step) * self.groups_per_step
+        offsets = group.offsets[g0:g0 + self.groups_per_step + 1]
+        return group.sample[offsets[0]:offsets[-1]], offsets - offsets[0]
+
     def step_samples(self, step: int) -> np.ndarray:
         """(n,) int64 samples of ``step`` (all ranks) in manifest order."""
         group = self._row_group(step)

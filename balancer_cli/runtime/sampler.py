@@ -47,6 +47,7 @@ from balancer_cli.lengths import LengthsTable, read_lengths
 from balancer_cli.runtime.elastic import ElasticReport, batches_per_rank, dist_ratio, form_runs, plan_step
 from balancer_cli.runtime.ranks import resolve_rank
 from balancer_cli.runtime.reader import ManifestReader
+from balancer_cli.runtime.replan import plan_window, plan_window_rank
 
 __all__ = ["ManifestBatchSampler", "StepTokens"]
 
@@ -56,6 +57,7 @@ STATE_VERSION = 1
 #: A reshuffled epoch is replayed in windows of about this many of a rank's samples: each row
 #: group is read once per window, and a window's batches are held as lists.
 _WINDOW_SAMPLES = 1 << 20
+_ELASTIC_WINDOW = 256  # units planned at once in elastic replay
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,7 @@ class ManifestBatchSampler(Sampler[list[int]]):
                                 fix="pass the dataset the lengths table was scanned from (same files, same order)")
         self._llm_tokens = self._loss_tokens = None
         self._sample_cost = np.broadcast_to(np.float64(1.0), (self.num_samples,))
+        self._cost_Nm: np.ndarray | None = None  # (N, m) per-module cost for elastic balance
         if lengths is not None:
             self._use_lengths(lengths if isinstance(lengths, LengthsTable) else read_lengths(lengths))
         self.elastic_report: ElasticReport | None = None
@@ -186,7 +189,8 @@ class ManifestBatchSampler(Sampler[list[int]]):
         self._llm_tokens = lengths.llm_tokens()
         if "loss_tokens" in lengths.table.column_names:
             self._loss_tokens = np.asarray(lengths.table.column("loss_tokens").fill_null(0).to_numpy(), dtype=np.int64)
-        self._sample_cost = np.sum(list(sample_costs(lengths).values()), axis=0)
+        self._cost_Nm = np.stack(list(sample_costs(lengths).values()), axis=1).astype(np.float64)
+        self._sample_cost = self._cost_Nm.sum(axis=1)
 
     # ----------------------------------------------------------------------------- epochs
     @property
@@ -276,7 +280,19 @@ class ManifestBatchSampler(Sampler[list[int]]):
         if plan.native:
             M = self.micro_batches
             return [groups[r * M:(r + 1) * M] for r in range(world_size)]
-        return plan_step(groups, self._sample_cost, world_size, int(plan.batches[unit]))
+        cost = self._sample_cost if self._cost_Nm is None else self._cost_Nm
+        return plan_step(groups, cost, world_size, int(plan.batches[unit]))
+
+    def _unit_flat(self, plan: _Plan, unit: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(samples, group offsets)`` of one unit, all ranks, in manifest order."""
+        parts = [(g, np.array([0, len(g)], dtype=np.int64)) for g in plan.head] if unit == 0 and plan.head else []
+        parts += [self._reader.step_flat(int(plan.order[pos]))
+                  for pos in range(int(plan.bounds[unit]), int(plan.bounds[unit + 1]))]
+        if len(parts) == 1:
+            return parts[0]
+        base = np.cumsum([0] + [len(s) for s, _ in parts[:-1]])
+        offsets = np.concatenate([[0]] + [o[1:] + b for (_, o), b in zip(parts, base.tolist())])
+        return np.concatenate([s for s, _ in parts]), offsets.astype(np.int64)
 
     def _remaining_groups(self, epoch: int, state: Mapping) -> list[np.ndarray]:
         """Groups not yet yielded by any rank in the step a state was saved in (all ranks)."""
@@ -295,9 +311,12 @@ class ManifestBatchSampler(Sampler[list[int]]):
     def _report(self, plan: _Plan) -> None:
         packed, replayed = [], []
         R, M = self.manifest_world_size, self.micro_batches
-        for unit in range(min(8, len(plan.batches))):
-            cost = lambda g: float(self._sample_cost[g].sum())  # noqa: E731
-            replayed.append(dist_ratio([sum(cost(b) for b in bs) for bs in self._plan_unit(plan, unit, self.world_size)]))
+        cost = lambda g: float(self._sample_cost[g].sum())  # noqa: E731
+        units = range(min(8, len(plan.batches)))
+        flat = [self._unit_flat(plan, unit) for unit in units]
+        planned = plan_window([s for s, _ in flat], [o for _, o in flat], self._cost_Nm, self.world_size, plan.batches[:len(units)])
+        for unit in units:
+            replayed.append(dist_ratio([sum(cost(b) for b in bs) for bs in planned[unit]]))
             for pos in range(int(plan.bounds[unit]), int(plan.bounds[unit + 1])):
                 groups = self._reader.step_groups(int(plan.order[pos]))
                 packed.append(dist_ratio([sum(cost(g) for g in groups[r * M:(r + 1) * M]) for r in range(R)]))
@@ -360,10 +379,13 @@ class ManifestBatchSampler(Sampler[list[int]]):
             yield self._reader.rank_steps(order[start:start + window], self.rank)
 
     def _elastic_chunks(self, plan: _Plan) -> Iterator[tuple[list[int], list[int]]]:
-        for unit in range(len(plan.batches)):
-            mine = self._plan_unit(plan, unit, self.world_size)[self.rank]
-            sizes = [len(b) for b in mine]
-            yield np.concatenate(mine).tolist(), np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64).tolist()
+        # Windows of units planned at once (vectorized over units); a unit's plan does not depend
+        # on the window it is planned in, so every rank and every resume agree.
+        for start in range(0, len(plan.batches), _ELASTIC_WINDOW):
+            units = range(start, min(start + _ELASTIC_WINDOW, len(plan.batches)))
+            flat = [self._unit_flat(plan, unit) for unit in units]
+            yield plan_window_rank([s for s, _ in flat], [o for _, o in flat], self._cost_Nm, self.world_size,
+                                   plan.batches[start:start + len(units)], self.rank)
 
     def _sync(self) -> None:
         """Bring the cursor state up to the batches the running iterator has yielded."""
