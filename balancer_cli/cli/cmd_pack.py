@@ -168,6 +168,7 @@ def command(lengths, out, world_size, micro_batches, algorithm, max_llm_tokens, 
                            # `balancer report OUT` compares with the same baselines by default
                            meta={**result.meta, "report_baselines": list(baseline_names)},
                            epoch_num_steps=result.epoch_num_steps)
+            del result  # the report re-reads the written rows: do not hold a second copy meanwhile
             bar.update()
             report = build_report(open_manifest(out), table, baselines=baseline_names)
             paths = write_report(out, report)
