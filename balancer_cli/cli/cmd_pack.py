@@ -144,7 +144,7 @@ def command(lengths, out, world_size, micro_batches, algorithm, max_llm_tokens, 
     """
     from balancer_cli.lengths import read_lengths
     from balancer_cli.manifest import open_manifest, write_manifest
-    from balancer_cli.pack.pipeline import PackConfig, pack_manifest
+    from balancer_cli.pack.pipeline import PackConfig, pack_inputs, prepare_inputs
     from balancer_cli.report import build_report, write_report
 
     baseline_names = parse_baselines(baselines)
@@ -160,7 +160,13 @@ def command(lengths, out, world_size, micro_batches, algorithm, max_llm_tokens, 
             cost_presets=cost_presets(cost_model, vision=vision_model, audio=audio_model, llm=llm_model),
             target_group_size=target_group_size,
             lengths_files=tuple(os.path.abspath(p) for p in lengths), post_balance=post_balance)
-        result = pack_manifest(table, config)
+        # Pack from the per-sample matrices alone and drop the Arrow table meanwhile (it is read
+        # again for the report): at 10M samples that keeps a few hundred MB off the peak.
+        inputs = prepare_inputs(table, config.cost_model, config.cost_presets)
+        fingerprint = table.fingerprint
+        del table
+        result = pack_inputs(inputs, config, lengths_fingerprint=fingerprint)
+        del inputs
         bar.update()
         try:
             write_manifest(out, result.rows, dropped_sample=result.dropped_sample,
@@ -170,7 +176,7 @@ def command(lengths, out, world_size, micro_batches, algorithm, max_llm_tokens, 
                            epoch_num_steps=result.epoch_num_steps)
             del result  # the report re-reads the written rows: do not hold a second copy meanwhile
             bar.update()
-            report = build_report(open_manifest(out), table, baselines=baseline_names)
+            report = build_report(open_manifest(out), read_lengths(list(lengths)), baselines=baseline_names)
             paths = write_report(out, report)
         except OSError as error:
             raise InputError(f"cannot write to {out}: {error.strerror or error}",

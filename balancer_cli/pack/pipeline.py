@@ -47,6 +47,7 @@ __all__ = [
     "make_packer",
     "with_phase_ranks",
     "pack_manifest",
+    "pack_inputs",
 ]
 
 #: Packers ``pack`` can write a manifest with; the last two are the baselines' packers.
@@ -275,10 +276,20 @@ def pack_manifest(lengths: LengthsTable, config: PackConfig) -> PackResult:
         InputError: no sample can be packed (every one has a scan error) or unknown columns.
         UsageError: bad options, caps below every sample, more ranks x micro-batches than groups.
     """
+    _check_config(config)
+    inputs = prepare_inputs(lengths, config.cost_model, config.cost_presets)
+    return pack_inputs(inputs, config, lengths_fingerprint=lengths.fingerprint)
+
+
+def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: str) -> PackResult:
+    """:func:`pack_manifest` from already prepared inputs (:func:`prepare_inputs` of the lengths table).
+
+    Lets a caller drop the Arrow lengths table while packing (the inputs hold all packing needs),
+    which lowers the peak memory of large runs. Same result as :func:`pack_manifest`.
+    """
     from balancer_cli.pack.evaluate import evaluate_rows
 
     _check_config(config)
-    inputs = prepare_inputs(lengths, config.cost_model, config.cost_presets)
     if not inputs.ok_N.any():
         first = next(e for e in inputs.error_N if e is not None)
         raise InputError(f"all {inputs.num_samples} samples have a scan error (first: {first})",
@@ -319,7 +330,7 @@ def pack_manifest(lengths: LengthsTable, config: PackConfig) -> PackResult:
         "micro_batches": config.micro_batches,
         "num_samples": inputs.num_samples,
         "modules": list(inputs.modules),
-        "lengths_fingerprint": lengths.fingerprint,
+        "lengths_fingerprint": lengths_fingerprint,
         "lengths_files": list(config.lengths_files),
         "summary": summary,
     }
