@@ -123,6 +123,7 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable, *, baselines: Se
     loads = {"ours": ours.loads}
     # The random baseline batches as many samples per group as the manifest does on average.
     placed_per_epoch = len(rows) / max(config.epochs, 1)
+    del rows  # the baselines below pack from the lengths alone
     groups_per_epoch = max(manifest.num_steps * config.world_size * config.micro_batches / max(config.epochs, 1), 1)
     base_config = config_from_meta(meta, batch_size=max(1, round(placed_per_epoch / groups_per_epoch)))
     for name in baselines:
@@ -138,6 +139,8 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable, *, baselines: Se
         if name in ("random", "dataloader"):
             data["baselines"][name]["batch_size"] = base_config.batch_size
         loads[name] = evaluation.loads
+        # One baseline's rows at a time: free them before the next baseline packs.
+        del b_rows, b_dropped, b_reasons, evaluation
     return Report(data, loads)
 
 

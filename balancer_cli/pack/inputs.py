@@ -94,10 +94,24 @@ def prepare_inputs(lengths: LengthsTable, cost_model: str = "tokens",
         costs = sample_costs(lengths, cost_model, vision=named["vision"], audio=named["audio"], llm=named[LLM],
                              encoders=presets or None)
     modules = tuple(lengths.modules) + (LLM,)
-    load_NK = np.stack([lengths.items(m) for m in lengths.modules] + [lengths.llm_tokens()], axis=1)
-    cost_NK = np.stack([np.asarray(costs[m], dtype=np.float64) for m in modules], axis=1)
+    num_samples = lengths.table.num_rows
+    # Filled column by column: no (K,) list of int64/float64 copies next to the stacked matrices.
+    load_NK = np.empty((num_samples, len(modules)), dtype=np.int64)
+    for k, module in enumerate(lengths.modules):
+        load_NK[:, k] = lengths.items(module)
+    load_NK[:, -1] = lengths.llm_tokens()
+    cost_NK = np.empty((num_samples, len(modules)), dtype=np.float64)
+    for k, module in enumerate(modules):
+        cost_NK[:, k] = costs[module]
+    del costs  # the (N,) per-module costs are no longer needed
     source = lengths.table.column("source").combine_chunks()
     names = tuple(str(x) for x in source.dictionary.to_pylist())
     codes = np.asarray(source.indices.to_numpy(zero_copy_only=False), dtype=np.int32)
-    return PackInputs(modules, load_NK.astype(np.int64), cost_NK, lengths.ok_mask(), lengths.errors(),
-                      codes, names)
+    return PackInputs(modules, load_NK, cost_NK, lengths.ok_mask(), _error_texts(lengths), codes, names)
+
+
+def _error_texts(lengths: LengthsTable) -> np.ndarray:
+    """(N,) object error texts; a read-only broadcast ``None`` (no per-sample memory) when no sample has one."""
+    if lengths.table.column("error").null_count == lengths.table.num_rows:
+        return np.broadcast_to(np.array(None, dtype=object), (lengths.table.num_rows,))
+    return lengths.errors()

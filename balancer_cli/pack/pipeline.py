@@ -47,6 +47,7 @@ __all__ = [
     "make_packer",
     "with_phase_ranks",
     "pack_manifest",
+    "pack_inputs",
 ]
 
 #: Packers ``pack`` can write a manifest with; the last two are the baselines' packers.
@@ -134,9 +135,14 @@ def _option(module: str) -> str:
     return "--max-llm-tokens" if module == LLM else f"--max-{module}-items"
 
 
+def _ok_rows(inputs: PackInputs, matrix_N: np.ndarray) -> np.ndarray:
+    """Rows of ``matrix_N`` without a scan error: the matrix itself (no copy) when every sample is fine."""
+    return matrix_N if inputs.ok_N.all() else matrix_N[inputs.ok_N]
+
+
 def _check_caps_fit(inputs: PackInputs, caps_K: np.ndarray) -> None:
     """Fail when no sample fits under the caps at all: every group would be an oversize one."""
-    load = inputs.load_NK[inputs.ok_N]
+    load = _ok_rows(inputs, inputs.load_NK)
     if len(load) and not (load <= caps_K).all(axis=1).any():
         k = int(np.argmax([(load[:, k] > caps_K[k]).mean() for k in range(len(caps_K))]))
         module, smallest = inputs.modules[k], int(load[:, k].min())
@@ -148,7 +154,7 @@ def _check_caps_fit(inputs: PackInputs, caps_K: np.ndarray) -> None:
 
 def _default_max_caps(inputs: PackInputs) -> np.ndarray:
     """Upper limits for the search when the user gives none: the largest sample, at least a few typical ones."""
-    load = inputs.load_NK[inputs.ok_N]
+    load = _ok_rows(inputs, inputs.load_NK)
     largest = load.max(axis=0)
     typical = np.percentile(load, 90, axis=0) * 8
     return np.maximum(np.maximum(largest, typical), 1).astype(np.int64)
@@ -169,7 +175,7 @@ def run_search(inputs: PackInputs, config: PackConfig, **search_options: Any) ->
         max_caps_K[k] = caps.get(module, max_caps_K[k])
     algorithm = config.algorithm if config.algorithm in ("balanced", "isf") else "balanced"
     return search_thresholds(
-        inputs.load_NK[inputs.ok_N], inputs.cost_NK[inputs.ok_N], world_size=config.world_size,
+        _ok_rows(inputs, inputs.load_NK), _ok_rows(inputs, inputs.cost_NK), world_size=config.world_size,
         micro_batches=config.micro_batches, max_caps_K=max_caps_K, target_group_size=config.target_group_size,
         seed=config.seed, algorithm=algorithm, **search_options)
 
@@ -207,8 +213,8 @@ def make_packer(inputs: PackInputs, config: PackConfig, caps_K: np.ndarray, boun
     """``epoch -> Packing`` for one algorithm over the samples without error, seeded ``seed + epoch``."""
     algorithm = algorithm or config.algorithm
     ids = np.flatnonzero(inputs.ok_N)
-    load = inputs.load_NK[ids]
-    cost = inputs.cost_NK[ids]
+    load = _ok_rows(inputs, inputs.load_NK)
+    cost = _ok_rows(inputs, inputs.cost_NK)
     common = dict(oversize=config.oversize, sample_ids=ids)
     if algorithm == "balanced":
         from balancer_cli.pack.packer import pack_balanced
@@ -216,7 +222,7 @@ def make_packer(inputs: PackInputs, config: PackConfig, caps_K: np.ndarray, boun
         # G a multiple of R x M, so no group is left out of a full step.
         group_multiple = config.world_size * config.micro_batches
         # Sources join refinement's objective so that groups (and so steps) are even mixes.
-        source = inputs.source_codes_N[ids]
+        source = _ok_rows(inputs, inputs.source_codes_N)
         return lambda epoch: pack_balanced(load, caps_K, seed=config.seed + epoch, cost_NK=cost,
                                            group_multiple=group_multiple, source_N=source,
                                            module_names=inputs.modules, **common)
@@ -270,10 +276,20 @@ def pack_manifest(lengths: LengthsTable, config: PackConfig) -> PackResult:
         InputError: no sample can be packed (every one has a scan error) or unknown columns.
         UsageError: bad options, caps below every sample, more ranks x micro-batches than groups.
     """
+    _check_config(config)
+    inputs = prepare_inputs(lengths, config.cost_model, config.cost_presets)
+    return pack_inputs(inputs, config, lengths_fingerprint=lengths.fingerprint)
+
+
+def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: str) -> PackResult:
+    """:func:`pack_manifest` from already prepared inputs (:func:`prepare_inputs` of the lengths table).
+
+    Lets a caller drop the Arrow lengths table while packing (the inputs hold all packing needs),
+    which lowers the peak memory of large runs. Same result as :func:`pack_manifest`.
+    """
     from balancer_cli.pack.evaluate import evaluate_rows
 
     _check_config(config)
-    inputs = prepare_inputs(lengths, config.cost_model, config.cost_presets)
     if not inputs.ok_N.any():
         first = next(e for e in inputs.error_N if e is not None)
         raise InputError(f"all {inputs.num_samples} samples have a scan error (first: {first})",
@@ -314,7 +330,7 @@ def pack_manifest(lengths: LengthsTable, config: PackConfig) -> PackResult:
         "micro_batches": config.micro_batches,
         "num_samples": inputs.num_samples,
         "modules": list(inputs.modules),
-        "lengths_fingerprint": lengths.fingerprint,
+        "lengths_fingerprint": lengths_fingerprint,
         "lengths_files": list(config.lengths_files),
         "summary": summary,
     }

@@ -60,7 +60,8 @@ def place_epochs(
     """
     from balancer_cli.pack.assign import assign_groups, split_to_multiple
 
-    parts, epoch_num_steps = [], []
+    parts, orders, epoch_num_steps = [], [], []
+    base = 0  # first row of the epoch's packing order in the concatenated orders
     # sample -> reason -> epochs it applied to; a reason that held in every epoch is written plain.
     dropped: dict[int, dict[str, list[int]]] = {}
     for sample in np.flatnonzero(~inputs.ok_N):
@@ -90,27 +91,65 @@ def place_epochs(
                                     micro=(slot % micro_batches).astype(np.int32), num_steps=len(slot) // per_step)
         else:
             assignment = assign_groups(cost_GK, world_size=world_size, micro_batches=micro_batches, seed=seed + epoch)
-        group_P = packing.group_ids()
-        position_P = np.arange(len(packing.order)) - packing.group_offsets[group_P]
-        step_P = np.asarray(assignment.step, dtype=np.int64)[group_P]
-        keep = step_P >= 0
-        for sample in np.asarray(packing.order)[~keep]:
+        step_G = np.asarray(assignment.step, dtype=np.int64)
+        keep_G = step_G >= 0
+        order_P = np.asarray(packing.order, dtype=np.int64)
+        offsets_G = np.asarray(packing.group_offsets, dtype=np.int64)
+        for g in np.flatnonzero(~keep_G):
             # The assigner left the group out (an incomplete last step).
-            dropped.setdefault(int(sample), {}).setdefault("not in a full step", []).append(epoch)
+            for sample in order_P[offsets_G[g]:offsets_G[g + 1]]:
+                dropped.setdefault(int(sample), {}).setdefault("not in a full step", []).append(epoch)
         for sample, reason in zip(packing.dropped, packing.dropped_reason):
             dropped.setdefault(int(sample), {}).setdefault(str(reason), []).append(epoch)
-        parts.append((step_P[keep] + offset, np.asarray(assignment.rank)[group_P][keep],
-                      np.asarray(assignment.micro)[group_P][keep], position_P[keep],
-                      np.asarray(packing.order, dtype=np.int64)[keep]))
+        # Group-level parts only: rows are expanded once, after sorting the G groups, which needs
+        # a few bytes per sample instead of lexsorting five (P,) int64 columns.
+        parts.append((step_G[keep_G] + offset, np.asarray(assignment.rank, np.int64)[keep_G],
+                      np.asarray(assignment.micro, np.int64)[keep_G], offsets_G[:-1][keep_G] + base,
+                      np.diff(offsets_G)[keep_G]))
+        orders.append(order_P)
+        base += len(order_P)
         epoch_num_steps.append(int(assignment.num_steps))
         offset += int(assignment.num_steps)
-    step, rank, micro, position, sample = (np.concatenate(x) for x in zip(*parts))
-    order = np.lexsort((position, micro, rank, step))
-    rows = ManifestRows(step[order].astype(np.int32), rank[order].astype(np.int32),
-                        micro[order].astype(np.int32), sample[order].astype(np.int64))
+    rows = _expand_groups(parts, orders)
     dropped_sample = np.array(sorted(dropped), dtype=np.int64)
     reasons = tuple(_drop_reason(dropped[int(s)], epochs) for s in dropped_sample)
     return rows, dropped_sample, reasons, epoch_num_steps
+
+
+def _expand_groups(parts, orders) -> ManifestRows:
+    """Rows sorted by (step, rank, micro, position in group) from per-group step/rank/micro/start/size.
+
+    Each (step, rank, micro) slot holds one group (:class:`Assignment`), so sorting groups by slot
+    and expanding each group's members in packing order gives exactly the row-level lexsort.
+    """
+    step_G, rank_G, micro_G, start_G, size_G = (np.concatenate(x) for x in zip(*parts))
+    order_P = orders[0] if len(orders) == 1 else np.concatenate(orders)
+    by_slot = np.lexsort((micro_G, rank_G, step_G))
+    step_G, rank_G, micro_G, start_G, size_G = (x[by_slot] for x in (step_G, rank_G, micro_G, start_G, size_G))
+    slot_G = np.stack([step_G, rank_G, micro_G], axis=1)
+    if len(slot_G) > 1 and not (np.diff(slot_G, axis=0) != 0).any(axis=1).all():
+        # Two groups in one slot (not produced by our assigners): interleave by position as a row sort would.
+        return _expand_rows(step_G, rank_G, micro_G, start_G, size_G, order_P)
+    num_rows = int(size_G.sum())
+    # row i of the output reads order_P[start of its group + (i - first row of its group)]
+    first_row_G = np.cumsum(size_G) - size_G
+    index_P = np.repeat(start_G - first_row_G, size_G)
+    index_P += np.arange(num_rows, dtype=np.int64)
+    sample = order_P[index_P]
+    del index_P
+    return ManifestRows(np.repeat(step_G.astype(np.int32), size_G), np.repeat(rank_G.astype(np.int32), size_G),
+                        np.repeat(micro_G.astype(np.int32), size_G), sample)
+
+
+def _expand_rows(step_G, rank_G, micro_G, start_G, size_G, order_P) -> ManifestRows:
+    """The general row-level sort by (step, rank, micro, position in group)."""
+    first_row_G = np.cumsum(size_G) - size_G
+    position = np.arange(int(size_G.sum()), dtype=np.int64) - np.repeat(first_row_G, size_G)
+    index = np.repeat(start_G, size_G) + position
+    step, rank, micro = (np.repeat(x, size_G) for x in (step_G, rank_G, micro_G))
+    order = np.lexsort((position, micro, rank, step))
+    return ManifestRows(step[order].astype(np.int32), rank[order].astype(np.int32),
+                        micro[order].astype(np.int32), order_P[index[order]].astype(np.int64))
 
 
 def _drop_reason(epochs_by_reason: Mapping[str, list[int]], epochs: int) -> str:
