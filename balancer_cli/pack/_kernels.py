@@ -14,23 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
-try:  # numba is a declared dependency; the fallback keeps the package importable without it.
-    from numba import njit
-
-    HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - exercised only where numba is absent
-    HAVE_NUMBA = False
-
-    def njit(*args, **kwargs):
-        if args and callable(args[0]):
-            return args[0]
-        return lambda fn: fn
-
+from balancer_cli._jit import HAVE_NUMBA, njit
 
 __all__ = ["HAVE_NUMBA", "greedy_close", "first_fit", "refine_pass", "targeted_pass"]
 
 
-@njit(cache=True)
+@njit
 def greedy_close(load_PK, caps_K):  # pragma: no cover - compiled
     """Offsets of groups formed by walking rows in order, closing a group when the next row would
     exceed a cap. Every row must fit the caps on its own. The trailing open group is kept."""
@@ -58,7 +47,7 @@ def greedy_close(load_PK, caps_K):  # pragma: no cover - compiled
     return offsets[: ng + 1]
 
 
-@njit(cache=True)
+@njit
 def first_fit(rows, load_NK, caps_K, min_rest_PK, lookback):  # pragma: no cover - compiled
     """First fit over the open groups, in the given row order (decreasing size for FFD).
 
@@ -116,7 +105,7 @@ def first_fit(rows, load_NK, caps_K, min_rest_PK, lookback):  # pragma: no cover
     return gid, G
 
 
-@njit(cache=True)
+@njit
 def _penalty(sum_GK, g, delta_K, sign, target_K, inv_t2_K):  # pragma: no cover
     total = 0.0
     for k in range(len(target_K)):
@@ -125,7 +114,7 @@ def _penalty(sum_GK, g, delta_K, sign, target_K, inv_t2_K):  # pragma: no cover
     return total
 
 
-@njit(cache=True)
+@njit
 def refine_pass(order_G, cand_GC, members_GS, count_G, sum_GK, lsum_GK, weight_NK, load_NK, caps_K,
                 target_K, inv_t2_K, tol):  # pragma: no cover
     """One pass of local search: for each group (in ``order_G``), try every swap of one sample
@@ -216,7 +205,7 @@ def refine_pass(order_G, cand_GC, members_GS, count_G, sum_GK, lsum_GK, weight_N
     return changes
 
 
-@njit(cache=True)
+@njit
 def targeted_pass(order_G, members_GS, count_G, group_of_N, pos_N, sum_GK, lsum_GK, weight_NK, load_NK,
                   caps_K, target_K, inv_t_K, inv_t2_K, cell_of_N, cell_start, cell_rows, width, dims_K, scan,
                   tol):  # pragma: no cover
@@ -309,7 +298,7 @@ def targeted_pass(order_G, members_GS, count_G, group_of_N, pos_N, sum_GK, lsum_
     return changes
 
 
-@njit(cache=True)
+@njit
 def _norm_order(wsum_GK, inv_t_K):  # pragma: no cover - compiled
     G, K = wsum_GK.shape
     key = np.zeros(G)
@@ -321,7 +310,7 @@ def _norm_order(wsum_GK, inv_t_K):  # pragma: no cover - compiled
     return key
 
 
-@njit(cache=True)
+@njit
 def _fits(lsum_GK, g, load_NK, i, caps_K):  # pragma: no cover - compiled
     for k in range(len(caps_K)):
         if lsum_GK[g, k] + load_NK[i, k] > caps_K[k]:
@@ -329,7 +318,7 @@ def _fits(lsum_GK, g, load_NK, i, caps_K):  # pragma: no cover - compiled
     return True
 
 
-@njit(cache=True)
+@njit
 def deal_rounds(queue, load_NK, weight_NK, caps_K, G, inv_t_K, max_stragglers):  # pragma: no cover
     """Deal ``queue`` (rows, biggest first) in rounds of G, each row of a round to the next
     lightest group (normalized weight ``sum_k w_k * inv_t_k``, stable ties); a row that breaks a

@@ -13,17 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-try:  # numba is optional: an acceleration, never a behaviour change.
-    import numba as _numba
-
-    _njit = _numba.njit(cache=True, nogil=True)
-    HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - exercised only where numba is absent
-    HAVE_NUMBA = False
-
-    def _njit(func):
-        return func
-
+from balancer_cli._jit import HAVE_NUMBA, njit
 
 __all__ = [
     "HAVE_NUMBA",
@@ -36,12 +26,12 @@ __all__ = [
 ]
 
 
-@_njit
+@njit
 def _heap_less(load, ident, i, j):
     return load[i] < load[j] or (load[i] == load[j] and ident[i] < ident[j])
 
 
-@_njit
+@njit
 def lpt_bins(cost_sorted, num_bins):
     """Longest-processing-time-first: each item (costs sorted descending) to the least-loaded bin.
 
@@ -77,7 +67,7 @@ def lpt_bins(cost_sorted, num_bins):
     return bin_n, load
 
 
-@_njit
+@njit
 def refine_bins(cost, bin_n, load, max_iters, num_candidates):
     """Local search on the most loaded bin: the best single move or pairwise swap per iteration.
 
@@ -169,7 +159,7 @@ def refine_bins(cost, bin_n, load, max_iters, num_candidates):
     return applied
 
 
-@_njit
+@njit
 def padded_split(cost_sorted, num_bins, limit):
     """Greedy contiguous split of costs sorted descending into padded micro-batches.
 
@@ -207,7 +197,7 @@ def padded_split(cost_sorted, num_bins, limit):
     return used, achieved, starts
 
 
-@_njit
+@njit
 def match_bins(bin_n, home_n, num_bins, ranks_per_node):
     """Assign bins to ranks (a permutation) so that many items stay on their home rank.
 
@@ -264,7 +254,7 @@ def match_bins(bin_n, home_n, num_bins, ranks_per_node):
     return rank_of_bin
 
 
-@_njit
+@njit
 def move_back(cost, dest_n, home_n, order, num_ranks, cap, ranks_per_node, padded):
     """Send moved items home (or into their home node) wherever that keeps every load <= ``cap``.
 
@@ -324,7 +314,7 @@ def move_back(cost, dest_n, home_n, order, num_ranks, cap, ranks_per_node, padde
     return relocated
 
 
-@_njit
+@njit
 def repair_from_home(cost, home_n, num_ranks, limit, ranks_per_node, policy):
     """Keep samples home and move only the excess: shed items from ranks above ``limit`` into
     the ranks with room (summed loads).
