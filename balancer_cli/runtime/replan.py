@@ -252,7 +252,8 @@ def _capped_rank_cuts(load_nK: np.ndarray, w_n: np.ndarray, caps_K: np.ndarray, 
 def _group_fallback(offsets: np.ndarray, weight_L: np.ndarray, world_size: int, k: int) -> list[list[np.ndarray]]:
     """The whole-group plan (positions): packed groups split (never merged when they number at
     most ``k * R'``) to ``k * R'`` batches, ``k`` per rank by LPT."""
-    from balancer_cli.runtime.elastic import adjust_group_count, assign_groups  # elastic imports this module
+    # Imported here: elastic imports this module.
+    from balancer_cli.runtime.elastic import adjust_group_count, assign_groups
 
     groups = [np.arange(a, b, dtype=np.int64) for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
     batches, _, _ = adjust_group_count(groups, weight_L, k * world_size)
