@@ -9,7 +9,9 @@ costs and ``R'`` (so every rank computes the same plan on its own, without colle
 2. The step's samples are balanced over the ``R'`` ranks by every module's cost (LPT over
    samples plus swaps, :mod:`balancer_cli.runtime.replan`), each rank keeping at least ``k``.
 3. Each rank's samples, in manifest order, are cut into ``k`` batches of nearly equal cost, so
-   every rank runs the same number of batches.
+   every rank runs the same number of batches. With the lengths table, no batch exceeds the
+   packer's caps unless it is one sample: cuts respect the caps, and a step that cannot is
+   re-planned for every rank by splitting packed groups (the former whole-group plan).
 
 (:func:`adjust_group_count` and :func:`assign_groups`, the former whole-group plan, stay as
 building blocks.)
@@ -165,7 +167,8 @@ def assign_groups(group_costs: np.ndarray, world_size: int, batches_per_rank: in
 
 
 def plan_step(
-    groups: Sequence[np.ndarray], sample_cost: np.ndarray, world_size: int, batches_per_rank: int
+    groups: Sequence[np.ndarray], sample_cost: np.ndarray, world_size: int, batches_per_rank: int,
+    load_Nk: np.ndarray | None = None, caps_K: np.ndarray | None = None,
 ) -> list[list[np.ndarray]]:
     """Plan one step (or run) for ``world_size`` ranks: per rank, its batches in order.
 
@@ -177,6 +180,8 @@ def plan_step(
     Args:
         groups: the step's groups in manifest order.
         sample_cost: (N,) cost, or (N, m) cost of each module, indexed by sample.
+        load_Nk, caps_K: per-sample capped quantities and the packer's caps; with both, no batch
+            exceeds a cap unless it is one sample (see :func:`balancer_cli.runtime.replan.plan_window`).
 
     Raises:
         ManifestError: the step has fewer samples than ranks.
@@ -191,7 +196,7 @@ def plan_step(
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     cost = np.asarray(sample_cost, dtype=np.float64)
     cost_Nm = cost[:, None] if cost.ndim == 1 else cost
-    return plan_window([samples], [offsets], cost_Nm, world_size, np.array([k]))[0]
+    return plan_window([samples], [offsets], cost_Nm, world_size, np.array([k]), load_Nk, caps_K)[0]
 
 
 def form_runs(step_samples: np.ndarray, min_samples: int, head_samples: int = 0) -> np.ndarray:

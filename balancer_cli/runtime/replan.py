@@ -15,6 +15,9 @@ A step (or run of steps) of a manifest packed for ``R`` ranks is re-planned for 
    sample with another rank when that lowers the pair's peak, up to 16 rounds (numba kernel).
 4. **Batches.** A rank's samples, in manifest order, are cut into ``k`` batches of nearly equal
    weight (at least one sample each); this never changes the rank's load.
+5. **Caps** (when the per-sample capped quantities and the packer's caps are given): a cut that
+   puts a batch over a cap is replaced by a cap-aware one; a step where some rank cannot fit
+   ``k`` batches under the caps falls back, for every rank, to the whole-group plan.
 
 Every step is computed on its own rows of padded ``(U, L)`` arrays with sequential per-row sums,
 so a step's plan is bit-identical whether it is planned alone (resume) or inside a window of
@@ -142,19 +145,30 @@ def _assign(samples_U, cost_Nm, world_size, batches_U):
 
 
 def plan_window(samples_U: Sequence[np.ndarray], offsets_U: Sequence[np.ndarray], cost_Nm: np.ndarray | None,
-                world_size: int, batches_U: np.ndarray) -> list[list[list[np.ndarray]]]:
+                world_size: int, batches_U: np.ndarray, load_Nk: np.ndarray | None = None,
+                caps_K: np.ndarray | None = None) -> list[list[list[np.ndarray]]]:
     """Plan ``U`` steps for every rank: ``plan[u][rank]`` is that rank's ``batches_U[u]`` batches.
 
     Args:
         samples_U: per step, its (n_u,) int64 samples in manifest order.
-        offsets_U: per step, its group offsets into ``samples_U[u]`` (``[0, .., n_u]``). Unused by
-            this plan (batches are cut by cost, not at group boundaries); kept in the signature
-            so a group-aware planner can replace it.
+        offsets_U: per step, its group offsets into ``samples_U[u]`` (``[0, .., n_u]``); used only
+            by the cap-safe fallback.
         cost_Nm: (N, m) per-sample cost of each module, indexed by sample; ``None`` for unit cost.
         world_size: ``R'``; batches_U: (U,) batches per rank of each step (``k * R' <= n_u``).
+        load_Nk, caps_K: (N, K) per-sample capped quantities (encoder items, LLM tokens) and the
+            packer's (K,) caps. With both, no batch exceeds a cap unless it is one sample: a
+            rank's equal-cost cut that breaks a cap is replaced by a cap-aware cut, and when some
+            rank of a step cannot fit its samples in ``k`` batches under the caps, the whole step
+            (every rank) takes the whole-group plan (packed groups split, never merged when the
+            step has at most ``k * R'`` groups). Every rank computes every rank's cut, so the
+            decision is the same on all ranks. Without them, batches are cut by cost only.
     """
-    plan: list[list[list[np.ndarray]]] = [[] for _ in samples_U]
     weight, rank_of, _ = _assign(samples_U, cost_Nm, world_size, batches_U)
+    if load_Nk is not None and caps_K is not None:
+        pos_plan = _capped_plan(samples_U, offsets_U, weight, rank_of, world_size, batches_U, load_Nk,
+                                np.asarray(caps_K, dtype=np.int64))
+        return [[[samples_U[u][p] for p in batches] for batches in step] for u, step in enumerate(pos_plan)]
+    plan: list[list[list[np.ndarray]]] = [[] for _ in samples_U]
     for rank in range(world_size):
         _, pos, cuts = _rank_batches(rank_of, weight, rank, batches_U)
         first = 0
@@ -166,11 +180,108 @@ def plan_window(samples_U: Sequence[np.ndarray], offsets_U: Sequence[np.ndarray]
 
 
 def plan_window_rank(samples_U: Sequence[np.ndarray], offsets_U: Sequence[np.ndarray], cost_Nm: np.ndarray | None,
-                     world_size: int, batches_U: np.ndarray, rank: int) -> tuple[list[int], list[int]]:
+                     world_size: int, batches_U: np.ndarray, rank: int, load_Nk: np.ndarray | None = None,
+                     caps_K: np.ndarray | None = None) -> tuple[list[int], list[int]]:
     """One rank's batches of ``U`` steps, flat: ``(samples, bounds)`` with batch ``i`` at
-    ``samples[bounds[i]:bounds[i+1]]``; the same batches as :func:`plan_window`."""
+    ``samples[bounds[i]:bounds[i+1]]``; the same batches as :func:`plan_window` (with caps, every
+    rank's cut is computed so the fallback decision is shared)."""
+    if load_Nk is not None and caps_K is not None:
+        plan = plan_window(samples_U, offsets_U, cost_Nm, world_size, batches_U, load_Nk, caps_K)
+        mine = [b for step in plan for b in step[rank]]
+        bounds = np.concatenate([[0], np.cumsum([len(b) for b in mine])]).astype(np.int64)
+        flat = np.concatenate(mine) if mine else np.empty(0, np.int64)
+        return flat.tolist(), bounds.tolist()
     weight, rank_of, sizes = _assign(samples_U, cost_Nm, world_size, batches_U)
     unit, pos, cuts = _rank_batches(rank_of, weight, rank, batches_U)
     base = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     flat = np.concatenate(list(samples_U))[base[unit] + pos] if len(unit) else np.empty(0, np.int64)
     return flat.tolist(), cuts.tolist()
+
+
+# ----------------------------------------------------------------------------- caps
+def _fits(load_nK: np.ndarray, caps_K: np.ndarray) -> bool:
+    """A batch respects the packer's caps, or is one sample (an isolated oversize one may exceed them)."""
+    return len(load_nK) <= 1 or bool((load_nK.sum(axis=0) <= caps_K).all())
+
+
+def _greedy_cuts(load_nK: np.ndarray, w_n: list, caps_K: np.ndarray, target: float | None) -> list[int]:
+    """Cuts of a cap-aware greedy pass in manifest order: a new batch starts when the next sample
+    would push the batch over a cap or (with ``target``) past the cost target by more than half
+    the sample. Without ``target`` it makes the fewest batches any cut in this order can."""
+    cuts, acc, acc_w = [0], np.zeros(len(caps_K), dtype=np.int64), 0.0
+    for i in range(len(w_n)):
+        over = bool(((acc + load_nK[i]) > caps_K).any())
+        if i > cuts[-1] and (over or (target is not None and acc_w + 0.5 * w_n[i] > target)):
+            cuts.append(i)
+            acc, acc_w = np.zeros_like(acc), 0.0
+        acc = acc + load_nK[i]
+        acc_w += w_n[i]
+    cuts.append(len(w_n))
+    return cuts
+
+
+def _capped_rank_cuts(load_nK: np.ndarray, w_n: np.ndarray, caps_K: np.ndarray, k: int,
+                      cuts: list[int]) -> list[int] | None:
+    """One rank's ``k`` batches of one step with no batch over the caps (``cuts`` into its
+    samples), or ``None`` when ``k`` contiguous batches cannot respect them.
+
+    The equal-cost cut is kept when it already respects the caps; else a cap-aware greedy cut
+    (cost target first, then caps only) is split at balanced points up to ``k`` batches
+    (splitting never breaks a cap).
+    """
+    if all(_fits(load_nK[a:b], caps_K) for a, b in zip(cuts, cuts[1:])):
+        return cuts
+    w = w_n.tolist()
+    total = sum(w)
+    for target in (total / k, None):
+        out = _greedy_cuts(load_nK, w, caps_K, target)
+        if len(out) - 1 <= k:
+            break
+    else:
+        return None
+    while len(out) - 1 < k:
+        span = [(sum(w[a:b]), -i) for i, (a, b) in enumerate(zip(out, out[1:])) if b - a > 1]
+        _, neg = max(span)
+        a, b = out[-neg], out[-neg + 1]
+        part = np.cumsum(w[a:b - 1])  # left part's weight at each cut a+1..b-1
+        whole = part[-1] + w[b - 1]
+        out.insert(-neg + 1, a + 1 + int(np.argmin(np.abs(2.0 * part - whole))))
+    return out
+
+
+def _group_fallback(offsets: np.ndarray, weight_L: np.ndarray, world_size: int, k: int) -> list[list[np.ndarray]]:
+    """The whole-group plan (positions): packed groups split (never merged when they number at
+    most ``k * R'``) to ``k * R'`` batches, ``k`` per rank by LPT."""
+    # Imported here: elastic imports this module.
+    from balancer_cli.runtime.elastic import adjust_group_count, assign_groups
+
+    groups = [np.arange(a, b, dtype=np.int64) for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+    batches, _, _ = adjust_group_count(groups, weight_L, k * world_size)
+    costs = np.array([float(np.cumsum(weight_L[g])[-1]) for g in batches])
+    return [[batches[g] for g in taken] for taken in assign_groups(costs, world_size, k)]
+
+
+def _capped_plan(samples_U, offsets_U, weight_UL, rank_of_UL, world_size, batches_U, load_Nk, caps_K):
+    """``plan[u][rank]``: positions of each batch, with the caps respected (see :func:`plan_window`)."""
+    ks = np.asarray(batches_U, dtype=np.int64).tolist()
+    per_rank = []
+    for rank in range(world_size):
+        unit, pos, cuts = _rank_batches(rank_of_UL, weight_UL, rank, batches_U)
+        per_rank.append((unit, pos, cuts))
+    plan, first = [], 0
+    for u, k in enumerate(ks):
+        load_LK = np.asarray(load_Nk, dtype=np.int64)[samples_U[u]]
+        step = []
+        for unit, pos, cuts in per_rank:
+            c = cuts[first:first + k + 1]
+            p = pos[c[0]:c[-1]]
+            rc = _capped_rank_cuts(load_LK[p], weight_UL[u, p], caps_K, k, (c - c[0]).tolist())
+            if rc is None:
+                step = None
+                break
+            step.append([p[a:b] for a, b in zip(rc, rc[1:])])
+        if step is None:
+            step = _group_fallback(np.asarray(offsets_U[u]), weight_UL[u], world_size, k)
+        plan.append(step)
+        first += k
+    return plan

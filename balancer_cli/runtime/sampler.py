@@ -43,7 +43,7 @@ from torch.utils.data import Sampler
 
 from balancer_cli.cost import sample_costs
 from balancer_cli.errors import ManifestError, UsageError
-from balancer_cli.lengths import LengthsTable, read_lengths
+from balancer_cli.lengths import LLM, LengthsTable, read_lengths
 from balancer_cli.runtime.elastic import ElasticReport, batches_per_rank, dist_ratio, form_runs, plan_step
 from balancer_cli.runtime.ranks import resolve_rank
 from balancer_cli.runtime.reader import ManifestReader
@@ -153,6 +153,8 @@ class ManifestBatchSampler(Sampler[list[int]]):
         self._llm_tokens = self._loss_tokens = None
         self._sample_cost = np.broadcast_to(np.float64(1.0), (self.num_samples,))
         self._cost_Nm: np.ndarray | None = None  # (N, m) per-module cost for elastic balance
+        self._load_Nk: np.ndarray | None = None  # (N, K) capped quantities, with the packer's (K,) caps
+        self._caps_K: np.ndarray | None = None
         if lengths is not None:
             self._use_lengths(lengths if isinstance(lengths, LengthsTable) else read_lengths(lengths))
         self.elastic_report: ElasticReport | None = None
@@ -191,6 +193,24 @@ class ManifestBatchSampler(Sampler[list[int]]):
             self._loss_tokens = np.asarray(lengths.table.column("loss_tokens").fill_null(0).to_numpy(), dtype=np.int64)
         self._cost_Nm = np.stack(list(sample_costs(lengths).values()), axis=1).astype(np.float64)
         self._sample_cost = self._cost_Nm.sum(axis=1)
+        self._use_caps(lengths)
+
+    def _use_caps(self, lengths: LengthsTable) -> None:
+        """The packer's caps (``meta["params"]["caps"]``: encoder items, LLM tokens per group) and
+        the matching per-sample quantities, so elastic batches respect them too."""
+        caps = ((self._reader.manifest.meta.get("params") or {}).get("caps")) or {}
+        columns, limits = [], []
+        for module, cap in caps.items():
+            if module == LLM:
+                columns.append(lengths.llm_tokens())
+            elif module in lengths.modules:
+                columns.append(lengths.items(module))
+            else:  # a cap on a module this table lacks bounds nothing here
+                continue
+            limits.append(int(cap))
+        if columns:
+            self._load_Nk = np.stack(columns, axis=1).astype(np.int64)
+            self._caps_K = np.asarray(limits, dtype=np.int64)
 
     # ----------------------------------------------------------------------------- epochs
     @property
@@ -281,7 +301,7 @@ class ManifestBatchSampler(Sampler[list[int]]):
             M = self.micro_batches
             return [groups[r * M:(r + 1) * M] for r in range(world_size)]
         cost = self._sample_cost if self._cost_Nm is None else self._cost_Nm
-        return plan_step(groups, cost, world_size, int(plan.batches[unit]))
+        return plan_step(groups, cost, world_size, int(plan.batches[unit]), self._load_Nk, self._caps_K)
 
     def _unit_flat(self, plan: _Plan, unit: int) -> tuple[np.ndarray, np.ndarray]:
         """``(samples, group offsets)`` of one unit, all ranks, in manifest order."""
@@ -314,7 +334,8 @@ class ManifestBatchSampler(Sampler[list[int]]):
         cost = lambda g: float(self._sample_cost[g].sum())  # noqa: E731
         units = range(min(8, len(plan.batches)))
         flat = [self._unit_flat(plan, unit) for unit in units]
-        planned = plan_window([s for s, _ in flat], [o for _, o in flat], self._cost_Nm, self.world_size, plan.batches[:len(units)])
+        planned = plan_window([s for s, _ in flat], [o for _, o in flat], self._cost_Nm, self.world_size, plan.batches[:len(units)],
+                              self._load_Nk, self._caps_K)
         for unit in units:
             replayed.append(dist_ratio([sum(cost(b) for b in bs) for bs in planned[unit]]))
             for pos in range(int(plan.bounds[unit]), int(plan.bounds[unit + 1])):
@@ -385,7 +406,7 @@ class ManifestBatchSampler(Sampler[list[int]]):
             units = range(start, min(start + _ELASTIC_WINDOW, len(plan.batches)))
             flat = [self._unit_flat(plan, unit) for unit in units]
             yield plan_window_rank([s for s, _ in flat], [o for _, o in flat], self._cost_Nm, self.world_size,
-                                   plan.batches[start:start + len(units)], self.rank)
+                                   plan.batches[start:start + len(units)], self.rank, self._load_Nk, self._caps_K)
 
     def _sync(self) -> None:
         """Bring the cursor state up to the batches the running iterator has yielded."""
