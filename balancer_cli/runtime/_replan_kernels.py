@@ -11,22 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
-try:  # numba is optional: an acceleration, never a behaviour change.
-    import numba as _numba
-
-    _njit = _numba.njit(cache=True, nogil=True)
-    HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - exercised only where numba is absent
-    HAVE_NUMBA = False
-
-    def _njit(func):
-        return func
-
+from balancer_cli._jit import HAVE_NUMBA, njit
 
 __all__ = ["HAVE_NUMBA", "lpt_swap"]
 
 
-@_njit
+@njit
 def lpt_swap(cost_ULm, sizes_U, order_UL, world_size, swap_rounds, rank_of_UL):  # pragma: no cover - compiled
     """Per step: LPT of the samples (``order_UL``, heaviest first) by summed cost, then up to
     ``swap_rounds`` single swaps between the rank holding the peak module load and another rank,
