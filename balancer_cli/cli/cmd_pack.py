@@ -102,11 +102,16 @@ def _release_arrow_memory() -> None:
     pa.default_memory_pool().release_unused()
 
 
-def _max_item_options(fn):
-    for module in reversed(NAMED_ENCODERS):
-        fn = click.option(f"--max-{module}-items", f"max_{module}_items", type=click.IntRange(min=1),
-                          help=f"Cap Q on {module} items (images/tiles/clips) per group.")(fn)
-    return fn
+def max_item_options(help_template: str):
+    """Decorator adding ``--max-<m>-items`` for every named encoder; ``help_template`` has ``{module}``."""
+
+    def decorate(fn):
+        for module in reversed(NAMED_ENCODERS):
+            fn = click.option(f"--max-{module}-items", f"max_{module}_items", type=click.IntRange(min=1),
+                              help=help_template.format(module=module))(fn)
+        return fn
+
+    return decorate
 
 
 @click.command("pack")
@@ -119,7 +124,7 @@ def _max_item_options(fn):
 @click.option("--algorithm", type=click.Choice(["balanced", "isf"]), default="balanced", show_default=True,
               help="Packer: ours (balanced) or OmniBal's ISF.")
 @click.option("--max-llm-tokens", type=click.IntRange(min=1), help="Cap Qt on LLM tokens per group.")
-@_max_item_options
+@max_item_options("Cap Q on {module} items (images/tiles/clips) per group.")
 @click.option("--cap", multiple=True, metavar="MODULE=V", help="Cap of any module (items; tokens for llm).")
 @click.option("--bound", multiple=True, metavar="MODULE=V", help="ISF acceptance bound Q' (default 0.9 x cap).")
 @click.option("--iterations", type=click.IntRange(min=1), default=50, show_default=True, help="ISF iterations C.")

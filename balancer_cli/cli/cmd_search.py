@@ -10,7 +10,7 @@ import click
 
 from balancer_cli.cli._common import emit, handle_errors, json_option
 from balancer_cli.cli._cost_options import cost_model_options
-from balancer_cli.cli.cmd_pack import NAMED_ENCODERS, caps_from_options, cost_presets, progress
+from balancer_cli.cli.cmd_pack import NAMED_ENCODERS, caps_from_options, cost_presets, max_item_options, progress
 
 __all__ = ["command"]
 
@@ -39,13 +39,6 @@ def _render(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _max_item_options(fn):
-    for module in reversed(NAMED_ENCODERS):
-        fn = click.option(f"--max-{module}-items", f"max_{module}_items", type=click.IntRange(min=1),
-                          help=f"Memory limit on {module} items per group (the largest cap tried).")(fn)
-    return fn
-
-
 @click.command("search")
 @click.argument("lengths", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--dp", "world_size", type=click.IntRange(min=1), default=1, show_default=True,
@@ -54,7 +47,7 @@ def _max_item_options(fn):
               help="Groups per rank per step M.")
 @click.option("--algorithm", type=click.Choice(["balanced", "isf"]), default="balanced", show_default=True)
 @click.option("--max-llm-tokens", type=click.IntRange(min=1), help="Memory limit on LLM tokens per group.")
-@_max_item_options
+@max_item_options("Memory limit on {module} items per group (the largest cap tried).")
 @click.option("--cap", multiple=True, metavar="MODULE=V", help="Memory limit of any module.")
 @click.option("--target-group-size", type=click.FloatRange(min=1), help="Mean samples per group to aim at.")
 @click.option("--grid", type=click.IntRange(min=2), default=5, show_default=True, help="Cap values tried per module.")
