@@ -22,7 +22,7 @@ import numpy as np
 from balancer_cli.cost import CostModel
 from balancer_cli.errors import InputError, ManifestError, UsageError
 from balancer_cli.lengths import read_lengths
-from balancer_cli.planners.chain import Layer, explicit_features, features_at, group_features, sequential_groups
+from balancer_cli.planners.chain import Layer, build_chain, explicit_features, features_at, group_features, sequential_groups
 
 __all__ = ["model_options", "workload_options", "build_model", "load_workload", "load_profile"]
 
@@ -69,6 +69,16 @@ def workload_options(fn):
 
 def build_model(vision: str | None, audio: str | None, llm: str, attention: str, tp: int) -> CostModel:
     return CostModel.build(llm, {"vision": vision, "audio": audio}, attention=attention, tp=tp)
+
+
+def build_model_chain(vision: str | None, audio: str | None, llm: str, attention: str, tp: int,
+                      stages: int) -> tuple[CostModel, list[Layer]]:
+    """The cost model and its layer chain, checking that ``stages`` fits the chain's length."""
+    model = build_model(vision, audio, llm, attention, tp)
+    chain = build_chain(model)
+    if stages > len(chain):
+        raise UsageError(f"--stages {stages} exceeds the {len(chain)} layers of the chain", fix="use fewer stages")
+    return model, chain
 
 
 def load_workload(model: CostModel, lengths: tuple[str, ...], manifest: str | None, group_llm_tokens: int | None,

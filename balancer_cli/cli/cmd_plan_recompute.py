@@ -5,10 +5,9 @@ from __future__ import annotations
 import click
 
 from balancer_cli.cli._common import emit, handle_errors, json_option
-from balancer_cli.cli._plan_common import build_model, load_workload, model_options, workload_options
+from balancer_cli.cli._plan_common import build_model_chain, load_workload, model_options, workload_options
 from balancer_cli.cli.cmd_plan_partition import _describe
 from balancer_cli.errors import UsageError
-from balancer_cli.planners.chain import build_chain
 from balancer_cli.planners.partition import bounds_from_cuts
 from balancer_cli.planners.recompute import plan_recompute
 from balancer_cli.planners.summary import partition_summary, recompute_summary, render_recompute
@@ -42,10 +41,7 @@ def command(vision, audio, llm, stages, attention, tp, lengths, manifest, group_
       balancer plan-recompute --vision internvit-6b --llm internlm2-20b --stages 8 \\
           --gpu-memory-gb 80 --zero-stage 1 --dp 8 --manifest out/ --lengths lengths.parquet
     """
-    model = build_model(vision, audio, llm, attention, tp)
-    chain = build_chain(model)
-    if stages > len(chain):
-        raise UsageError(f"--stages {stages} exceeds the {len(chain)} layers of the chain", fix="use fewer stages")
+    model, chain = build_model_chain(vision, audio, llm, attention, tp, stages)
     typical, per_group, info = load_workload(model, lengths, manifest, group_llm_tokens, group_vision_items,
                                              group_vision_tokens, group_audio_items)
     if cuts:
