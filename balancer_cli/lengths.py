@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from balancer_cli import __version__
 from balancer_cli.errors import InputError
-from balancer_cli.fsutil import atomic_path, bytes_fingerprint
+from balancer_cli._fsutil import atomic_path, bytes_fingerprint
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 
 from balancer_cli import __version__
 from balancer_cli.errors import ManifestError
-from balancer_cli.fsutil import atomic_path
+from balancer_cli._fsutil import atomic_path
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from balancer_cli.lengths import read_lengths  # noqa: E402
-from balancer_cli.post_balance import phase_loads, plan_post_balance  # noqa: E402
+from balancer_cli.replay.post_balance import phase_loads, plan_post_balance  # noqa: E402
 
 MODULES = ("vision", "audio", "llm")
 TILE_TOKENS = 1025

@@ -17,7 +17,7 @@ import heapq
 from pathlib import Path
 
 import numpy as np
-from balancer_cli.cost import sample_costs
+from balancer_cli.cost.samples import sample_costs
 from balancer_cli.lengths import make_lengths_table, read_lengths, write_lengths
 from balancer_cli.manifest import ManifestRows, write_manifest
 

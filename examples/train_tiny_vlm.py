@@ -37,7 +37,7 @@ from torch import nn
 
 from balancer_cli.lengths import read_lengths
 from balancer_cli.runtime import ManifestBatchSampler
-from balancer_cli.runtime.reader import ManifestReader
+from balancer_cli.replay.reader import ManifestReader
 
 PATCH_DIM = 48  # 4 x 4 x 3 pixels per patch
 

@@ -23,3 +23,29 @@ def shutdown(dist) -> None:
             dist.barrier()
         finally:
             dist.destroy_process_group()
+
+
+def _exit_after(rank: int, worker, *args) -> None:
+    """Run ``worker(rank, *args)``, then leave with ``os._exit``: the interpreter's normal teardown
+    destroys gloo's C++ threads in an order that now and then aborts the process
+    ("terminate called without an active exception") after all the work succeeded."""
+    import os
+    import sys
+    import traceback
+
+    try:
+        worker(rank, *args)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def spawn(worker, args: tuple, nprocs: int) -> None:
+    """``torch.multiprocessing.spawn`` whose workers exit without the teardown race (see :func:`_exit_after`)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_exit_after, args=(worker, *args), nprocs=nprocs, join=True)

@@ -9,7 +9,7 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 
 from balancer_cli.errors import BalancerError, InputError, ManifestError, PlanError, SampleError, UsageError
-from balancer_cli.scan.vision_base import MediaRejected
+from balancer_cli.scan.rules.base import MediaRejected
 
 
 class _PositionalError(InputError):

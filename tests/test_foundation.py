@@ -114,7 +114,7 @@ def test_manifest_rejects_unsorted_rows_and_missing_dir(tmp_path):
 
 def test_atomic_outputs_respect_the_umask(tmp_path):
     import os
-    from balancer_cli.fsutil import atomic_path
+    from balancer_cli._fsutil import atomic_path
     old = os.umask(0o022)
     try:
         with atomic_path(tmp_path / "out.bin") as tmp:

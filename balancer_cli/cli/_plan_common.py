@@ -19,7 +19,7 @@ from typing import Any
 import click
 import numpy as np
 
-from balancer_cli.cost import CostModel
+from balancer_cli.cost.samples import CostModel
 from balancer_cli.errors import InputError, ManifestError, UsageError
 from balancer_cli.lengths import read_lengths
 from balancer_cli.planners.chain import Layer, build_chain, explicit_features, features_at, group_features, sequential_groups

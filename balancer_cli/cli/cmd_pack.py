@@ -11,10 +11,10 @@ from typing import Any
 import click
 
 from balancer_cli.cli._common import emit, handle_errors, json_option
-from balancer_cli.cli._cost_options import cost_model_options
+from balancer_cli.cli._options import cost_model_options
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.lengths import LLM
-from balancer_cli.pack.baselines import BASELINES
+from balancer_cli.pack.packers.baselines import BASELINES
 from balancer_cli.pack.pipeline import OVERSIZE_POLICIES
 
 __all__ = ["command", "parse_pairs", "parse_baselines", "caps_from_options", "cost_presets", "render_summary",
@@ -71,7 +71,7 @@ def progress(total: int, quiet: bool, desc: str):
 
 def render_summary(summary: Mapping[str, Any]) -> str:
     """The text summary: what was written, the parameters, and ours vs baselines."""
-    from balancer_cli.report import format_text_table, summary_table
+    from balancer_cli.report.build import format_text_table, summary_table
 
     params = summary["manifest"]["params"]
     caps = ", ".join(f"{m}={c}" for m, c in params["caps"].items())
@@ -158,7 +158,7 @@ def command(lengths, out, world_size, micro_batches, algorithm, max_llm_tokens, 
     from balancer_cli.lengths import read_lengths
     from balancer_cli.manifest import open_manifest, write_manifest
     from balancer_cli.pack.pipeline import PackConfig, pack_inputs, prepare_inputs
-    from balancer_cli.report import build_report, write_report
+    from balancer_cli.report.build import build_report, write_report
 
     baseline_names = parse_baselines(baselines)
     caps = caps_from_options(max_llm_tokens, {"vision": max_vision_items, "audio": max_audio_items,

@@ -9,7 +9,7 @@ import click
 from balancer_cli.cli._common import emit, handle_errors, json_option
 from balancer_cli.cli.cmd_pack import parse_baselines, render_summary
 from balancer_cli.errors import InputError, ManifestError
-from balancer_cli.pack.baselines import BASELINES
+from balancer_cli.pack.packers.baselines import BASELINES
 
 __all__ = ["command"]
 
@@ -34,7 +34,7 @@ def command(out, lengths_files, baselines, as_json):
     """
     from balancer_cli.lengths import read_lengths
     from balancer_cli.manifest import open_manifest
-    from balancer_cli.report import build_report, write_report
+    from balancer_cli.report.build import build_report, write_report
 
     manifest = open_manifest(out)
     if baselines is None:

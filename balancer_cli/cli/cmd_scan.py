@@ -123,7 +123,7 @@ def command(inputs: tuple[str, ...], output: str, model: str, tokenizer: str, te
     from tqdm import tqdm
 
     from balancer_cli.lengths import write_lengths
-    from balancer_cli.scan.engine import scan
+    from balancer_cli.scan.engines.local import scan
     from balancer_cli.scan.measure import ScanConfig
     from balancer_cli.scan.records import FIELD_NAMES
 
@@ -144,7 +144,7 @@ def command(inputs: tuple[str, ...], output: str, model: str, tokenizer: str, te
                         video_size=_parse_size(video_size), fields=tuple(sorted(mapping.items())))
     engine_options = None
     if engine == "ray":
-        from balancer_cli.scan.engine_ray import RayOptions, parts_dir_for
+        from balancer_cli.scan.engines.ray import RayOptions, parts_dir_for
 
         # An interrupted ray scan resumes from OUTPUT.parts/ when the same command is rerun.
         engine_options = RayOptions(parts_dir=str(parts_dir_for(output)), address=ray_address,
@@ -163,7 +163,7 @@ def command(inputs: tuple[str, ...], output: str, model: str, tokenizer: str, te
         bar.close()
     write_lengths(result.lengths, output)
     if engine_options is not None:
-        from balancer_cli.scan.engine_ray import remove_parts
+        from balancer_cli.scan.engines.ray import remove_parts
 
         remove_parts(engine_options)
     seconds = time.perf_counter() - started

@@ -9,15 +9,15 @@ from typing import Any
 import click
 
 from balancer_cli.cli._common import emit, handle_errors, json_option
-from balancer_cli.cli._cost_options import cost_model_options
+from balancer_cli.cli._options import cost_model_options
 from balancer_cli.cli.cmd_pack import NAMED_ENCODERS, caps_from_options, cost_presets, max_item_options, progress
 
 __all__ = ["command"]
 
 
 def _render(summary: Mapping[str, Any]) -> str:
-    from balancer_cli.report import format_text_table
-    from balancer_cli.search_report import search_table
+    from balancer_cli.report.build import format_text_table
+    from balancer_cli.report.search import search_table
 
     best = summary["best"]
     caps = ", ".join(f"{m}={c}" for m, c in best["caps"].items())
@@ -75,10 +75,10 @@ def command(lengths, world_size, micro_batches, algorithm, max_llm_tokens, max_v
     """
     import json
 
-    from balancer_cli.fsutil import atomic_path
+    from balancer_cli._fsutil import atomic_path
     from balancer_cli.lengths import read_lengths
     from balancer_cli.pack.pipeline import PackConfig, prepare_inputs, run_search
-    from balancer_cli.search_report import plot_search, search_data
+    from balancer_cli.report.search import plot_search, search_data
 
     caps = caps_from_options(max_llm_tokens, {"vision": max_vision_items, "audio": max_audio_items,
                                               "video": max_video_items}, cap)

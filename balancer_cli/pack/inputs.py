@@ -1,7 +1,7 @@
 """Per-sample inputs of packers, baselines and metrics: load and cost matrices of a lengths table.
 
 ``load_NK`` is what the caps bound (encoder *items* per module, LLM *tokens* last);
-``cost_NK`` is what gets balanced (:func:`balancer_cli.cost.sample_costs`, tokens by default).
+``cost_NK`` is what gets balanced (:func:`balancer_cli.cost.samples.sample_costs`, tokens by default).
 Columns the lengths contract does not know are refused rather than silently ignored.
 
 Example:
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from balancer_cli.cost import sample_costs
+from balancer_cli.cost.samples import sample_costs
 from balancer_cli.errors import InputError
 from balancer_cli.lengths import LLM, LengthsTable
 
@@ -82,7 +82,7 @@ def prepare_inputs(lengths: LengthsTable, cost_model: str = "tokens",
 
     Args:
         lengths: the lengths table.
-        cost_model: ``tokens`` or ``flops`` (:func:`balancer_cli.cost.sample_costs`).
+        cost_model: ``tokens`` or ``flops`` (:func:`balancer_cli.cost.samples.sample_costs`).
         cost_presets: ``{module: preset or model file}`` for ``flops`` (``llm`` required there).
     """
     _check_columns(lengths)

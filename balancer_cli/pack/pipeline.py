@@ -2,7 +2,7 @@
 
 :func:`pack_manifest` is pure (no I/O): it drops samples with a scan error (their error text is
 the reason), builds the per-sample load matrix (encoder *items* per module, LLM *tokens* last; the
-quantities the caps bound) and cost matrix (:func:`balancer_cli.cost.sample_costs`), runs the
+quantities the caps bound) and cost matrix (:func:`balancer_cli.cost.samples.sample_costs`), runs the
 threshold search when caps are not given for every module, packs each epoch with its own seed
 (``seed + epoch``), assigns groups to (step, rank, micro) and returns the rows sorted the way
 :func:`balancer_cli.manifest.write_manifest` wants them. Steps are numbered globally across
@@ -73,13 +73,13 @@ class PackConfig:
         oversize: what to do with a sample over a cap on its own: isolate, drop or error.
         epochs: epochs to pack (each with seed ``seed + epoch``).
         seed: base seed.
-        cost_model: cost model of :func:`balancer_cli.cost.sample_costs` (``tokens``, ``flops``).
+        cost_model: cost model of :func:`balancer_cli.cost.samples.sample_costs` (``tokens``, ``flops``).
         cost_presets: ``((module, preset or model file), ...)`` for the ``flops`` cost model.
         target_group_size: optional samples-per-group target handed to the search.
         batch_size: fixed samples per group of the ``random`` algorithm (default: the mean group
             size the caps give, rounded).
         lengths_files: input paths, recorded in the metadata for ``balancer report``.
-        post_balance: add ``<m>_rank`` columns from :mod:`balancer_cli.post_balance` (the rank
+        post_balance: add ``<m>_rank`` columns from :mod:`balancer_cli.replay.post_balance` (the rank
             that runs encoder m's phase for each row).
     """
 
@@ -217,7 +217,7 @@ def make_packer(inputs: PackInputs, config: PackConfig, caps_K: np.ndarray, boun
     cost = _ok_rows(inputs, inputs.cost_NK)
     common = dict(oversize=config.oversize, sample_ids=ids)
     if algorithm == "balanced":
-        from balancer_cli.pack.packer import pack_balanced
+        from balancer_cli.pack.packers.balanced import pack_balanced
 
         # G a multiple of R x M, so no group is left out of a full step.
         group_multiple = config.world_size * config.micro_batches
@@ -227,11 +227,11 @@ def make_packer(inputs: PackInputs, config: PackConfig, caps_K: np.ndarray, boun
                                            group_multiple=group_multiple, source_N=source,
                                            module_names=inputs.modules, **common)
     if algorithm == "isf":
-        from balancer_cli.pack.isf import pack_isf
+        from balancer_cli.pack.packers.isf import pack_isf
 
         return lambda epoch: pack_isf(load, caps_K, bounds_K, iterations=config.iterations,
                                       seed=config.seed + epoch, module_names=inputs.modules, **common)
-    from balancer_cli.pack import baselines
+    from balancer_cli.pack.packers import baselines
 
     if algorithm == "llm-ffd":
         return lambda epoch: baselines.pack_llm_ffd(load, caps_K, seed=config.seed + epoch, **common)
@@ -248,9 +248,9 @@ def with_phase_ranks(rows: ManifestRows, inputs: PackInputs, world_size: int) ->
         UsageError: the post-balancing module is not part of this installation.
     """
     try:
-        from balancer_cli.post_balance import manifest_phase_ranks
+        from balancer_cli.replay.post_balance import manifest_phase_ranks
     except ImportError:
-        raise UsageError("--post-balance needs balancer_cli.post_balance, which this installation lacks",
+        raise UsageError("--post-balance needs balancer_cli.replay.post_balance, which this installation lacks",
                          fix="drop --post-balance or install a balancer_cli that ships post-balancing") from None
     costs = {m: inputs.cost_NK[:, k] for k, m in enumerate(inputs.modules)}  # encoders first, llm last
     phase_ranks = manifest_phase_ranks(rows, costs, world_size)
@@ -287,7 +287,7 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
     Lets a caller drop the Arrow lengths table while packing (the inputs hold all packing needs),
     which lowers the peak memory of large runs. Same result as :func:`pack_manifest`.
     """
-    from balancer_cli.pack.evaluate import evaluate_rows
+    from balancer_cli.report.evaluate import evaluate_rows
 
     _check_config(config)
     if not inputs.ok_N.any():

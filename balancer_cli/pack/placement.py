@@ -8,7 +8,7 @@ does), number steps globally across epochs and collect dropped samples with thei
 Example:
     >>> import numpy as np
     >>> from balancer_cli.lengths import make_lengths_table
-    >>> from balancer_cli.pack.baselines import pack_random
+    >>> from balancer_cli.pack.packers.baselines import pack_random
     >>> from balancer_cli.pack.inputs import prepare_inputs
     >>> inputs = prepare_inputs(make_lengths_table(np.arange(1, 9)))
     >>> rows, dropped, reasons, steps = place_epochs(inputs, lambda e: pack_random(8, 2, seed=e), world_size=2,

@@ -34,9 +34,9 @@ import numpy as np
 
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.pack.assign import assign_groups, split_to_multiple
-from balancer_cli.pack.isf import pack_isf
-from balancer_cli.pack.metrics import dist_ratio, pad_ratio, step_loads, utilization
-from balancer_cli.pack.packer import groups_lower_bound, pack_balanced
+from balancer_cli.pack.packers.isf import pack_isf
+from balancer_cli.report.metrics import dist_ratio, pad_ratio, step_loads, utilization
+from balancer_cli.pack.packers.balanced import groups_lower_bound, pack_balanced
 from balancer_cli.pack.types import group_sums
 
 __all__ = ["SearchResult", "Candidate", "search_thresholds", "default_caps", "DEFAULT_GROUP_SIZE"]

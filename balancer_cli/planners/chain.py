@@ -3,11 +3,11 @@
 The chain is what a pipeline cuts: for each encoder its stem (patch embedding), its layers and
 its projector, then the LLM's embedding, layers and output head. Each :class:`Layer` holds
 *linear forms* over group workload features (``"<module>.tokens"``, ``"<module>.sumsq"``,
-``"<module>.side"``: see :func:`balancer_cli.cost.module_features`), so one chain serves every
+``"<module>.side"``: see :func:`balancer_cli.cost.samples.module_features`), so one chain serves every
 group: a typical (mean) group for stage times, the heaviest group for memory.
 
 Example:
-    >>> from balancer_cli.cost import CostModel
+    >>> from balancer_cli.cost.samples import CostModel
     >>> chain = build_chain(CostModel.build("qwen2-7b", {"vision": "qwen2-vl-vit"}))
     >>> len(chain), chain[0].name, chain[-1].name
     (64, 'vision.stem', 'llm.head')
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from balancer_cli import flops as F
-from balancer_cli.cost import CostModel, module_features
+from balancer_cli.cost import flops as F
+from balancer_cli.cost.samples import CostModel, module_features
 from balancer_cli.lengths import LLM, LengthsTable
 
 __all__ = ["Form", "Layer", "build_chain", "evaluate", "group_features", "features_at", "sequential_groups",
@@ -69,7 +69,7 @@ class Layer:
         return self.kind == "layer"
 
     def train_flops(self, features: Mapping[str, object]):
-        """Forward + backward FLOPs (backward = 2 x forward, [N21] in :mod:`balancer_cli.flops`)."""
+        """Forward + backward FLOPs (backward = 2 x forward, [N21] in :mod:`balancer_cli.cost.flops`)."""
         return (1.0 + F.BACKWARD_FACTOR) * evaluate(self.fwd, features)
 
 

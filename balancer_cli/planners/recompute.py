@@ -7,7 +7,7 @@ Narayanan et al. 2021, arXiv:2104.04473, Sec. 2.2: stage i holds the activations
     peak_i = state_i + inflight_i x stored_i(g*) + work_i(g*)
 
 - ``state_i``: weights + gradients + Adam states of the stage's layers,
-  :func:`balancer_cli.flops.state_bytes_per_param` (ZeRO stage and data-parallel size);
+  :func:`balancer_cli.cost.flops.state_bytes_per_param` (ZeRO stage and data-parallel size);
 - ``stored_i(g)``: activations the stage keeps for one micro-batch of group g, each layer at its
   recompute mode (none / selective / full, Korthikanti et al. 2022);
 - ``work_i(g)``: the working set of recomputation: one recomputed layer's full activations
@@ -23,7 +23,7 @@ nothing; when even full recomputation of every layer does not fit it raises
 :class:`~balancer_cli.errors.PlanError` with the memory needed.
 
 Example:
-    >>> from balancer_cli.cost import CostModel
+    >>> from balancer_cli.cost.samples import CostModel
     >>> from balancer_cli.planners.chain import build_chain, explicit_features
     >>> model = CostModel.build("llama3-8b")
     >>> chain = build_chain(model)
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from balancer_cli import flops as F
+from balancer_cli.cost import flops as F
 from balancer_cli.errors import PlanError
 from balancer_cli.planners.chain import Layer, evaluate
 

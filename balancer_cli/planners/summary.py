@@ -1,7 +1,7 @@
 """JSON summaries and text renderings of partition and recompute plans (pure).
 
 Example:
-    >>> from balancer_cli.cost import CostModel
+    >>> from balancer_cli.cost.samples import CostModel
     >>> from balancer_cli.planners.chain import build_chain, explicit_features
     >>> model = CostModel.build("llama3-8b")
     >>> chain = build_chain(model)

@@ -20,7 +20,7 @@ _LAZY = {
     "ManifestBatchSampler": "balancer_cli.runtime.sampler",
     "StepTokens": "balancer_cli.runtime.sampler",
     "resolve_rank": "balancer_cli.runtime.ranks",
-    "ElasticReport": "balancer_cli.runtime.elastic",
+    "ElasticReport": "balancer_cli.replay.elastic",
 }
 
 

@@ -1,6 +1,6 @@
 """Execute a post-balancing plan: per-phase all-to-all of encoder inputs and outputs.
 
-A :class:`~balancer_cli.post_balance.PostBalancePlan` says which rank runs each sample in each
+A :class:`~balancer_cli.replay.post_balance.PostBalancePlan` says which rank runs each sample in each
 phase. :class:`PhaseDispatcher` moves one module's inputs from the rank that holds each sample
 (its data rank) to the rank that runs the module for it, and the module's outputs on to the rank
 that runs the sample's LLM phase, with ``torch.distributed.all_to_all_single`` and variable split
@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from balancer_cli.errors import UsageError
-from balancer_cli.post_balance import PostBalancePlan, plan_post_balance
+from balancer_cli.replay.post_balance import PostBalancePlan, plan_post_balance
 
 __all__ = ["PhaseDispatcher", "all_to_all_rows", "plan_from_local_costs"]
 
@@ -256,7 +256,7 @@ def plan_from_local_costs(costs_nM: np.ndarray, group=None, **plan_kwargs) -> Po
     Args:
         costs_nM: (n_r, M) this rank's per-sample costs (encoders first, the LLM last).
         group: process group (default: the world).
-        **plan_kwargs: passed to :func:`~balancer_cli.post_balance.plan_post_balance`.
+        **plan_kwargs: passed to :func:`~balancer_cli.replay.post_balance.plan_post_balance`.
     """
     costs = torch.as_tensor(np.asarray(costs_nM, dtype=np.float64))
     if costs.ndim != 2:

@@ -13,7 +13,7 @@ Each rank yields its own groups as lists of sample indices, in manifest order (s
   ``load_state_dict()`` seeks to the row group of the next unconsumed step, never iterating the
   steps before it. It is the ``Stateful`` protocol of torchdata's ``StatefulDataLoader``.
 - **Elastic.** On a world size other than the manifest's, steps are re-planned by
-  :mod:`balancer_cli.runtime.elastic`; a state saved at one world size loads at another.
+  :mod:`balancer_cli.replay.elastic`; a state saved at one world size loads at another.
 - **Loss normalization.** ``step_tokens(step)`` gives the global LLM (and loss) token count of a
   step, identical on every rank (see ``docs/runtime.md``).
 
@@ -41,13 +41,13 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from balancer_cli.cost import sample_costs
+from balancer_cli.cost.samples import sample_costs
 from balancer_cli.errors import ManifestError, UsageError
 from balancer_cli.lengths import LLM, LengthsTable, read_lengths
-from balancer_cli.runtime.elastic import ElasticReport, batches_per_rank, dist_ratio, form_runs, plan_step
+from balancer_cli.replay.elastic import ElasticReport, batches_per_rank, dist_ratio, form_runs, plan_step
 from balancer_cli.runtime.ranks import resolve_rank
-from balancer_cli.runtime.reader import ManifestReader
-from balancer_cli.runtime.replan import plan_window, plan_window_rank
+from balancer_cli.replay.reader import ManifestReader
+from balancer_cli.replay.replan import plan_window, plan_window_rank
 
 __all__ = ["ManifestBatchSampler", "StepTokens"]
 

@@ -109,7 +109,7 @@ class ScanConfig:
 def _load_rule(model: str, processor_config: str | None, params: tuple[tuple[str, Any], ...]) -> Any:
     import dataclasses
 
-    from balancer_cli.scan.vision_rules import get_rule, rule_from_processor_config
+    from balancer_cli.scan.rules.registry import get_rule, rule_from_processor_config
 
     if processor_config:
         # The config's parameters first, then explicit overrides (validated by get_rule).
@@ -220,7 +220,7 @@ def measure_block(block: RecordBlock, config: ScanConfig) -> pa.Table:
         SampleError: the first bad sample, only with ``config.strict``.
         UsageError: unknown model preset, tokenizer or template (before any record is read).
     """
-    from balancer_cli.scan.vision_rules import count_images
+    from balancer_cli.scan.rules.registry import count_images
 
     rule = config.rule(block.rule_overrides)
     tokenizer = load_tokenizer(config.tokenizer)

@@ -5,7 +5,7 @@ must count (split at special tokens, exactly as Hugging Face tokenizers split te
 the number of special tokens written, and the media placeholders in order. The sample's LLM length
 is then ``sum(count(piece)) + num_special + sum(media.llm_tokens)``: each placeholder (Qwen2-VL's
 ``<|image_pad|>``, InternVL's ``<IMG_CONTEXT>`` run, LLaVA's ``<image>``) is replaced by the tokens
-the vision rule says the processor expands it into (:class:`~balancer_cli.scan.vision_rules.MediaCount`).
+the vision rule says the processor expands it into (:class:`~balancer_cli.scan.rules.registry.MediaCount`).
 
 Templates (training form: every turn rendered, no generation prompt):
 

@@ -1,0 +1,174 @@
+"""Cost models: a module's predicted work per sample.
+
+``tokens`` (the default): the cost of a sample in a module is its token count (``<m>_tokens``,
+``llm_tokens``). ``flops``: training FLOPs (forward + backward = 3 x forward) of the module's
+real model, from the presets of :mod:`balancer_cli.cost.presets` and the formulas of
+:mod:`balancer_cli.cost.flops`: the matmul term per token plus the attention term per sequence (per
+image/tile for encoders, per sample for the LLM, whose samples are packed sub-sequences with
+variable-length attention).
+
+How encoder workloads are read from the lengths table:
+
+- fixed-size encoders (InternViT, SigLIP, CLIP, Whisper; ``tokens_per_item > 0``): the encoder
+  runs ``<m>_items x tokens_per_item`` tokens, one attention sequence per item, whatever
+  ``<m>_tokens`` says (OmniBal JSON stores 256 LLM tokens per tile there);
+- native-resolution encoders (Qwen2-VL ViT): ``<m>_tokens`` are the patches the encoder runs,
+  ``<m>_seqlens`` the patches of each item when present (else ``tokens / items`` each), and the
+  projector emits ``tokens / merge`` LLM tokens.
+
+Example:
+    >>> import numpy as np
+    >>> from balancer_cli.lengths import make_lengths_table
+    >>> lt = make_lengths_table(np.array([300, 40]), {"vision": (np.array([1024, 0]), np.array([1, 0]))})
+    >>> {m: c.tolist() for m, c in sample_costs(lt).items()}
+    {'vision': [1024.0, 0.0], 'llm': [300.0, 40.0]}
+    >>> flops = sample_costs(lt, "flops", vision="internvit-300m", llm="qwen2-7b")
+    >>> [round(float(v) / 1e12, 2) for v in flops["vision"]], [round(float(v) / 1e12, 2) for v in flops["llm"]]
+    ([2.21, 0.0], [12.78, 1.7])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from balancer_cli.cost import flops as F
+from balancer_cli.errors import UsageError
+from balancer_cli.lengths import LLM, LengthsTable
+from balancer_cli.cost.presets import ModelConfig, get_model
+
+__all__ = ["COST_MODELS", "CostModel", "sample_costs", "module_features"]
+
+COST_MODELS = ("tokens", "flops")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """The models of one MLLM, by module: encoders (``vision``, ``audio``, ...) and the LLM.
+
+    Attributes:
+        llm: the LLM's shape.
+        encoders: ``((module, ModelConfig), ...)`` in pipeline order.
+        attention: ``flash`` (FlashAttention-2, default) or ``eager``.
+        tp: tensor-parallel size (with sequence parallelism); FLOPs and memory are per GPU.
+        dropout: whether layers train with dropout (adds masks to the stored activations).
+    """
+
+    llm: ModelConfig
+    encoders: tuple[tuple[str, ModelConfig], ...] = ()
+    attention: str = "flash"
+    tp: int = 1
+    dropout: bool = False
+
+    @classmethod
+    def build(cls, llm: str | ModelConfig, encoders: Mapping[str, str | ModelConfig] | None = None, *,
+              attention: str = "flash", tp: int = 1, dropout: bool = False) -> CostModel:
+        """Resolve preset names or model files (see :func:`balancer_cli.cost.presets.get_model`).
+
+        Raises:
+            UsageError: unknown preset, wrong model kind, bad attention or tp.
+        """
+        if attention not in F.ATTENTION_KINDS:
+            raise UsageError(f"unknown attention {attention!r}", fix=f"use one of: {', '.join(F.ATTENTION_KINDS)}")
+        if tp < 1:
+            raise UsageError(f"tensor-parallel size {tp} < 1", fix="pass --tp 1 or more")
+        resolved = tuple((m, get_model(spec, kind="vision")) for m, spec in (encoders or {}).items() if spec is not None)
+        return cls(get_model(llm, kind="llm"), resolved, attention, tp, dropout)
+
+    def encoder(self, module: str) -> ModelConfig:
+        for name, config in self.encoders:
+            if name == module:
+                return config
+        raise UsageError(f"the lengths table has module {module!r} but no model was given for it",
+                         fix=f"pass {module}=<preset> (CLI: --{module}-model); presets: "
+                             + ", ".join(n for n in _encoder_presets()))
+
+    def sample_flops(self, lengths: LengthsTable) -> dict[str, np.ndarray]:
+        """Training FLOPs per sample per GPU, ``{module: (N,) float64}``, encoders first, ``llm`` last."""
+        out: dict[str, np.ndarray] = {}
+        train = 1.0 + F.BACKWARD_FACTOR
+        for module in lengths.modules:
+            enc = self.encoder(module)
+            tokens, sumsq, llm_side = module_features(lengths, module, enc)
+            per_token, per_sumsq = F.layer_flops(enc, self.tp)
+            fwd = (enc.num_layers * (per_token * tokens + per_sumsq * sumsq)
+                   + F.stem_flops_per_token(enc) / self.tp * tokens
+                   + F.projector_flops_per_token(enc, self.llm) / self.tp * llm_side)
+            out[module] = train * fwd
+        tokens, sumsq, _ = module_features(lengths, LLM, self.llm)
+        per_token, per_sumsq = F.layer_flops(self.llm, self.tp)
+        fwd = self.llm.num_layers * (per_token * tokens + per_sumsq * sumsq) + F.head_flops_per_token(self.llm, self.tp) * tokens
+        out[LLM] = train * fwd
+        return out
+
+
+def _encoder_presets() -> list[str]:
+    from balancer_cli.cost.presets import PRESETS
+
+    return [n for n, m in PRESETS.items() if m.kind != "llm"]
+
+
+def module_features(lengths: LengthsTable, module: str, model: ModelConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-sample workload of a module: ``(tokens, sumsq, llm_side_tokens)``, each (N,) float64.
+
+    ``tokens``: tokens the model runs; ``sumsq``: sum of squared attention-sequence lengths;
+    ``llm_side_tokens``: tokens the projector hands the LLM (for the LLM: its own tokens).
+    Samples with an error count as zero.
+    """
+    ok = lengths.ok_mask()
+    if module == LLM:
+        tokens = np.where(ok, lengths.llm_tokens(), 0).astype(np.float64)
+        return tokens, tokens ** 2, tokens
+    items = np.where(ok, lengths.items(module), 0).astype(np.float64)
+    if model.tokens_per_item:
+        t = float(model.tokens_per_item)
+        return items * t, items * t * t, items * model.llm_tokens_per_item
+    tokens = np.where(ok, lengths.tokens(module), 0).astype(np.float64)
+    column = f"{module}_seqlens"
+    if column in lengths.table.column_names:
+        seqlens = lengths.table.column(column).combine_chunks()
+        sq = pa.compute.multiply(pa.compute.list_flatten(seqlens).cast(pa.float64()),
+                                 pa.compute.list_flatten(seqlens).cast(pa.float64()))
+        offsets = np.asarray(seqlens.offsets.to_numpy(), dtype=np.int64)
+        flat = np.concatenate([[0.0], np.cumsum(np.asarray(sq.to_numpy(zero_copy_only=False)))])
+        sumsq = flat[offsets[1:]] - flat[offsets[:-1]]
+        sumsq = np.where(ok, sumsq, 0.0)
+    else:
+        sumsq = np.divide(tokens ** 2, items, out=np.zeros_like(tokens), where=items > 0)
+    return tokens, sumsq, tokens / model.merge
+
+
+def sample_costs(lengths: LengthsTable, cost_model: str = "tokens", *, vision: str | ModelConfig | None = None,
+                 audio: str | ModelConfig | None = None, llm: str | ModelConfig | None = None,
+                 encoders: Mapping[str, str | ModelConfig] | None = None, model: CostModel | None = None,
+                 attention: str = "flash") -> dict[str, np.ndarray]:
+    """Per-sample cost of every module: ``{module: (N,) float64}``, encoders first, ``llm`` last.
+
+    Args:
+        lengths: the lengths table.
+        cost_model: ``tokens`` (cost = tokens the module processes) or ``flops`` (training FLOPs
+            of the given models).
+        vision, audio: encoder presets/model files for the ``vision``/``audio`` modules (flops).
+        llm: the LLM preset/model file (flops; required).
+        encoders: presets of other encoder modules, ``{module: preset}`` (flops).
+        model: a ready :class:`CostModel` (flops; replaces the preset arguments).
+        attention: ``flash`` or ``eager`` (flops).
+
+    Raises:
+        UsageError: unknown cost model or preset, no LLM preset, or a module without a model.
+    """
+    if cost_model not in COST_MODELS:
+        raise UsageError(f"unknown cost model {cost_model!r}", fix=f"use one of: {', '.join(COST_MODELS)}")
+    if cost_model == "tokens":
+        costs = {m: lengths.tokens(m).astype("float64") for m in lengths.modules}
+        costs[LLM] = lengths.llm_tokens().astype("float64")
+        return costs
+    if model is None:
+        if llm is None:
+            raise UsageError("the flops cost model needs an LLM preset", fix="pass --llm-model, e.g. --llm-model qwen2-7b")
+        specs = {"vision": vision, "audio": audio, **dict(encoders or {})}
+        model = CostModel.build(llm, {m: s for m, s in specs.items() if s is not None}, attention=attention)
+    return model.sample_flops(lengths)

@@ -1,0 +1,137 @@
+"""Baselines a manifest is compared with: random batching, LLM-only FFD packing, faithful ISF.
+
+- ``random``: shuffle, then cut into groups of a fixed batch size; no cap is looked at, so groups
+  can exceed memory caps.
+- ``dataloader``: the same random batches placed in order (batch g at step g // (R x M)), as a
+  plain distributed data loader does, without the balancing assigner: the status quo.
+- ``llm-ffd``: first-fit decreasing on LLM tokens under the LLM cap only, as LLM trainers pack
+  sequences; encoder items are ignored, so encoder load is left to chance.
+- ``isf``: OmniBal's iterative sampling-and-filtering (:func:`balancer_cli.pack.packers.isf.pack_isf`).
+
+Each baseline's groups (but ``dataloader``'s) go through the same assigner and row ordering as the
+manifest itself (:func:`balancer_cli.pack.pipeline.place_epochs`), so every metric compares like
+with like; that assigner alone already balances random batches across ranks, which is why the
+``dataloader`` baseline shows what training without balancing looks like.
+
+Example:
+    >>> import numpy as np
+    >>> p = pack_llm_ffd(np.array([[0, 60], [0, 50], [0, 40], [0, 30]]), np.array([9, 100]))
+    >>> [g.tolist() for g in p.groups()]
+    [[0, 2], [1, 3]]
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from balancer_cli.errors import InputError
+from balancer_cli.manifest import ManifestRows
+from balancer_cli.pack.types import Packing
+
+__all__ = ["BASELINES", "pack_random", "pack_llm_ffd", "default_batch_size", "run_baseline"]
+
+BASELINES = ("dataloader", "random", "llm-ffd", "isf")
+
+
+def default_batch_size(load_NK: np.ndarray, caps_K: np.ndarray) -> int:
+    """Samples per group that gives as many groups as perfectly full packing under the caps."""
+    load_NK = np.asarray(load_NK)
+    groups = max(1, max(math.ceil(load_NK[:, k].sum() / caps_K[k]) for k in range(load_NK.shape[1])))
+    return max(1, round(len(load_NK) / groups))
+
+
+def pack_random(num_samples: int, batch_size: int, *, seed: int = 0, sample_ids: np.ndarray | None = None) -> Packing:
+    """Random batching: a seeded permutation cut into groups of ``batch_size`` (the last may be smaller).
+
+    Example:
+        >>> pack_random(5, 2, seed=0).group_sizes().tolist()
+        [2, 2, 1]
+    """
+    ids = np.arange(num_samples, dtype=np.int64) if sample_ids is None else np.asarray(sample_ids, dtype=np.int64)
+    order = ids[np.random.default_rng(seed).permutation(len(ids))]
+    offsets = np.append(np.arange(0, len(ids), batch_size, dtype=np.int64), len(ids))
+    return Packing(order, offsets, np.zeros(len(offsets) - 1, bool), np.array([], np.int64), ())
+
+
+def _first_fit(sizes: np.ndarray, cap: int) -> np.ndarray:
+    """Bin index per item (items in the given order) under first fit; a max segment tree finds
+    the leftmost bin with room in O(log bins), so 100k items take about a second in Python."""
+    n = len(sizes)
+    # First fit leaves at most one bin at most half full, so it opens fewer than 2 * sum / cap + 1
+    # bins: a tree that wide always has an unopened bin (and is far smaller than n leaves).
+    most_bins = min(n, 2 * int(np.sum(sizes, dtype=np.int64)) // max(cap, 1) + 2)
+    width = 1
+    while width < max(most_bins, 1):
+        width *= 2
+    tree = [cap] * (2 * width)  # remaining room; unopened bins are empty bins
+    bins = np.empty(n, dtype=np.int64)
+    chunk = 1 << 16  # Python ints for a chunk at a time, not for all n sizes at once
+    for first in range(0, n, chunk):
+        for i, size in enumerate(sizes[first:first + chunk].tolist(), start=first):
+            node = 1
+            while node < width:
+                node = 2 * node if tree[2 * node] >= size else 2 * node + 1
+            bins[i] = node - width
+            tree[node] -= size
+            node //= 2
+            while node:
+                tree[node] = max(tree[2 * node], tree[2 * node + 1])
+                node //= 2
+    return bins
+
+
+def pack_llm_ffd(load_NK: np.ndarray, caps_K: np.ndarray, *, seed: int = 0, oversize: str = "isolate",
+                 sample_ids: np.ndarray | None = None) -> Packing:
+    """First-fit decreasing on LLM tokens (the last column) under the LLM cap only.
+
+    Ties are broken by a seeded shuffle, so epochs differ. Samples over the LLM cap on their own
+    are isolated, dropped (reason ``oversize``) or rejected, as ``oversize`` says.
+    """
+    load_NK = np.asarray(load_NK)
+    ids = np.arange(len(load_NK), dtype=np.int64) if sample_ids is None else np.asarray(sample_ids, dtype=np.int64)
+    tokens = load_NK[:, -1].astype(np.int64)
+    cap = int(caps_K[-1])
+    shuffled = np.random.default_rng(seed).permutation(len(tokens))
+    order = shuffled[np.argsort(-tokens[shuffled], kind="stable")]
+    over = tokens[order] > cap
+    if over.any() and oversize == "error":
+        i = int(order[np.argmax(over)])
+        raise InputError(f"sample {int(ids[i])} has {int(tokens[i])} LLM tokens, over the cap {cap}",
+                         fix="raise --max-llm-tokens or use --oversize isolate|drop")
+    fit = order[~over]
+    bins = _first_fit(tokens[fit], cap)
+    by_bin = np.argsort(bins, kind="stable")
+    counts = np.bincount(bins, minlength=int(bins.max()) + 1 if len(bins) else 0)
+    sizes = [int(c) for c in counts if c > 0]
+    members = [ids[fit[by_bin]]]
+    isolated = [False] * len(sizes)
+    dropped, reasons = np.array([], np.int64), ()
+    if oversize == "isolate":
+        members.append(ids[order[over]])
+        sizes += [1] * int(over.sum())
+        isolated += [True] * int(over.sum())
+    else:
+        dropped = ids[order[over]]
+        reasons = ("oversize",) * len(dropped)
+    offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
+    return Packing(np.concatenate(members).astype(np.int64), offsets, np.array(isolated, bool), dropped, reasons)
+
+
+def run_baseline(name: str, inputs, config, caps_K: np.ndarray, bounds_K: np.ndarray
+                 ) -> tuple[ManifestRows, np.ndarray, tuple[str, ...], list[int]]:
+    """Rows, dropped samples/reasons and steps per epoch of one baseline, placed like a manifest.
+
+    Args:
+        name: one of :data:`BASELINES`.
+        inputs: :class:`~balancer_cli.pack.pipeline.PackInputs`.
+        config: the manifest's :class:`~balancer_cli.pack.pipeline.PackConfig` (same seed, epochs,
+            step shape; ``batch_size`` sets the random baseline's batch size).
+        caps_K, bounds_K: the manifest's caps and ISF bounds.
+    """
+    from balancer_cli.pack.pipeline import make_packer, place_epochs
+
+    packer = make_packer(inputs, config, caps_K, bounds_K, algorithm=name)
+    return place_epochs(inputs, packer, world_size=config.world_size, micro_batches=config.micro_batches,
+                        epochs=config.epochs, seed=config.seed, sequential=name == "dataloader")

@@ -1,0 +1,124 @@
+"""OmniBal's iterative sampling-and-filtering (ISF), reimplemented faithfully for K modules.
+
+What the authors' code (ModelTC/OmniBal, ``BalancedDataset.iter_random_groups``) does, and what
+:func:`pack_isf` does the same way:
+
+1. Shuffle the pool with ``np.random.RandomState(seed)`` and walk it, adding samples to the open
+   group and closing it when the next sample would push any module over its cap (Qv items,
+   Qt tokens).
+2. Repeat ``iterations - 1`` times: accept a group when **any** module reaches its bound (the
+   original's OR: ``vit_num == Q'v or token_num >= Q't``); dissolve the other groups back into
+   the pool (in group order), reshuffle with ``seed + i`` and repack.
+3. Append the groups of the last repack unfiltered.
+
+Encoder modules (every column but the last) accept on equality with their bound, like the
+original's ``vit_num == Q'v``; the LLM (the last column) accepts on ``>=``. With the bound equal
+to the cap (the authors' default) equality and ``>=`` coincide, because a group never exceeds a cap.
+
+Two defects of the original are fixed: samples over a cap are not silently skipped (the
+``oversize`` policy decides), and the trailing open group is always kept (the original loses
+it when the last shuffled sample is an oversize one).
+
+Example:
+    >>> import numpy as np
+    >>> p = pack_isf(np.array([[5, 300], [4, 200], [1, 100], [9, 50]]), np.array([9, 4096]),
+    ...              np.array([9, 4000]), iterations=3, seed=0)
+    >>> sorted(sorted(g.tolist()) for g in p.groups())
+    [[0, 1], [2], [3]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from balancer_cli.errors import UsageError
+from balancer_cli.pack.packers._common import assemble, check_inputs, split_oversize
+from balancer_cli.pack.packers.balanced_kernels import greedy_close
+from balancer_cli.pack.types import Packing
+
+__all__ = ["pack_isf", "isf_round"]
+
+
+def isf_round(rows: np.ndarray, load_NK: np.ndarray, caps_K: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """One sampling round: shuffle ``rows`` with ``RandomState(seed)`` and pack greedily.
+
+    Returns:
+        (order_rows, offsets): the rows in packed order and the (G+1,) group offsets.
+    """
+    perm = np.random.RandomState(seed).permutation(len(rows))
+    order = rows[perm]
+    offsets = greedy_close(np.ascontiguousarray(load_NK[order]), caps_K)
+    return order, offsets
+
+
+def _accepted(sums_GK: np.ndarray, bounds_K: np.ndarray) -> np.ndarray:
+    """OR over modules: encoders on equality with the bound, the LLM (last column) on ``>=``."""
+    hit = sums_GK[:, :-1] == bounds_K[None, :-1]
+    return hit.any(axis=1) | (sums_GK[:, -1] >= bounds_K[-1])
+
+
+def pack_isf(
+    load_NK: np.ndarray,
+    caps_K: np.ndarray,
+    bounds_K: np.ndarray,
+    *,
+    iterations: int = 50,
+    seed: int = 0,
+    oversize: str = "isolate",
+    sample_ids: np.ndarray | None = None,
+    module_names: Sequence[str] | None = None,
+) -> Packing:
+    """Pack samples with OmniBal's ISF.
+
+    Args:
+        load_NK: (N, K) int per-sample load: items per encoder module, LLM tokens last.
+        caps_K: (K,) caps (Qv..., Qt).
+        bounds_K: (K,) acceptance bounds (Q'v..., Q't), each <= its cap.
+        iterations: C, the number of sampling rounds (the first pack included).
+        seed: shuffle seed of round 0; round i+1 uses ``seed + i`` as the original does.
+        oversize: ``isolate`` | ``drop`` | ``error`` for samples over a cap on their own.
+        sample_ids: (N,) sample index of each row (default ``arange(N)``).
+        module_names: names used in drop reasons and errors (default ``module<k>``, ``llm``).
+
+    Returns:
+        A :class:`Packing`; accepted groups first (in acceptance order), then the last repack,
+        then isolated oversize samples.
+
+    Raises:
+        InputError: empty input, or an oversize sample under ``oversize="error"``.
+        UsageError: bad caps/bounds/iterations.
+    """
+    load, caps, ids = check_inputs(load_NK, caps_K, sample_ids, oversize)
+    bounds = np.asarray(bounds_K, dtype=np.int64).reshape(-1)
+    if len(bounds) != len(caps):
+        raise UsageError(f"{len(bounds)} acceptance bounds for {len(caps)} modules", fix="give one bound per module")
+    if (bounds > caps).any() or (bounds < 0).any():
+        raise UsageError(f"acceptance bounds {bounds.tolist()} must lie in [0, cap] (caps {caps.tolist()})",
+                         fix="lower the bounds (Q'v <= Qv, Q't <= Qt)")
+    if iterations < 1:
+        raise UsageError(f"iterations must be >= 1, got {iterations}", fix="use --iterations 50")
+    split = split_oversize(load, caps, policy=oversize, sample_ids=ids, module_names=module_names)
+    order, offsets = isf_round(split.fit, load, caps, seed)
+    done_order: list[np.ndarray] = []
+    done_sizes: list[np.ndarray] = []
+    for i in range(iterations - 1):
+        sizes = np.diff(offsets)
+        if len(sizes) == 0:
+            break
+        gid = np.repeat(np.arange(len(sizes)), sizes)
+        sums = np.add.reduceat(load[order], offsets[:-1], axis=0)  # groups are never empty
+        keep_G = _accepted(sums, bounds)
+        keep_P = keep_G[gid]
+        done_order.append(order[keep_P])
+        done_sizes.append(sizes[keep_G])
+        pool = order[~keep_P]
+        order, offsets = isf_round(pool, load, caps, seed + i)
+    done_order.append(order)
+    done_sizes.append(np.diff(offsets))
+    all_order = np.concatenate(done_order)
+    all_sizes = np.concatenate(done_sizes)
+    all_offsets = np.concatenate([[0], np.cumsum(all_sizes)]).astype(np.int64)
+    return assemble((all_order, all_offsets), split, ids)
+

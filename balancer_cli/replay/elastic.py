@@ -1,0 +1,285 @@
+"""Elastic replay: re-assign a manifest's groups to a different number of ranks.
+
+A manifest is packed for ``R`` ranks with ``M`` groups per rank per step. Replaying it on
+``R' != R`` ranks keeps every step's samples together (the optimizer still sees the same global
+batch) and re-plans each step as follows, as a pure function of the step's groups, the per-sample
+costs and ``R'`` (so every rank computes the same plan on its own, without collectives):
+
+1. ``k = ceil(R * M / R')`` batches per rank per step.
+2. The step's samples are balanced over the ``R'`` ranks by every module's cost (LPT over
+   samples plus swaps, :mod:`balancer_cli.replay.replan`), each rank keeping at least ``k``.
+3. Each rank's samples, in manifest order, are cut into ``k`` batches of nearly equal cost, so
+   every rank runs the same number of batches. With the lengths table, no batch exceeds the
+   packer's caps unless it is one sample: cuts respect the caps, and a step that cannot is
+   re-planned for every rank by splitting packed groups (the former whole-group plan).
+
+(:func:`adjust_group_count` and :func:`assign_groups`, the former whole-group plan, stay as
+building blocks.)
+
+A step with fewer than ``G'`` samples cannot give every rank ``k`` non-empty batches; such a step
+is merged with the steps after it (a **run**) until the run has at least ``G'`` samples; a short
+run at the end of an epoch joins the run before it. Only when a whole (remaining) epoch has fewer
+than ``G'`` samples does its single step get fewer batches per rank.
+
+Example:
+    >>> import numpy as np
+    >>> groups = [np.array([0, 1, 2, 3]), np.array([4]), np.array([5, 6])]
+    >>> plan = plan_step(groups, np.ones(7), world_size=2, batches_per_rank=2)
+    >>> [[b.tolist() for b in batches] for batches in plan]
+    [[[0, 2], [4, 6]], [[1], [3, 5]]]
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from balancer_cli.errors import ManifestError
+from balancer_cli.replay.replan import plan_window
+
+__all__ = [
+    "ElasticReport",
+    "batches_per_rank",
+    "adjust_group_count",
+    "assign_groups",
+    "plan_step",
+    "form_runs",
+    "dist_ratio",
+]
+
+
+def batches_per_rank(manifest_world_size: int, micro_batches: int, world_size: int) -> int:
+    """Batches each of ``world_size`` ranks gets per step: ``M`` natively, else ``ceil(R*M/R')``.
+
+    Example:
+        >>> batches_per_rank(4, 1, 3), batches_per_rank(4, 2, 4), batches_per_rank(2, 1, 4)
+        (2, 2, 1)
+    """
+    if world_size == manifest_world_size:
+        return micro_batches
+    return max(1, math.ceil(manifest_world_size * micro_batches / world_size))
+
+
+def _split_point(costs: list) -> int:
+    """Cut index in 1..n-1 that makes the two halves' costs closest (first one on ties)."""
+    total, best, best_gap, acc = sum(costs), 1, None, 0.0
+    for cut, c in enumerate(costs[:-1], start=1):
+        acc += c
+        gap = abs(2.0 * acc - total)
+        if best_gap is None or gap < best_gap:
+            best, best_gap = cut, gap
+    return best
+
+
+def _group_costs(groups: Sequence[np.ndarray], sample_cost: np.ndarray) -> list:
+    """Per-group summed cost as Python floats, with one gather for the whole step."""
+    sizes = [len(g) for g in groups]
+    if not groups or sum(sizes) == 0:
+        return [0.0] * len(groups)
+    flat = np.asarray(sample_cost[np.concatenate(groups)], dtype=np.float64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    return np.add.reduceat(flat, starts).tolist()
+
+
+def adjust_group_count(
+    groups: Sequence[np.ndarray], sample_cost: np.ndarray, target: int
+) -> tuple[list[np.ndarray], int, int]:
+    """Split or merge groups until there are exactly ``target`` of them.
+
+    Args:
+        groups: non-empty (n_g,) int64 arrays of sample indices, in manifest order.
+        sample_cost: (N,) per-sample cost indexed by sample.
+        target: number of groups wanted; at most the total number of samples.
+
+    Returns:
+        ``(groups, splits, merges)``: the new groups in manifest order (a split group's halves stay
+        in place; a merged group sits where its first part was), and how many splits and merges.
+
+    Example:
+        >>> g, s, m = adjust_group_count([np.array([0, 1]), np.array([2])], np.array([1., 1., 5.]), 3)
+        >>> [x.tolist() for x in g], s, m
+        ([[0], [1], [2]], 1, 0)
+    """
+    total = sum(len(g) for g in groups)
+    if target > total:
+        raise ManifestError(f"cannot make {target} non-empty batches from {total} samples")
+    # Each group carries a sort key (its manifest position, then split halves), so the output
+    # order is deterministic and follows the manifest.
+    keyed = [((i,), np.asarray(g, dtype=np.int64)) for i, g in enumerate(groups)]
+    splits = merges = 0
+    costs = _group_costs(groups, sample_cost)
+    if len(keyed) < target:
+        heap = [(-c, key, g) for c, (key, g) in zip(costs, keyed) if len(g) > 1]
+        done = [(key, g) for key, g in keyed if len(g) <= 1]
+        heapq.heapify(heap)
+        while len(heap) + len(done) < target:
+            _, key, g = heapq.heappop(heap)
+            member_costs = np.asarray(sample_cost[g], dtype=np.float64).tolist()
+            cut = _split_point(member_costs)
+            for half_key, half, half_cost in (((*key, 0), g[:cut], sum(member_costs[:cut])),
+                                              ((*key, 1), g[cut:], sum(member_costs[cut:]))):
+                if len(half) > 1:
+                    heapq.heappush(heap, (-half_cost, half_key, half))
+                else:
+                    done.append((half_key, half))
+            splits += 1
+        keyed = done + [(key, g) for _, key, g in heap]
+    elif len(keyed) > target:
+        heap = [(c, key, g) for c, (key, g) in zip(costs, keyed)]
+        heapq.heapify(heap)
+        while len(heap) > target:
+            cost_a, key_a, a = heapq.heappop(heap)
+            cost_b, key_b, b = heapq.heappop(heap)
+            (key_a, a), (key_b, b) = sorted([(key_a, a), (key_b, b)], key=lambda kv: kv[0])
+            heapq.heappush(heap, (cost_a + cost_b, key_a, np.concatenate([a, b])))
+            merges += 1
+        keyed = [(key, g) for _, key, g in heap]
+    keyed.sort(key=lambda kv: kv[0])
+    return [g for _, g in keyed], splits, merges
+
+
+def assign_groups(group_costs: np.ndarray, world_size: int, batches_per_rank: int) -> list[list[int]]:
+    """LPT assignment of ``world_size * batches_per_rank`` groups, exactly ``batches_per_rank`` per rank.
+
+    Returns:
+        Per rank, the group indices it gets, ascending (manifest order).
+
+    Example:
+        >>> assign_groups(np.array([5., 1., 4., 2.]), 2, 2)
+        [[0, 1], [2, 3]]
+    """
+    if len(group_costs) != world_size * batches_per_rank:
+        raise ValueError(f"{len(group_costs)} groups for {world_size} x {batches_per_rank} batches")
+    cost_list = np.asarray(group_costs, dtype=np.float64).tolist()
+    order = sorted(range(len(cost_list)), key=lambda g: (-cost_list[g], g))
+    heap = [(0.0, rank) for rank in range(world_size)]
+    taken: list[list[int]] = [[] for _ in range(world_size)]
+    for g in order:
+        load, rank = heapq.heappop(heap)
+        taken[rank].append(g)
+        if len(taken[rank]) < batches_per_rank:
+            heapq.heappush(heap, (load + cost_list[g], rank))
+    return [sorted(t) for t in taken]
+
+
+def plan_step(
+    groups: Sequence[np.ndarray], sample_cost: np.ndarray, world_size: int, batches_per_rank: int,
+    load_Nk: np.ndarray | None = None, caps_K: np.ndarray | None = None,
+) -> list[list[np.ndarray]]:
+    """Plan one step (or run) for ``world_size`` ranks: per rank, its batches in order.
+
+    Balanced per module at sample granularity by :mod:`balancer_cli.replay.replan` (contiguous
+    spans of the step's samples, cut at balanced cost, then cut into batches at group boundaries).
+    Gives every rank ``min(batches_per_rank, samples // world_size)`` batches (the smaller value
+    only for an epoch too short to fill them).
+
+    Args:
+        groups: the step's groups in manifest order.
+        sample_cost: (N,) cost, or (N, m) cost of each module, indexed by sample.
+        load_Nk, caps_K: per-sample capped quantities and the packer's caps; with both, no batch
+            exceeds a cap unless it is one sample (see :func:`balancer_cli.replay.replan.plan_window`).
+
+    Raises:
+        ManifestError: the step has fewer samples than ranks.
+    """
+    sizes = [len(g) for g in groups]
+    total = sum(sizes)
+    k = min(batches_per_rank, total // world_size)
+    if k == 0:
+        raise ManifestError(f"a step holds {total} samples, fewer than the {world_size} ranks replaying it",
+                            fix="replay on fewer ranks, or pack the manifest for this world size")
+    samples = np.concatenate([np.asarray(g, dtype=np.int64) for g in groups])
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    cost = np.asarray(sample_cost, dtype=np.float64)
+    cost_Nm = cost[:, None] if cost.ndim == 1 else cost
+    return plan_window([samples], [offsets], cost_Nm, world_size, np.array([k]), load_Nk, caps_K)[0]
+
+
+def form_runs(step_samples: np.ndarray, min_samples: int, head_samples: int = 0) -> np.ndarray:
+    """Cut a sequence of steps into runs holding at least ``min_samples`` samples each.
+
+    Greedy from the front (so the runs after any run boundary do not depend on what came before);
+    a short last run joins the one before it. ``head_samples`` (fewer than ``min_samples``) are
+    samples already waiting in front of the first step (the unfinished part of an interrupted
+    step); they join the first run.
+
+    Returns:
+        (U+1,) int64 run boundaries as positions into ``step_samples`` (``[0, .., S]``); a head
+        too small for a run of its own and with no steps behind it gives ``[0, 0]``.
+
+    Example:
+        >>> form_runs(np.array([4, 1, 1, 4, 3]), 3).tolist(), form_runs(np.array([4, 1, 1, 4, 1]), 3).tolist()
+        ([0, 1, 4, 5], [0, 1, 5])
+    """
+    counts = np.asarray(step_samples, dtype=np.int64)
+    if len(counts) == 0 and head_samples == 0:
+        return np.zeros(1, dtype=np.int64)
+    if len(counts) and head_samples == 0 and counts.min() >= min_samples:
+        return np.arange(len(counts) + 1, dtype=np.int64)
+    bounds = [0]
+    acc = head_samples
+    for pos, n in enumerate(counts.tolist()):
+        acc += n
+        if acc >= min_samples:
+            bounds.append(pos + 1)
+            acc = 0
+    if bounds[-1] != len(counts):
+        if len(bounds) > 1:
+            bounds[-1] = len(counts)
+        else:
+            bounds.append(len(counts))
+    if len(bounds) == 1:
+        bounds.append(0)
+    return np.asarray(bounds, dtype=np.int64)
+
+
+def dist_ratio(loads_R: np.ndarray) -> float:
+    """OmniBal's Dist Ratio of one step: ``sum_r (max - T_r) / (max * R)`` (0 is perfect)."""
+    loads = np.asarray(loads_R, dtype=np.float64)
+    top = loads.max(initial=0.0)
+    return float((top - loads).sum() / (top * len(loads))) if top > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class ElasticReport:
+    """What elastic replay changed, for the log.
+
+    Attributes:
+        manifest_world_size, world_size: ``R`` (packed for) and ``R'`` (replaying on).
+        micro_batches, batches_per_rank: ``M`` and ``k`` (batches per rank per step).
+        steps_packed, steps_replayed: remaining steps of the epoch before and after run merging.
+        splits_per_step: batches per step beyond the packed groups (``k*R' - R*M`` when positive).
+        merges_per_step: batches per step short of the packed groups (``R*M - k*R'``, never with this ``k``).
+        dist_ratio_packed, dist_ratio_replayed: mean Dist Ratio of the first planned steps.
+        resumed_mid_step: a step interrupted at another world size was re-planned.
+    """
+
+    manifest_world_size: int
+    world_size: int
+    micro_batches: int
+    batches_per_rank: int
+    steps_packed: int
+    steps_replayed: int
+    splits_per_step: int
+    merges_per_step: int
+    dist_ratio_packed: float
+    dist_ratio_replayed: float
+    resumed_mid_step: bool
+
+    def describe(self) -> str:
+        """One log line."""
+        text = (f"manifest packed for {self.manifest_world_size} ranks x {self.micro_batches} micro-batches, "
+                f"replaying on {self.world_size} ranks x {self.batches_per_rank} batches per step; "
+                f"{self.splits_per_step} more batch(es) than packed groups per step")
+        if self.merges_per_step:
+            text += f", {self.merges_per_step} fewer"
+        if self.steps_replayed != self.steps_packed:
+            text += f"; {self.steps_packed} remaining steps merged into {self.steps_replayed} (steps with too few samples)"
+        if self.resumed_mid_step:
+            text += "; the interrupted step was re-planned over the new ranks"
+        return text + (f"; Dist Ratio of the first steps {self.dist_ratio_packed:.3f} as packed,"
+                       f" {self.dist_ratio_replayed:.3f} as replayed")

@@ -1,0 +1,181 @@
+"""Post-balancing applied offline to a manifest (``balancer pack --post-balance``).
+
+The packer balances what it sees per group; post-balancing then decides, per step, which rank
+runs each encoder's phase for each manifest row, while the LLM phase stays on the row's rank.
+The result is stored as extra int32 manifest columns (``<m>_rank``) that the runtime dispatcher
+replays, and :func:`phase_utilization` measures what it buys.
+
+Example:
+    >>> import numpy as np
+    >>> from balancer_cli.manifest import ManifestRows
+    >>> rows = ManifestRows(step=np.zeros(4, int), rank=np.array([0, 0, 1, 1]), micro=np.zeros(4, int),
+    ...                     sample=np.arange(4))
+    >>> costs = {"vision": np.array([9., 8., 1., 0.]), "llm": np.array([5., 5., 5., 5.])}
+    >>> ranks = manifest_phase_ranks(rows, costs, world_size=2)
+    >>> ranks["vision"].tolist()
+    [0, 1, 1, 1]
+    >>> u = phase_utilization(rows, costs, ranks, world_size=2)
+    >>> round(u["vision"], 3), u["llm"], round(phase_utilization(rows, costs, {}, world_size=2)["vision"], 3)
+    (1.0, 1.0, 0.529)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from balancer_cli.errors import PlanError
+from balancer_cli.lengths import LLM
+from balancer_cli.manifest import ManifestRows
+from balancer_cli.replay.post_balance.plan import PostBalancePlan, phase_loads, plan_post_balance
+
+__all__ = ["manifest_phase_ranks", "phase_utilization", "plan_from_phase_ranks"]
+
+
+def _module_order(costs: Mapping[str, np.ndarray]) -> list[str]:
+    if LLM not in costs:
+        raise PlanError(f"costs have no {LLM!r} module (got {', '.join(costs) or 'none'})",
+                        fix="pass per-sample costs of every encoder and of 'llm' (see balancer_cli.cost.samples.sample_costs)")
+    return [m for m in costs if m != LLM] + [LLM]
+
+
+def _step_bounds(rows: ManifestRows) -> np.ndarray:
+    step = np.asarray(rows.step, dtype=np.int64)
+    if len(step) and (np.diff(step) < 0).any():
+        raise PlanError("manifest rows are not sorted by step", fix="pass rows as written by write_manifest")
+    return np.flatnonzero(np.diff(step, prepend=-1, append=-1) != 0) if len(step) else np.zeros(1, np.int64)
+
+
+def manifest_phase_ranks(
+    rows: ManifestRows,
+    costs: Mapping[str, np.ndarray],
+    world_size: int,
+    *,
+    attention: str | Sequence[str] = "varlen",
+    ranks_per_node: int | None = None,
+) -> dict[str, np.ndarray]:
+    """Rank that runs each encoder's phase for every manifest row, step by step.
+
+    Args:
+        rows: manifest rows sorted by (step, rank, micro).
+        costs: ``{module: (num_samples,) cost per sample id}`` for the encoders and ``"llm"``.
+        world_size: R.
+        attention: ``"varlen"``/``"padded"`` for all modules or one per module (encoders, then llm).
+        ranks_per_node: prefer moves within a node.
+
+    Returns:
+        ``{encoder: (len(rows),) int32}``; the LLM phase stays at ``rows.rank``.
+
+    Raises:
+        PlanError: costs without ``llm``, a sample id outside a cost array, ranks outside R.
+    """
+    order = _module_order(costs)
+    sample = np.asarray(rows.sample, dtype=np.int64)
+    rank = np.asarray(rows.rank, dtype=np.int64)
+    for m in order:
+        if len(sample) and sample.max() >= len(costs[m]):
+            raise PlanError(f"manifest sample {int(sample.max())} has no cost in module {m!r} "
+                            f"({len(costs[m])} costs)", fix="compute costs from the lengths table the manifest was packed from")
+    if len(rank) and (rank.min() < 0 or rank.max() >= world_size):
+        raise PlanError(f"manifest rank {int(rank.max())} is outside world_size {world_size}",
+                        fix="pass the manifest's world_size")
+    cost_PM = np.stack([np.asarray(costs[m], dtype=np.float64)[sample] for m in order], axis=1)
+    out = np.empty((len(order) - 1, len(rows)), np.int32)
+    bounds = _step_bounds(rows)
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        # rows of one step are sorted by rank: each rank's rows are one contiguous slice
+        cuts = lo + np.searchsorted(rank[lo:hi], np.arange(world_size + 1), side="left")
+        plan = plan_post_balance([cost_PM[a:b] for a, b in zip(cuts[:-1], cuts[1:])], ranks_per_node,
+                                 modules=order, attention=attention)
+        out[:, lo:hi] = plan.dest_MN[:-1]
+    return {m: out[i] for i, m in enumerate(order[:-1])}
+
+
+def phase_utilization(
+    rows: ManifestRows,
+    costs: Mapping[str, np.ndarray],
+    phase_ranks: Mapping[str, np.ndarray],
+    world_size: int,
+    *,
+    attention: str | Mapping[str, str] = "varlen",
+) -> dict[str, float]:
+    """Utilization per module and for the whole step, given which rank runs each phase.
+
+    Utilization is ``sum_s sum_r T(s, r) / (R * sum_s max_r T(s, r))`` (ARCHITECTURE.md); the whole
+    step runs modules one after another, so its time is ``sum_m max_r T``. A module missing from
+    ``phase_ranks`` runs on ``rows.rank`` (pass ``{}`` for the utilization before post-balancing).
+
+    Returns:
+        ``{module: utilization, ..., "step": whole-step utilization}``.
+    """
+    order = _module_order(costs)
+    sample = np.asarray(rows.sample, dtype=np.int64)
+    bounds = _step_bounds(rows)
+    busy = {m: 0.0 for m in order}
+    peak = {m: 0.0 for m in order}
+    for m in order:
+        mode = attention if isinstance(attention, str) else attention.get(m, "varlen")
+        cost = np.asarray(costs[m], dtype=np.float64)[sample]
+        where = np.asarray(phase_ranks.get(m, rows.rank), dtype=np.int64)
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            load_R = phase_loads(cost[lo:hi], where[lo:hi], world_size, mode)
+            busy[m] += float(load_R.sum())
+            peak[m] += float(load_R.max(initial=0.0))
+    result = {m: (busy[m] / (world_size * peak[m]) if peak[m] > 0 else 1.0) for m in order}
+    total_peak = sum(peak.values())
+    result["step"] = sum(busy.values()) / (world_size * total_peak) if total_peak > 0 else 1.0
+    return result
+
+
+def plan_from_phase_ranks(
+    rank_P: np.ndarray,
+    phase_ranks: Mapping[str, np.ndarray],
+    world_size: int,
+    *,
+    costs_PM: np.ndarray | None = None,
+    attention: str | Sequence[str] = "varlen",
+) -> PostBalancePlan:
+    """Rebuild one step's plan from a manifest's ``<m>_rank`` columns (no communication).
+
+    The training job replays the offline decision: every rank reads the same step's rows and
+    gets the same plan, ready for :class:`~balancer_cli.runtime.dispatch.PhaseDispatcher`.
+
+    Args:
+        rank_P: (P,) the rows' ranks for one step, sorted (manifest order); row order within a
+            rank is the sample order on that rank.
+        phase_ranks: ``{encoder: (P,) rank running its phase}``, in phase order; the LLM phase
+            runs on ``rank_P``.
+        world_size: R.
+        costs_PM: optional (P, M) costs (encoders in ``phase_ranks`` order, then the LLM) to fill
+            the predicted loads; zeros otherwise.
+        attention: ``"varlen"``/``"padded"`` for the loads, for all or per module.
+
+    Example:
+        >>> plan = plan_from_phase_ranks(np.array([0, 0, 1]), {"vision": np.array([0, 1, 1])}, 2)
+        >>> plan.modules, [d.tolist() for d in plan.destinations[0]]
+        (('vision', 'llm'), [[0, 1], [1]])
+    """
+    rank_P = np.asarray(rank_P, dtype=np.int64)
+    if len(rank_P) and ((np.diff(rank_P) < 0).any() or rank_P.min() < 0 or rank_P.max() >= world_size):
+        raise PlanError("a step's rows must be sorted by rank, with ranks in 0..world_size-1",
+                        fix="pass one step of a manifest written by balancer pack")
+    modules = tuple(phase_ranks) + (LLM,)
+    dest_MN = np.stack([np.asarray(phase_ranks[m], dtype=np.int32) for m in phase_ranks]
+                       + [rank_P.astype(np.int32)]).reshape(len(modules), len(rank_P))
+    if ((dest_MN < 0) | (dest_MN >= world_size)).any():
+        raise PlanError(f"a phase rank is outside 0..{world_size - 1}", fix="pass the manifest's world_size")
+    modes = (attention,) * len(modules) if isinstance(attention, str) else tuple(attention)
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(rank_P, minlength=world_size))]).astype(np.int64)
+    before = np.zeros((len(modules), world_size))
+    after = np.zeros((len(modules), world_size))
+    lower = np.zeros(len(modules))
+    if costs_PM is not None:
+        costs_PM = np.asarray(costs_PM, dtype=np.float64).reshape(len(rank_P), len(modules))
+        for m in range(len(modules)):
+            before[m] = phase_loads(costs_PM[:, m], rank_P, world_size, modes[m])
+            after[m] = phase_loads(costs_PM[:, m], dest_MN[m], world_size, modes[m])
+            lower[m] = max(costs_PM[:, m].sum() / world_size, costs_PM[:, m].max(initial=0.0))
+    for a in (offsets, dest_MN, before, after, lower):
+        a.setflags(write=False)
+    return PostBalancePlan(modules, modes, world_size, None, offsets, dest_MN, before, after, lower)

@@ -1,0 +1,156 @@
+"""Qwen2-VL / Qwen2.5-VL vision-token rule: ``smart_resize`` to multiples of 28, 2x2 patch merge.
+
+Mirrors transformers' ``Qwen2VLImageProcessor`` (and the identical ``smart_resize`` of
+qwen-vl-utils) for images and ``Qwen2VLVideoProcessor`` with ``do_sample_frames=True`` and
+``cap_pixels_per_frame=True`` (the per-video token budget of qwen-vl-utils) for videos.
+
+Example:
+    >>> rule = QwenVLRule()
+    >>> rule.count_image(1080, 1920).llm_tokens      # released max_pixels = 12845056
+    2691
+    >>> QwenVLRule(max_pixels=28 * 28 * 1280).count_image(1080, 1920).llm_tokens
+    1222
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from balancer_cli.scan.rules.base import MediaCount, MediaRejected, check_size, frames_from_metadata
+
+__all__ = ["QwenVLRule", "smart_resize", "qwen_sampled_frames"]
+
+MAX_ASPECT_RATIO = 200
+
+
+def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
+                 max_pixels: int = 28 * 28 * 1280) -> tuple[int, int]:
+    """The resized ``(height, width)``: multiples of ``factor``, pixels within [min, max].
+
+    Same arithmetic as transformers' / qwen-vl-utils' ``smart_resize`` (Python's banker's
+    ``round`` included, which matters at exact halves). Raises :class:`MediaRejected` when the
+    aspect ratio exceeds 200 (the processor raises ``ValueError`` there).
+
+    Example:
+        >>> smart_resize(480, 640, 28, 3136, 12845056)
+        (476, 644)
+    """
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise MediaRejected(
+            f"aspect ratio {max(height, width) / min(height, width):.1f} of a {width}x{height} image "
+            f"exceeds the processor's limit of {MAX_ASPECT_RATIO}",
+            fix="crop or pad the image, or drop the sample")
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def qwen_sampled_frames(total_frames: int, duration_s: float, fps: float = 2.0, min_frames: int = 4,
+                        max_frames: int = 768, temporal_patch_size: int = 2) -> int:
+    """Frames ``Qwen2VLVideoProcessor.sample_frames`` keeps when sampling ``fps`` frames per second.
+
+    ``total_frames = 0`` means the file's frame count is unknown: only ``max_frames`` caps.
+
+    Example:
+        >>> qwen_sampled_frames(total_frames=3000, duration_s=100.0)   # 2 fps over 100 s
+        200
+        >>> qwen_sampled_frames(total_frames=0, duration_s=1.0)        # at least min_frames
+        4
+    """
+    cap = max_frames if total_frames <= 0 else min(max_frames, total_frames)
+    cap = math.floor(cap / temporal_patch_size) * temporal_patch_size
+    wanted = duration_s * fps
+    upper = cap if total_frames <= 0 else min(cap, total_frames)
+    wanted = min(max(wanted, min_frames), upper)
+    return int(math.floor(wanted / temporal_patch_size) * temporal_patch_size)
+
+
+@dataclass(frozen=True)
+class QwenVLRule:
+    """Qwen2-VL / Qwen2.5-VL (identical counting; Qwen2.5-VL's window attention does not change it).
+
+    Defaults are the released ``preprocessor_config.json`` of Qwen2-VL-*-Instruct and
+    Qwen2.5-VL-*-Instruct (``min_pixels=3136``, ``max_pixels=12845056``); transformers' class
+    default is ``max_pixels=28*28*1280`` (1,003,520), which gives far fewer tokens for big images.
+    Video defaults are transformers' ``Qwen2VLVideoProcessor`` = qwen-vl-utils' constants.
+    """
+
+    name: str = "qwen2-vl"
+    min_pixels: int = 3136
+    max_pixels: int = 12845056
+    patch_size: int = 14
+    merge_size: int = 2
+    temporal_patch_size: int = 2
+    fps: float = 2.0
+    min_frames: int = 4
+    max_frames: int = 768
+    video_min_pixels: int = 128 * 28 * 28
+    video_max_pixels: int = 768 * 28 * 28
+    max_video_tokens: int = 128000
+    cap_pixels_per_frame: bool = True
+    image_token: str = "<|image_pad|>"
+    video_token: str = "<|video_pad|>"
+
+    @property
+    def factor(self) -> int:
+        """Side multiple of the resized image: ``patch_size * merge_size``."""
+        return self.patch_size * self.merge_size
+
+    def resized_size(self, width: int, height: int) -> tuple[int, int]:
+        """The processor's resized ``(width, height)`` of an image."""
+        check_size(self.name, width, height)
+        h, w = smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
+        return w, h
+
+    def count_image(self, width: int, height: int) -> MediaCount:
+        """Tokens of one image: ``grid_h * grid_w`` patches, a quarter of them reach the LLM.
+
+        Example:
+            >>> QwenVLRule().count_image(640, 480)
+            MediaCount(encoder_tokens=1564, items=1, llm_tokens=391, seqlens=(1564,))
+        """
+        w, h = self.resized_size(width, height)
+        patches = (h // self.patch_size) * (w // self.patch_size)
+        return MediaCount(patches, 1, patches // self.merge_size**2, (patches,))
+
+    def sampled_frames(self, num_frames: int, fps: float | None = None,
+                       duration_s: float | None = None) -> int:
+        """Frames the processor keeps (see :func:`~balancer_cli.scan.rules.base.frames_from_metadata`)."""
+        total, duration = frames_from_metadata(num_frames, fps, duration_s)
+        if duration is None:
+            return total  # frames handed over as they are (do_sample_frames=False)
+        return qwen_sampled_frames(total, duration, self.fps, self.min_frames, self.max_frames,
+                                   self.temporal_patch_size)
+
+    def count_video(self, num_frames: int, width: int, height: int, fps: float | None = None,
+                    duration_s: float | None = None) -> MediaCount:
+        """Tokens of one video; ``items`` are temporal patches (the ViT attends within each).
+
+        Example:
+            >>> QwenVLRule().count_video(300, 640, 360, fps=30.0)   # 10 s -> 20 frames
+            MediaCount(encoder_tokens=11960, items=10, llm_tokens=2990, seqlens=(1196, 1196, 1196, 1196, 1196, 1196, 1196, 1196, 1196, 1196))
+        """
+        check_size(self.name, width, height)
+        frames = self.sampled_frames(num_frames, fps, duration_s)
+        if frames < 1:
+            raise MediaRejected(
+                f"{self.name}: video of {num_frames} frames (fps={fps}, duration_s={duration_s}) "
+                f"yields no frame group of {self.temporal_patch_size} frames")
+        max_pixels = self.video_max_pixels
+        if self.cap_pixels_per_frame:
+            total_pixels = int(self.max_video_tokens * self.factor * self.factor * 0.9)
+            max_pixels = max(min(max_pixels, total_pixels * self.temporal_patch_size // frames),
+                             int(self.video_min_pixels * 1.05))
+        h, w = smart_resize(height, width, self.factor, self.video_min_pixels, max_pixels)
+        grid_t = -(-frames // self.temporal_patch_size)  # the processor repeats the last frame
+        per_t = (h // self.patch_size) * (w // self.patch_size)
+        return MediaCount(grid_t * per_t, grid_t, grid_t * per_t // self.merge_size**2, (per_t,) * grid_t)

@@ -1,0 +1,220 @@
+"""`balancer pack` and `balancer report` end to end through click, including bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from balancer_cli.cli import main
+from balancer_cli.lengths import make_lengths_table, write_lengths
+from balancer_cli.manifest import open_manifest, read_dropped
+
+CAPS = ["--max-llm-tokens", "3000", "--max-vision-items", "10"]
+
+
+def _lengths_file(tmp_path, n=400, seed=0, name="lengths.parquet", audio=False):
+    rng = np.random.default_rng(seed)
+    items = rng.integers(0, 8, n)
+    modules = {"vision": (items * 256, items)}
+    llm = items * 256 + rng.integers(30, 500, n)
+    if audio:  # sparse: one sample in ten has audio clips
+        clips = np.where(rng.random(n) < 0.1, rng.integers(1, 3, n), 0)
+        modules["audio"] = (clips * 750, clips)
+        llm = llm + clips * 750
+    error = [None] * n
+    error[5] = "missing image a.jpg"
+    path = tmp_path / name
+    write_lengths(make_lengths_table(llm, modules, error=error, source=rng.choice(["x", "y"], n)), path)
+    return path
+
+
+def _run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_pack_writes_manifest_report_and_prints_the_table(tmp_path):
+    lengths = _lengths_file(tmp_path)
+    result = _run("pack", lengths, "-o", tmp_path / "out", "--dp", 4, "--micro-batches", 2, *CAPS)
+    assert result.exit_code == 0, result.output
+    for name in ("manifest.parquet", "dropped.parquet", "report.json", "report.md", "report.png"):
+        assert (tmp_path / "out" / name).is_file(), name
+    assert "ours (balanced)" in result.output and "random" in result.output and "isf" in result.output
+    manifest = open_manifest(tmp_path / "out")
+    assert manifest.world_size == 4 and manifest.micro_batches == 2
+    assert manifest.meta["lengths_files"] == [str(lengths.resolve())]
+    samples, reasons = read_dropped(tmp_path / "out")
+    assert samples.tolist() == [5] and reasons.tolist() == ["missing image a.jpg"]
+
+
+def test_pack_is_byte_identical_for_same_inputs_and_seed(tmp_path):
+    lengths = _lengths_file(tmp_path)
+    outs = []
+    for name in ("a", "b"):
+        result = _run("pack", lengths, "-o", tmp_path / name, "--dp", 2, "--seed", 7, "--epochs", 2, *CAPS)
+        assert result.exit_code == 0, result.output
+        outs.append(tmp_path / name)
+    for name in ("manifest.parquet", "dropped.parquet", "report.json"):
+        assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
+    other = _run("pack", lengths, "-o", tmp_path / "c", "--dp", 2, "--seed", 8, "--epochs", 2, *CAPS)
+    assert other.exit_code == 0
+    assert (tmp_path / "c" / "manifest.parquet").read_bytes() != (outs[0] / "manifest.parquet").read_bytes()
+
+
+def test_epochs_place_every_sample_once_per_epoch(tmp_path):
+    lengths = _lengths_file(tmp_path, n=300)
+    result = _run("pack", lengths, "-o", tmp_path / "out", "--dp", 3, "--epochs", 3, "--baselines", "none", *CAPS)
+    assert result.exit_code == 0, result.output
+    manifest = open_manifest(tmp_path / "out")
+    rows = manifest.read_all()
+    dropped, _ = read_dropped(tmp_path / "out")
+    first = 0
+    for steps in manifest.epoch_num_steps:
+        epoch = manifest.read_steps(first, first + steps)
+        assert sorted(epoch.sample.tolist() + dropped.tolist()) == list(range(300))
+        first += steps
+    assert first == manifest.num_steps == int(rows.step.max()) + 1
+
+
+def test_pack_json_summary(tmp_path):
+    result = _run("pack", _lengths_file(tmp_path), "-o", tmp_path / "out", "--dp", 2, "--json",
+                  "--baselines", "random", *CAPS)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["manifest"]["params"]["caps"] == {"vision": 10, "llm": 3000}
+    assert set(summary["baselines"]) == {"random"}
+    assert summary["dropped"]["count"] == 1
+    assert summary["files"]["json"].endswith("report.json")
+
+
+def test_sparse_audio_module_end_to_end(tmp_path):
+    lengths = _lengths_file(tmp_path, audio=True)
+    result = _run("pack", lengths, "-o", tmp_path / "out", "--dp", 2, "--max-audio-items", 3, *CAPS, "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["manifest"]["modules"] == ["vision", "audio", "llm"]
+    assert summary["modules"]["audio"]["utilization"] > 0
+    assert summary["manifest"]["params"]["caps"]["audio"] == 3
+    assert summary["groups"]["over_cap_multi_sample"] == 0  # only isolated oversize samples exceed caps
+
+
+def test_report_command_recomputes_the_same_report(tmp_path):
+    lengths = _lengths_file(tmp_path)
+    assert _run("pack", lengths, "-o", tmp_path / "out", "--dp", 2, *CAPS).exit_code == 0
+    written = (tmp_path / "out" / "report.json").read_bytes()
+    (tmp_path / "out" / "report.json").unlink()
+    result = _run("report", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / "report.json").read_bytes() == written
+    explicit = _run("report", tmp_path / "out", "--lengths", lengths, "--json")
+    assert json.loads(explicit.output)["steps"] == json.loads(written)["steps"]
+
+
+def test_report_command_fails_clearly_on_other_or_missing_lengths(tmp_path):
+    lengths = _lengths_file(tmp_path)
+    assert _run("pack", lengths, "-o", tmp_path / "out", "--dp", 2, *CAPS).exit_code == 0
+    other = _lengths_file(tmp_path, seed=1, name="other.parquet")
+    result = _run("report", tmp_path / "out", "--lengths", other)
+    assert result.exit_code == 1
+    assert "is not the one" in result.output and "fix: pass the same lengths files" in result.output
+    lengths.unlink()
+    result = _run("report", tmp_path / "out")
+    assert result.exit_code == 1 and "no longer exists" in result.output and "--lengths" in result.output
+    result = _run("report", tmp_path / "nothing")
+    assert result.exit_code == 1 and "no manifest.parquet" in result.output
+
+
+def _bad_parquet(tmp_path, table):
+    path = tmp_path / "bad.parquet"
+    pq.write_table(table, path)
+    return path
+
+
+@pytest.mark.parametrize("table, code, message", [
+    (pa.table({"llm_tokens": pa.array([10, 20]), "audio_tokens": pa.array([1, 2])}), 1,
+     "unknown column 'audio_tokens' (an encoder 'audio' needs both audio_tokens and audio_items)"),
+    (pa.table({"llm_tokens": pa.array([10, -20])}), 1, "negative 'llm_tokens' = -20"),
+    (pa.table({"llm_tokens": pa.array([10, None])}), 1, "sample 1 has no value in 'llm_tokens'"),
+    (pa.table({"llm_tokens": pa.array([], pa.int32())}), 1, "the lengths table is empty"),
+    (pa.table({"tokens": pa.array([1])}), 1, "column 'llm_tokens' is missing"),
+])
+def test_bad_lengths_exit_with_one_line_and_fix(tmp_path, table, code, message):
+    result = _run("pack", _bad_parquet(tmp_path, table), "-o", tmp_path / "out", "--max-llm-tokens", 100)
+    assert result.exit_code == code, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and message in lines[0] and "fix:" in lines[0]
+    assert not (tmp_path / "out" / "manifest.parquet").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-llm-tokens", "10", "--max-vision-items", "10"],
+     "--max-llm-tokens 10 is smaller than every sample (smallest: 30 tokens); "
+     "fix: raise --max-llm-tokens to at least 30"),
+    (["--dp", "5000", *CAPS], "--dp 5000 x --micro-batches 1 needs 5000 groups per step, but the samples form only"),
+    (["--cap", "vision", *CAPS], "--cap 'vision' is not MODULE=INTEGER"),
+    (["--cap", "audio=3", *CAPS], "cap for unknown module 'audio'"),
+    (["--baselines", "greedy", *CAPS], "unknown baseline 'greedy'"),
+])
+def test_bad_options_exit_2_with_the_fix(tmp_path, args, message):
+    result = _run("pack", _lengths_file(tmp_path), "-o", tmp_path / "out", *args)
+    assert result.exit_code == 2, result.output
+    assert result.output.count("\n") == 1 and message in result.output and "fix:" in result.output
+
+
+def test_post_balance_adds_phase_rank_columns(tmp_path):
+    pytest.importorskip("balancer_cli.replay.post_balance", reason="post-balancing module not in this build")
+    lengths = _lengths_file(tmp_path)
+    result = _run("pack", lengths, "-o", tmp_path / "out", "--dp", 4, "--post-balance", "--baselines", "none",
+                  "--json", *CAPS)
+    assert result.exit_code == 0, result.output
+    rows = open_manifest(tmp_path / "out").read_all()
+    assert set(rows.extra) == {"vision_rank"}
+    assert rows.extra["vision_rank"].min() >= 0 and rows.extra["vision_rank"].max() < 4
+    summary = json.loads(result.output)
+    post = summary["post_balance"]
+    assert post["modules"]["vision"]["utilization"] >= summary["modules"]["vision"]["utilization"] - 1e-9
+
+
+def test_internvl_lengths_end_to_end(internvl_lengths, tmp_path):
+    pytest.importorskip("balancer_cli.pack.search", reason="threshold search not merged yet")
+    result = _run("pack", *internvl_lengths, "--dp", 8, "-o", tmp_path / "out", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["manifest"]["num_samples"] == 70_706 and summary["manifest"]["params"]["searched"]
+    rows = open_manifest(tmp_path / "out").read_all()
+    dropped, _ = read_dropped(tmp_path / "out")
+    assert len(rows) + len(dropped) == 70_706
+    ours, isf = summary["modules"], summary["baselines"]["isf"]["modules"]
+    assert ours["vision"]["dist_ratio"] < isf["vision"]["dist_ratio"]
+    assert ours["llm"]["dist_ratio"] < isf["llm"]["dist_ratio"]
+
+
+def test_unwritable_output_is_a_one_line_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = _run("pack", _lengths_file(tmp_path), "-o", blocker / "out", "--baselines", "none", *CAPS)
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("Error: cannot write to") and "fix: pass a writable directory" in result.output
+
+
+def test_flops_cost_model_is_recorded_and_replayed_by_report(tmp_path):
+    lengths = _lengths_file(tmp_path)
+    args = ["--cost-model", "flops", "--vision-model", "internvit-300m", "--llm-model", "qwen2-7b"]
+    result = _run("pack", lengths, "-o", tmp_path / "out", "--dp", 2, "--baselines", "dataloader", *args, *CAPS)
+    assert result.exit_code == 0, result.output
+    params = open_manifest(tmp_path / "out").meta["params"]
+    assert params["cost_model"] == "flops"
+    assert params["cost_presets"] == {"llm": "qwen2-7b", "vision": "internvit-300m"}
+    written = (tmp_path / "out" / "report.json").read_bytes()
+    assert _run("report", tmp_path / "out").exit_code == 0
+    assert (tmp_path / "out" / "report.json").read_bytes() == written
+    assert "cost model flops (llm: qwen2-7b, vision: internvit-300m)" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_flops_without_llm_model_is_a_usage_error(tmp_path):
+    result = _run("pack", _lengths_file(tmp_path), "-o", tmp_path / "out", "--cost-model", "flops", *CAPS)
+    assert result.exit_code == 2 and "needs an LLM preset" in result.output and "--llm-model" in result.output

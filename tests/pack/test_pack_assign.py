@@ -1,0 +1,133 @@
+"""Property and edge-case tests for the assigner, group splitting and the threshold search."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from balancer_cli.errors import InputError, UsageError
+from balancer_cli.pack.assign import assign_groups, check_assignment, split_to_multiple
+from balancer_cli.pack.packers.isf import pack_isf
+from balancer_cli.report.metrics import dist_ratio, step_loads
+from balancer_cli.pack.packers.balanced import pack_balanced
+from balancer_cli.pack.search import default_caps, search_thresholds
+from balancer_cli.pack.types import check_packing, group_sums
+
+SETTINGS = settings(max_examples=40, deadline=None)
+
+
+@SETTINGS
+@given(
+    R=st.integers(1, 8),
+    M=st.integers(1, 3),
+    steps=st.integers(1, 12),
+    K=st.integers(1, 3),
+    sparse=st.booleans(),
+    window=st.sampled_from([0, 1, 4]),
+    seed=st.integers(0, 5),
+)
+def test_every_slot_filled_once_and_deterministic(R, M, steps, K, sparse, window, seed):
+    G = R * M * steps
+    rng = np.random.default_rng(seed)
+    cost = rng.integers(0, 50, (G, K)).astype(float)
+    if sparse:
+        cost[rng.random(G) < 0.7, 0] = 0.0
+    a = assign_groups(cost, world_size=R, micro_batches=M, seed=seed, window=window)
+    check_assignment(a, G, R, M)
+    assert a.num_steps == steps
+    for s in range(steps):  # every rank holds exactly M groups at every step
+        assert np.bincount(a.rank[a.step == s], minlength=R).tolist() == [M] * R
+    b = assign_groups(cost, world_size=R, micro_batches=M, seed=seed, window=window)
+    for x, y in zip((a.step, a.rank, a.micro), (b.step, b.rank, b.micro)):
+        assert np.array_equal(x, y)
+
+
+def test_groups_not_a_multiple_or_too_few_are_clear_errors():
+    with pytest.raises(InputError, match=r"not a multiple.*fix: pack with group_multiple=8"):
+        assign_groups(np.ones((12, 2)), world_size=4, micro_batches=2)
+    with pytest.raises(InputError, match=r"3 groups cannot fill one step.*fix: lower --world-size"):
+        assign_groups(np.ones((3, 2)), world_size=8, micro_batches=1)
+    with pytest.raises(UsageError):
+        assign_groups(np.ones((4, 2)), world_size=0, micro_batches=1)
+
+
+def test_sparse_module_is_aligned_to_whole_ranks():
+    # 32 audio-bearing groups out of 128, 8 ranks: every step holds 0 or 8 of them.
+    rng = np.random.default_rng(0)
+    G, R = 128, 8
+    cost = np.stack([rng.normal(100, 1, G), np.zeros(G), rng.normal(1000, 5, G)], 1)
+    audio = rng.permutation(G)[:32]
+    cost[audio, 1] = rng.normal(300, 3, 32)
+    a = assign_groups(cost, world_size=R, micro_batches=1, seed=0)
+    per_step = np.bincount(a.step[audio], minlength=a.num_steps)
+    assert set(per_step.tolist()) <= {0, R}
+    load_SR = step_loads(a.step, a.rank, cost[:, 1], num_steps=a.num_steps, world_size=R)
+    busy = load_SR.max(axis=1) > 0
+    assert dist_ratio(load_SR[busy]) < 0.05
+
+
+def test_balanced_pipeline_is_balanced_on_every_module():
+    rng = np.random.default_rng(3)
+    n = 4000
+    items = rng.integers(0, 8, n)
+    tokens = 256 * items + rng.integers(30, 600, n)
+    load = np.stack([items, tokens], 1)
+    p = pack_balanced(load, np.array([32, 8192]), group_multiple=8, seed=0)
+    a = assign_groups(group_sums(p, load.astype(float)), world_size=8, micro_batches=1)
+    gid = p.group_ids()
+    for k in range(2):
+        load_SR = step_loads(a.step[gid], a.rank[gid], load[p.order, k], num_steps=a.num_steps, world_size=8)
+        assert dist_ratio(load_SR) < 0.01
+
+
+@SETTINGS
+@given(n=st.integers(2, 80), multiple=st.integers(1, 6), seed=st.integers(0, 3))
+def test_split_to_multiple_keeps_conservation_and_caps(n, multiple, seed):
+    rng = np.random.default_rng(seed)
+    load = np.stack([rng.integers(0, 4, n), rng.integers(1, 100, n)], 1)
+    caps = np.array([6, 250])
+    p = pack_isf(load, caps, caps, iterations=3, seed=seed)
+    try:
+        q = split_to_multiple(p, load[:, 1], multiple)
+    except InputError as err:
+        assert "multi-sample" in str(err) or "two or more" in str(err)
+        return
+    assert q.num_groups % multiple == 0
+    check_packing(q, n, load, caps)
+
+
+def test_search_ranks_candidates_and_respects_limits():
+    rng = np.random.default_rng(0)
+    n = 5000
+    items = rng.choice([1, 3, 4, 5], n)
+    tokens = 256 * items + rng.integers(40, 300, n)
+    load = np.stack([items, tokens], 1)
+    cost = load.astype(float)
+    max_caps = np.array([24, 6144])
+    res = search_thresholds(load, cost, world_size=8, micro_batches=1, max_caps_K=max_caps, grid=3, sample_size=3000)
+    objectives = [c.objective for c in res.candidates]
+    assert objectives == sorted(objectives)
+    assert (res.best_caps_K <= max_caps).all()
+    assert res.grid_objective.shape == tuple(len(ax) for ax in res.grid_axes)
+    assert np.isclose(np.nanmin(res.grid_objective), objectives[0])
+    again = search_thresholds(load, cost, world_size=8, micro_batches=1, max_caps_K=max_caps, grid=3, sample_size=3000)
+    assert again.candidates == res.candidates
+    isf = search_thresholds(load, cost, world_size=8, micro_batches=1, max_caps_K=max_caps, grid=2,
+                            sample_size=2000, algorithm="isf")
+    assert (isf.best_bounds_K <= isf.best_caps_K).all() and len(isf.candidates) == 4 * 3
+
+
+def test_search_errors_and_default_caps():
+    with pytest.raises(InputError):
+        search_thresholds(np.zeros((0, 2), np.int64), np.zeros((0, 2)), world_size=1, micro_batches=1,
+                          max_caps_K=np.array([9, 4096]))
+    with pytest.raises(UsageError):
+        search_thresholds(np.ones((5, 2), np.int64), np.ones((5, 2)), world_size=1, micro_batches=1,
+                          max_caps_K=np.array([9]))
+    with pytest.raises(InputError, match="no candidate"):
+        search_thresholds(np.ones((5, 2), np.int64), np.ones((5, 2)), world_size=64, micro_batches=1,
+                          max_caps_K=np.array([9, 4096]))
+    caps = default_caps(np.array([[4, 1100], [3, 1200], [5, 1000]]), 4)
+    assert caps.tolist() == [16, 4736]

@@ -1,0 +1,183 @@
+"""The pack pipeline: conservation per epoch, ordering, metadata, errors, baselines' packers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from balancer_cli.errors import InputError, UsageError
+from balancer_cli.lengths import make_lengths_table
+from balancer_cli.pack.packers.baselines import default_batch_size, pack_llm_ffd, pack_random
+from balancer_cli.pack.pipeline import ALGORITHMS, PackConfig, pack_manifest, prepare_inputs
+from balancer_cli.pack.types import check_packing
+
+
+def _table(n: int, seed: int = 0, *, errors: int = 0, audio: bool = False):
+    rng = np.random.default_rng(seed)
+    items = rng.integers(0, 7, n)
+    modules = {"vision": (items * 256, items)}
+    llm = items * 256 + rng.integers(20, 600, n)
+    if audio:  # sparse third module: a few samples carry audio clips
+        clips = np.where(rng.random(n) < 0.15, rng.integers(1, 4, n), 0)
+        modules["audio"] = (clips * 750, clips)
+        llm = llm + clips * 750
+    error = [None] * n
+    for i in rng.choice(n, errors, replace=False):
+        error[i] = f"missing image img{i}.jpg"
+    return make_lengths_table(llm, modules, error=error, source=rng.choice(["a", "b", "c"], n))
+
+
+def _epoch_samples(result, epoch):
+    first = sum(result.epoch_num_steps[:epoch])
+    last = first + result.epoch_num_steps[epoch]
+    in_epoch = (result.rows.step >= first) & (result.rows.step < last)
+    return result.rows.sample[in_epoch]
+
+
+def _dropped_in(reason: str, epoch: int) -> bool:
+    """Whether a dropped.parquet reason applies to ``epoch`` ("... (epochs 0, 2)" or every epoch)."""
+    if "(epoch" not in reason:
+        return True
+    listed = reason[reason.rindex("(epoch"):].split(" ", 1)[1].rstrip(")")
+    return str(epoch) in [x.strip() for x in listed.split(",")]
+
+
+def _check_conservation(lt, result, config):
+    rows = result.rows
+    key = (rows.step.astype(np.int64) << 40) | (rows.rank.astype(np.int64) << 20) | rows.micro
+    assert (np.diff(key) >= 0).all(), "rows not sorted by (step, rank, micro)"
+    assert sum(result.epoch_num_steps) == (int(rows.step.max()) + 1 if len(rows) else 0)
+    dropped_everywhere = {int(s) for s, r in zip(result.dropped_sample, result.dropped_reason)
+                          if "(epoch" not in r}
+    for epoch in range(config.epochs):
+        placed = _epoch_samples(result, epoch)
+        counts = np.bincount(placed, minlength=lt.num_samples)
+        assert counts.max(initial=0) <= 1, f"epoch {epoch}: a sample placed twice"
+        epoch_dropped = {int(s) for s, r in zip(result.dropped_sample, result.dropped_reason)
+                         if _dropped_in(r, epoch)}
+        for sample in range(lt.num_samples):
+            assert (counts[sample] == 1) != (sample in epoch_dropped), (epoch, sample)
+        # Every non-dropped sample appears exactly once per epoch.
+        assert all(counts[s] == 1 for s in range(lt.num_samples) if s not in dropped_everywhere
+                   and s not in epoch_dropped)
+    # every rank holds micro_batches groups at every step
+    groups = np.unique(np.stack([rows.step, rows.rank, rows.micro]), axis=1)
+    assert groups.shape[1] == sum(result.epoch_num_steps) * config.world_size * config.micro_batches
+    errors = {int(i) for i in np.flatnonzero(~lt.ok_mask())}
+    reasons = dict(zip(result.dropped_sample.tolist(), result.dropped_reason))
+    assert all(reasons[i].startswith("missing image") for i in errors)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(40, 300), seed=st.integers(0, 10_000), world=st.integers(1, 4), micro=st.integers(1, 3),
+       epochs=st.integers(1, 3), errors=st.integers(0, 5), algorithm=st.sampled_from(ALGORITHMS),
+       oversize=st.sampled_from(["isolate", "drop"]))
+def test_conservation_every_epoch(n, seed, world, micro, epochs, errors, algorithm, oversize):
+    lt = _table(n, seed, errors=errors)
+    config = PackConfig(world_size=world, micro_batches=micro, epochs=epochs, seed=seed, algorithm=algorithm,
+                        caps=(("llm", 1600), ("vision", 5)), oversize=oversize)
+    try:
+        result = pack_manifest(lt, config)
+    except UsageError as error:  # too few groups for the step shape is a legitimate refusal
+        assert "groups per step" in str(error)
+        return
+    _check_conservation(lt, result, config)
+
+
+def test_epochs_differ_and_steps_are_global():
+    lt = _table(400, 1)
+    config = PackConfig(world_size=2, micro_batches=2, epochs=3, caps=(("llm", 1600), ("vision", 5)),
+                        algorithm="llm-ffd")
+    result = pack_manifest(lt, config)
+    assert len(result.epoch_num_steps) == 3
+    firsts = [_epoch_samples(result, e)[:20].tolist() for e in range(3)]
+    assert firsts[0] != firsts[1] != firsts[2]
+    assert result.meta["epochs"] == 3
+
+
+def test_metadata_records_every_parameter():
+    lt = _table(200, 2, errors=2)
+    config = PackConfig(world_size=2, caps=(("llm", 1600), ("vision", 5)), bounds=(("vision", 4),),
+                        iterations=7, seed=5, algorithm="isf", lengths_files=("x.parquet",))
+    meta = pack_manifest(lt, config).meta
+    assert meta["algorithm"] == "isf" and meta["seed"] == 5 and meta["world_size"] == 2
+    assert meta["params"]["caps"] == {"vision": 5, "llm": 1600}
+    assert meta["params"]["bounds"] == {"vision": 4, "llm": 1440}  # default bound = 0.9 x cap
+    assert meta["params"]["iterations"] == 7 and meta["params"]["cost_model"] == "tokens"
+    assert meta["num_samples"] == 200 and meta["lengths_fingerprint"] == lt.fingerprint
+    assert meta["lengths_files"] == ["x.parquet"]
+    by_reason = meta["summary"]["dropped"]["by_reason"]
+    assert sum(v["count"] for r, v in by_reason.items() if r.startswith("missing image")) == 2
+    assert set(meta["summary"]["modules"]) == {"vision", "llm"}
+
+
+def test_sparse_audio_module_is_packed_and_capped():
+    lt = _table(500, 3, audio=True)
+    assert lt.modules == ("vision", "audio")
+    config = PackConfig(world_size=4, caps=(("llm", 4000), ("vision", 8), ("audio", 2)), algorithm="llm-ffd")
+    result = pack_manifest(lt, config)
+    _check_conservation(lt, result, config)
+    assert result.meta["modules"] == ["vision", "audio", "llm"]
+    assert "audio" in result.meta["summary"]["modules"]
+
+
+def test_search_runs_when_a_cap_is_missing():
+    pytest.importorskip("balancer_cli.pack.search")
+    lt = _table(600, 4)
+    result = pack_manifest(lt, PackConfig(world_size=2, caps=(("llm", 4096),)))
+    assert result.meta["params"]["searched"] and result.search is not None
+    assert result.meta["params"]["caps"]["llm"] <= 4096
+    assert result.meta["params"]["search"]["candidates"] == len(result.search.candidates)
+
+
+@pytest.mark.parametrize("config, match", [
+    (PackConfig(caps=(("llm", 10), ("vision", 5))), "--max-llm-tokens 10 is smaller than every sample"),
+    (PackConfig(caps=(("llm", 5000), ("audio", 5))), "unknown module 'audio'"),
+    (PackConfig(caps=(("llm", 5000), ("vision", 0))), "must be positive"),
+    (PackConfig(world_size=500, caps=(("llm", 5000), ("vision", 12)), algorithm="llm-ffd"), "groups per step"),
+    (PackConfig(caps=(("llm", 5000), ("vision", 12)), bounds=(("vision", 13),)), "exceeds its cap"),
+])
+def test_bad_configs_raise_usage_errors(config, match):
+    with pytest.raises(UsageError, match=match):
+        pack_manifest(_table(100, 5), config)
+
+
+def test_error_rows_only_is_an_input_error():
+    lt = make_lengths_table(np.array([5, 6]), error=["bad record", "bad record"])
+    with pytest.raises(InputError, match="all 2 samples have a scan error"):
+        pack_manifest(lt, PackConfig(caps=(("llm", 100),)))
+
+
+def test_unknown_column_is_named():
+    lt = _table(20)
+    lt = type(lt)(lt.table.append_column("audio_tokens", lt.table.column("llm_tokens")), {}, lt.fingerprint)
+    with pytest.raises(InputError, match="unknown column 'audio_tokens'.*audio_items"):
+        prepare_inputs(lt)
+
+
+@settings(max_examples=40, deadline=None)
+@given(tokens=st.lists(st.integers(0, 300), min_size=1, max_size=200), cap=st.integers(50, 400),
+       oversize=st.sampled_from(["isolate", "drop"]), seed=st.integers(0, 99))
+def test_llm_ffd_conserves_and_respects_the_llm_cap(tokens, cap, oversize, seed):
+    load = np.stack([np.zeros(len(tokens), int), np.array(tokens)], axis=1)
+    packing = pack_llm_ffd(load, np.array([1, cap]), seed=seed, oversize=oversize)
+    check_packing(packing, len(tokens), load[:, 1:], np.array([cap]))
+    # First fit never leaves two groups at most half full: the later one's items would have fit earlier.
+    sums = np.array([load[g, 1].sum() for g, iso in zip(packing.groups(), packing.isolated) if not iso])
+    assert (sums <= cap / 2).sum() <= 1
+
+
+def test_llm_ffd_oversize_error_names_the_sample():
+    with pytest.raises(InputError, match="sample 1 has 900 LLM tokens"):
+        pack_llm_ffd(np.array([[0, 10], [0, 900]]), np.array([1, 100]), oversize="error")
+
+
+def test_random_batching_has_fixed_batch_size():
+    ids = np.arange(10, 33)
+    packing = pack_random(len(ids), 5, seed=3, sample_ids=ids)
+    check_packing(type(packing)(packing.order - 10, packing.group_offsets, packing.isolated,
+                                packing.dropped, ()), len(ids))
+    assert packing.group_sizes().tolist() == [5, 5, 5, 5, 3]
+    assert default_batch_size(np.array([[1, 100]] * 10), np.array([10, 250])) == 2

@@ -1,0 +1,132 @@
+"""Report metrics: definitions on hand-made loads, computed from the written manifest, rendering."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from balancer_cli.errors import ManifestError
+from balancer_cli.lengths import make_lengths_table
+from balancer_cli.manifest import ManifestRows, open_manifest, write_manifest
+from balancer_cli.report.evaluate import evaluate_rows, step_mix_distances
+from balancer_cli.report.metrics import dist_ratio, pad_ratio, step_loads, step_utilization, utilization
+from balancer_cli.pack.pipeline import PackConfig, pack_manifest, prepare_inputs
+from balancer_cli.report.build import build_report, render_markdown, summary_table, write_report
+
+
+def test_metric_definitions_on_known_loads():
+    load_SR = np.array([[4.0, 2.0, 2.0], [3.0, 3.0, 3.0], [0.0, 0.0, 0.0]])
+    # step 0: (0 + 2 + 2) / (4 x 3) = 1/3; step 1: 0; empty step 2: 0
+    assert dist_ratio(load_SR) == pytest.approx((1 / 3) / 3)
+    assert utilization(load_SR) == pytest.approx(17 / (3 * 7))
+    # modules one after another: vision [4,2,2] then llm [1,1,4] at one step
+    assert step_utilization([np.array([[4.0, 2.0, 2.0]]), np.array([[1.0, 1.0, 4.0]])]) == pytest.approx(14 / (3 * 8))
+    # groups {10, 6} and {5}: pad 4 of (10 x 2 + 5 x 1)
+    assert pad_ratio(np.array([7, 7, 9]), np.array([10.0, 6.0, 5.0])) == pytest.approx(4 / 25)
+    assert step_loads(np.array([1, 1]), np.array([0, 0]), np.array([2.0, 3.0]), num_steps=2, world_size=2).tolist() \
+        == [[0.0, 0.0], [5.0, 0.0]]
+    assert step_mix_distances(np.array([0, 0, 1, 1]), np.array([0, 1, 0, 1]), 2, 2).tolist() == [0.0, 0.0]
+
+
+def test_evaluate_counts_over_cap_groups_and_post_balance_ranks():
+    vision = (np.array([512, 512, 0, 0]), np.array([2, 2, 0, 0]))
+    lt = make_lengths_table(np.array([100, 100, 10, 10]), {"vision": vision})
+    inputs = prepare_inputs(lt)
+    rows = ManifestRows(np.zeros(4, int), np.array([0, 0, 1, 1]), np.zeros(4, int), np.arange(4),
+                        extra={"vision_rank": np.array([0, 1, 1, 1])})
+    ev = evaluate_rows(inputs, rows, np.array([], np.int64), (), caps_K=np.array([3, 1000]), world_size=2,
+                       micro_batches=1, epoch_num_steps=[1])
+    m = ev.metrics
+    assert m["groups"] == {"count": 2, "mean_size": 2.0, "over_cap": 1, "over_cap_multi_sample": 1}
+    assert m["modules"]["vision"]["utilization"] == 0.5
+    assert m["post_balance"]["modules"]["vision"] == {"dist_ratio": 0.0, "utilization": 1.0}
+    assert ev.loads["vision"].tolist() == [[1024.0, 0.0]]
+
+
+def test_drop_reasons_are_counted_by_kind():
+    inputs = prepare_inputs(make_lengths_table(np.arange(1, 5)))
+    rows = ManifestRows(np.zeros(1, int), np.zeros(1, int), np.zeros(1, int), np.array([0]))
+    reasons = ("missing_file: a.jsonl:3: x.jpg not found", "missing_file: a.jsonl:9: y.jpg not found",
+               "oversize: llm 900 > cap 100")
+    ev = evaluate_rows(inputs, rows, np.array([1, 2, 3]), reasons, caps_K=np.array([100]), world_size=1,
+                       micro_batches=1, epoch_num_steps=[1])
+    by_reason = ev.metrics["dropped"]["by_reason"]
+    assert list(by_reason) == ["missing_file", "oversize"]
+    assert by_reason["missing_file"] == {"count": 2, "share": 0.5, "example": reasons[0]}
+    assert ev.metrics["dropped"]["share"] == 0.75
+
+
+def _lengths(n=600, seed=0):
+    rng = np.random.default_rng(seed)
+    items = rng.integers(0, 8, n)
+    error = [None] * n
+    error[3] = "corrupt image"
+    return make_lengths_table(items * 256 + rng.integers(30, 500, n), {"vision": (items * 256, items)},
+                              error=error, source=rng.choice(["docvqa", "ai2d"], n))
+
+
+def _write(tmp_path, lt, config):
+    result = pack_manifest(lt, config)
+    write_manifest(tmp_path, result.rows, dropped_sample=result.dropped_sample, dropped_reason=result.dropped_reason,
+                   meta=result.meta, epoch_num_steps=result.epoch_num_steps)
+    return result
+
+
+def test_report_from_written_manifest_matches_the_pack_summary(tmp_path):
+    lt = _lengths()
+    config = PackConfig(world_size=4, micro_batches=2, epochs=2, caps=(("llm", 3000), ("vision", 10)))
+    result = _write(tmp_path, lt, config)
+    report = build_report(open_manifest(tmp_path), lt, baselines=("dataloader", "random", "llm-ffd", "isf"))
+    data = report.data
+    summary = result.meta["summary"]
+    for key in ("modules", "step", "steps", "dropped", "groups", "step_mix"):
+        assert data[key] == summary[key], key
+    assert data["dropped"]["by_reason"] == {"corrupt image": {"count": 1, "share": round(1 / 600, 6),
+                                                              "example": "corrupt image"}}
+    assert set(data["baselines"]) == {"dataloader", "random", "llm-ffd", "isf"}
+    for name, base in data["baselines"].items():
+        assert set(base["modules"]) == {"vision", "llm"}, name
+        assert {"dist_ratio", "pad_ratio", "utilization"} <= set(base["modules"]["llm"])
+    # ours balances both modules better than a data loader's random batches of the same mean size
+    for module in ("vision", "llm"):
+        assert data["modules"][module]["dist_ratio"] < data["baselines"]["dataloader"]["modules"][module]["dist_ratio"]
+    assert data["baselines"]["dataloader"]["batch_size"] == data["baselines"]["random"]["batch_size"]
+    assert 0 < data["step_mix"]["shuffled_mean_distance"] < 1
+    assert data["baselines"]["random"]["groups"]["over_cap"] >= 0
+    assert data["steps"]["per_epoch"] == result.epoch_num_steps
+
+
+def test_report_files_and_markdown(tmp_path):
+    lt = _lengths(300, 1)
+    _write(tmp_path, lt, PackConfig(world_size=2, caps=(("llm", 3000), ("vision", 10))))
+    report = build_report(open_manifest(tmp_path), lt, baselines=("llm-ffd",))
+    paths = write_report(tmp_path, report)
+    data = json.loads(paths["json"].read_text())
+    assert data["baselines"]["llm-ffd"]["modules"]["vision"]["dist_ratio"] >= 0
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = paths["md"].read_text()
+    header, rows = summary_table(data)
+    assert "| " + " | ".join(header) + " |" in md
+    assert rows[0][0] == "ours (balanced)" and rows[1][0] == "llm-ffd"
+    assert "corrupt image" in md and "1 of 300 samples" in md
+    assert render_markdown(data) == md
+
+
+def test_report_refuses_other_lengths(tmp_path):
+    lt = _lengths(200, 2)
+    _write(tmp_path, lt, PackConfig(world_size=2, caps=(("llm", 3000), ("vision", 10))))
+    with pytest.raises(ManifestError, match="is not the one .* was packed from"):
+        build_report(open_manifest(tmp_path), _lengths(200, 3))
+
+
+def test_report_records_a_baseline_that_cannot_run(tmp_path):
+    # Ours spreads 4 samples over 4 ranks; ISF fills one group with all of them, too few for a step.
+    lt = make_lengths_table(np.array([100, 100, 100, 100]))
+    _write(tmp_path, lt, PackConfig(world_size=4, caps=(("llm", 400),)))
+    report = build_report(open_manifest(tmp_path), lt, baselines=("random", "isf"))
+    assert "modules" in report.data["baselines"]["random"]
+    assert "groups per step" in report.data["baselines"]["isf"]["error"]
+    header, rows = summary_table(report.data)
+    assert rows[2][:2] == ["isf", "not run: " + report.data["baselines"]["isf"]["error"]]
