@@ -5,13 +5,25 @@ the file, line or sample, the offending value, and the fix. The CLI turns them i
 ``Error: ...`` and an exit code (2 for usage errors, 1 for everything else); library users catch
 them like any exception.
 
+Library errors name *parameters*, never command-line flags: a parameter is written as
+``{world_size}`` in the message or fix. ``str(error)`` shows the parameter's name
+(``world_size``), which is what a Python caller passed; the CLI calls :meth:`BalancerError.for_flags`
+with its command's own ``{parameter: --flag}`` map, so the same error reads ``--dp`` there. No
+message can so point a user at a flag that does not exist.
+
 Example:
     >>> err = InputError("lengths.parquet: column 'llm_tokens' is missing", fix="run `balancer scan` first")
     >>> str(err)
     "lengths.parquet: column 'llm_tokens' is missing; fix: run `balancer scan` first"
+    >>> err = UsageError("{world_size} 3 needs 3 groups per step", fix="lower {world_size}")
+    >>> str(err), err.for_flags({"world_size": "--dp"})
+    ('world_size 3 needs 3 groups per step; fix: lower world_size', '--dp 3 needs 3 groups per step; fix: lower --dp')
 """
 
 from __future__ import annotations
+
+import re
+from collections.abc import Mapping
 
 __all__ = [
     "BalancerError",
@@ -39,13 +51,22 @@ class BalancerError(Exception):
         super().__init__(message)
 
     def __str__(self) -> str:
-        return f"{self.message}; fix: {self.fix}" if self.fix else self.message
+        return self.for_flags({})
+
+    def for_flags(self, flags: Mapping[str, str]) -> str:
+        """The one-line text with each ``{parameter}`` written as ``flags[parameter]`` (else its name)."""
+        text = f"{self.message}; fix: {self.fix}" if self.fix else self.message
+        return _PARAMETER.sub(lambda m: flags.get(m.group(1), m.group(1)), text)
 
     def __reduce__(self) -> tuple:
         # Rebuild without calling __init__, whose keyword-only fields (and a subclass's own
         # signature) Exception's default reduce cannot replay: every attribute comes back as is,
         # so errors cross process pools and Ray workers whole (message, fix, kind, file, line).
         return _rebuild_error, (type(self), self.args, dict(self.__dict__))
+
+
+#: ``{name}`` of a parameter inside a message (in an f-string: ``{{name}}``).
+_PARAMETER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def _rebuild_error(cls: type[BalancerError], args: tuple, state: dict) -> BalancerError:

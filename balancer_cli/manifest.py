@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from balancer_cli import __version__
-from balancer_cli.errors import ManifestError
+from balancer_cli.errors import ManifestError, UsageError
 from balancer_cli._fsutil import atomic_path
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "REPORT_JSON",
     "REPORT_MD",
     "REPORT_PNG",
+    "StepShape",
     "ManifestRows",
     "ManifestFile",
     "write_manifest",
@@ -74,6 +75,60 @@ DEFAULT_ROWS_PER_ROW_GROUP = 1 << 16
 #: runs: a few bytes per row group), and plain ``sample`` values (unique, so a dictionary only
 #: adds a lookup). The file is still smaller than zstd with default dictionaries.
 MANIFEST_COMPRESSION = "lz4"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepShape:
+    """The shape of one optimizer step: R data-parallel ranks x M micro-batches (groups) each.
+
+    Every (step, rank, micro) is one *slot*; a manifest holds one group per slot. This object is
+    the one place that computes groups per step, slot numbers and the row sort key.
+
+    Args:
+        world_size: data-parallel ranks R (>= 1).
+        micro_batches: groups per rank per step M (>= 1).
+
+    Example:
+        >>> shape = StepShape(world_size=2, micro_batches=3)
+        >>> shape.groups_per_step
+        6
+        >>> [a.tolist() for a in shape.slots(np.arange(7))]
+        [[0, 0, 0, 0, 0, 0, 1], [0, 0, 0, 1, 1, 1, 0], [0, 1, 2, 0, 1, 2, 0]]
+        >>> int(shape.slot_key(np.array([1]), np.array([0]), np.array([2]))[0]) == (1 << 42) | 2
+        True
+    """
+
+    world_size: int
+    micro_batches: int
+
+    #: Bits of the rank and micro fields in :meth:`slot_key` (2M ranks, 2M micro-batches).
+    FIELD_BITS = 21
+
+    def __post_init__(self) -> None:
+        for name in ("world_size", "micro_batches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value < 1 << self.FIELD_BITS:
+                raise UsageError(f"{{{name}}} must be an integer in 1..{(1 << self.FIELD_BITS) - 1}, not {value!r}",
+                                 fix=f"give a positive {{{name}}}")
+
+    @property
+    def groups_per_step(self) -> int:
+        """R x M: the groups one step holds."""
+        return self.world_size * self.micro_batches
+
+    def slots(self, slot_G: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(step, rank, micro) int32 of consecutive slot numbers, as a plain data loader fills them."""
+        slot_G = np.asarray(slot_G, dtype=np.int64)
+        per_step = self.groups_per_step
+        return ((slot_G // per_step).astype(np.int32), ((slot_G % per_step) // self.micro_batches).astype(np.int32),
+                (slot_G % self.micro_batches).astype(np.int32))
+
+    @classmethod
+    def slot_key(cls, step: np.ndarray, rank: np.ndarray, micro: np.ndarray) -> np.ndarray:
+        """int64 key that sorts like (step, rank, micro): ``step << 42 | rank << 21 | micro``."""
+        bits = cls.FIELD_BITS
+        return ((np.asarray(step, dtype=np.int64) << 2 * bits) | (np.asarray(rank, dtype=np.int64) << bits)
+                | np.asarray(micro, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -114,8 +169,7 @@ class ManifestRows:
 
 
 def _check_sorted(rows: ManifestRows) -> None:
-    step = np.asarray(rows.step, dtype=np.int64)
-    key = (step << 42) | (np.asarray(rows.rank, dtype=np.int64) << 21) | np.asarray(rows.micro, dtype=np.int64)
+    key = StepShape.slot_key(rows.step, rows.rank, rows.micro)
     if len(key) and (np.diff(key) < 0).any():
         raise ManifestError("manifest rows are not sorted by (step, rank, micro)",
                             fix="sort placements before writing (this is a bug in the packer)")
@@ -210,6 +264,11 @@ class ManifestFile:
     @property
     def world_size(self) -> int:
         return int(self.meta["world_size"])
+
+    @property
+    def shape(self) -> StepShape:
+        """The step shape the manifest was packed for."""
+        return StepShape(world_size=self.world_size, micro_batches=self.micro_batches)
 
     @property
     def micro_batches(self) -> int:

@@ -25,16 +25,37 @@ import click
 
 from balancer_cli.errors import BalancerError
 
-__all__ = ["handle_errors", "json_option", "emit", "fail"]
+__all__ = ["handle_errors", "json_option", "emit", "fail", "command_flags"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object on stdout.")
 
 
+def command_flags(command: click.Command | None) -> dict[str, str]:
+    """``{parameter: --flag}`` of a click command: how its options spell the library's parameters.
+
+    Example:
+        >>> @click.command()
+        ... @click.option("--dp", "world_size", type=int)
+        ... def pack(world_size):
+        ...     pass
+        >>> command_flags(pack)
+        {'world_size': '--dp'}
+    """
+    if command is None:
+        return {}
+    flags = {}
+    for param in command.params:
+        if isinstance(param, click.Option) and param.name:
+            flags[param.name] = max(param.opts, key=len)  # the long spelling: --out, not -o
+    return flags
+
+
 def fail(error: BalancerError) -> None:
-    """Print ``Error: ...`` to stderr and exit with the error's code (1 runtime, 2 usage)."""
-    click.echo(f"Error: {error}", err=True)
+    """Print ``Error: ...`` (parameters spelled as this command's flags) and exit with its code."""
+    ctx = click.get_current_context(silent=True)
+    click.echo(f"Error: {error.for_flags(command_flags(ctx.command if ctx else None))}", err=True)
     sys.exit(error.exit_code)
 
 
