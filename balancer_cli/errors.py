@@ -55,8 +55,11 @@ class BalancerError(Exception):
 
     def for_flags(self, flags: Mapping[str, str]) -> str:
         """The one-line text with each ``{parameter}`` written as ``flags[parameter]`` (else its name)."""
-        text = f"{self.message}; fix: {self.fix}" if self.fix else self.message
-        return _PARAMETER.sub(lambda m: flags.get(m.group(1), m.group(1)), text)
+        return _PARAMETER.sub(lambda m: flags.get(m.group(1), m.group(1)), self._text())
+
+    def _text(self) -> str:
+        """The text before parameters are spelled out; subclasses add their context here."""
+        return f"{self.message}; fix: {self.fix}" if self.fix else self.message
 
     def __reduce__(self) -> tuple:
         # Rebuild without calling __init__, whose keyword-only fields (and a subclass's own
@@ -122,8 +125,8 @@ class SampleError(BalancerError):
             return "" if self.line is None else f"record {self.line}"
         return self.file if self.line is None else f"{self.file}:{self.line}"
 
-    def __str__(self) -> str:
-        text = super().__str__()
+    def _text(self) -> str:
+        text = super()._text()
         return f"{self.location}: {text}" if self.location else text
 
 
