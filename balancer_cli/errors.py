@@ -8,8 +8,9 @@ them like any exception.
 Library errors name *parameters*, never command-line flags: a parameter is written as
 ``{world_size}`` in the message or fix. ``str(error)`` shows the parameter's name
 (``world_size``), which is what a Python caller passed; the CLI calls :meth:`BalancerError.for_flags`
-with its command's own ``{parameter: --flag}`` map, so the same error reads ``--dp`` there. No
-message can so point a user at a flag that does not exist.
+with its command's own ``{parameter: --flag}`` map, so the same error reads ``--dp`` there. A
+per-module entry is ``{caps[vision]}``: ``caps[vision]`` in Python, ``--max-vision-items`` (or
+``--cap vision``) on the command line. No message can so point a user at a flag that does not exist.
 
 Example:
     >>> err = InputError("lengths.parquet: column 'llm_tokens' is missing", fix="run `balancer scan` first")
@@ -55,7 +56,7 @@ class BalancerError(Exception):
 
     def for_flags(self, flags: Mapping[str, str]) -> str:
         """The one-line text with each ``{parameter}`` written as ``flags[parameter]`` (else its name)."""
-        return _PARAMETER.sub(lambda m: flags.get(m.group(1), m.group(1)), self._text())
+        return _PARAMETER.sub(lambda m: _spell(m, flags), self._text())
 
     def _text(self) -> str:
         """The text before parameters are spelled out; subclasses add their context here."""
@@ -68,8 +69,19 @@ class BalancerError(Exception):
         return _rebuild_error, (type(self), self.args, dict(self.__dict__))
 
 
-#: ``{name}`` of a parameter inside a message (in an f-string: ``{{name}}``).
-_PARAMETER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+#: ``{name}`` or ``{name[key]}`` (one entry of a per-module parameter, e.g. ``{caps[vision]}``) inside
+#: a message; in an f-string write ``{{name}}``.
+_PARAMETER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?:\[([A-Za-z_][A-Za-z0-9_-]*)\])?\}")
+
+
+def _spell(match: re.Match, flags: Mapping[str, str]) -> str:
+    name, key = match.group(1), match.group(2)
+    if key is None:
+        return flags.get(name, name)
+    keyed = f"{name}[{key}]"
+    if keyed in flags:
+        return flags[keyed]
+    return f"{flags[name]} {key}" if name in flags else keyed
 
 
 def _rebuild_error(cls: type[BalancerError], args: tuple, state: dict) -> BalancerError:

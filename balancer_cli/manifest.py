@@ -270,6 +270,18 @@ class ManifestFile:
         """The step shape the manifest was packed for."""
         return StepShape(world_size=self.world_size, micro_batches=self.micro_batches)
 
+    def check_lengths(self, fingerprint: str, origin: str = "the lengths table") -> None:
+        """Raise :class:`ManifestError` unless ``fingerprint`` is the lengths table this was packed from.
+
+        The one check every reader of a manifest plus lengths makes (report, replay, planners).
+        """
+        expected = self.meta.get("lengths_fingerprint")
+        if expected != fingerprint:
+            raise ManifestError(
+                f"{origin} (fingerprint {fingerprint[:12]}) is not the one {self.path} was packed from "
+                f"(fingerprint {str(expected)[:12]})",
+                fix="pass the same lengths files, in the same order, that `balancer pack` read")
+
     @property
     def micro_batches(self) -> int:
         return int(self.meta["micro_batches"])

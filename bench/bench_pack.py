@@ -20,10 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
+from balancer_cli.metrics import dist_ratio, step_loads, utilization
 from balancer_cli.pack.assign import assign_groups, split_to_multiple
+from balancer_cli.pack.bounds import groups_lower_bound
+from balancer_cli.pack.packers.balanced import pack_balanced
 from balancer_cli.pack.packers.isf import pack_isf
-from balancer_cli.report.metrics import dist_ratio, step_loads, utilization
-from balancer_cli.pack.packers.balanced import groups_lower_bound, pack_balanced
 from balancer_cli.pack.search import default_caps, search_thresholds
 from balancer_cli.pack.types import check_packing, group_sums
 from bench.synthetic import make_synthetic

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -25,11 +26,14 @@ import click
 
 from balancer_cli.errors import BalancerError
 
-__all__ = ["handle_errors", "json_option", "emit", "fail", "command_flags"]
+__all__ = ["handle_errors", "json_option", "emit", "fail", "command_flags", "progress"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object on stdout.")
+
+
+_CAP_OPTION = re.compile(r"max_([a-z][a-z0-9]*)_(?:items|tokens)")
 
 
 def command_flags(command: click.Command | None) -> dict[str, str]:
@@ -48,7 +52,12 @@ def command_flags(command: click.Command | None) -> dict[str, str]:
     flags = {}
     for param in command.params:
         if isinstance(param, click.Option) and param.name:
-            flags[param.name] = max(param.opts, key=len)  # the long spelling: --out, not -o
+            flag = max(param.opts, key=len)  # the long spelling: --out, not -o
+            flags[param.name] = flag
+            # --max-<m>-items / --max-llm-tokens set one entry of the library's `caps`.
+            cap = _CAP_OPTION.fullmatch(param.name)
+            if cap:
+                flags[f"caps[{cap.group(1)}]"] = flag
     return flags
 
 
@@ -88,3 +97,10 @@ def _jsonable(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return value.tolist()
     return str(value)
+
+
+def progress(total: int, quiet: bool, desc: str):
+    """A tqdm bar on stderr, silent when not a terminal or with ``--quiet``."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, file=sys.stderr, disable=quiet or not sys.stderr.isatty(), leave=False)

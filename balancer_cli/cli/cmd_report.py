@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from balancer_cli.cli._common import emit, handle_errors, json_option
-from balancer_cli.cli.cmd_pack import parse_baselines, render_summary
-from balancer_cli.errors import InputError, ManifestError
-from balancer_cli.pack.packers.baselines import BASELINES
+from balancer_cli.cli._pack_options import baselines_option, parse_baselines
+from balancer_cli.cli._render import render_pack
+from balancer_cli.pack.packers import registry
 
 __all__ = ["command"]
 
@@ -18,8 +16,8 @@ __all__ = ["command"]
 @click.argument("out", type=click.Path(file_okay=False))
 @click.option("--lengths", "lengths_files", multiple=True, type=click.Path(dir_okay=False),
               help="Lengths file(s) the manifest was packed from (default: the paths it recorded).")
-@click.option("--baselines", help="Comma list of baselines to compare with, or 'none' "
-              f"(default: those `pack` used; of {','.join(BASELINES)}).")
+@baselines_option("Comma list of baselines to compare with, or 'none' "
+                  f"(default: those `pack` used; of {','.join(registry.names(baseline=True))}).", None)
 @json_option
 @handle_errors
 def command(out, lengths_files, baselines, as_json):
@@ -32,28 +30,8 @@ def command(out, lengths_files, baselines, as_json):
       balancer report out/
       balancer report out/ --lengths lengths.parquet --json
     """
-    from balancer_cli.lengths import read_lengths
-    from balancer_cli.manifest import open_manifest
-    from balancer_cli.report.build import build_report, write_report
+    from balancer_cli.run import report_dir
 
-    manifest = open_manifest(out)
-    if baselines is None:
-        baseline_names = tuple(manifest.meta.get("report_baselines", BASELINES))
-    else:
-        baseline_names = parse_baselines(baselines)
-    paths = list(lengths_files) or list(manifest.meta.get("lengths_files", []))
-    if not paths:
-        raise ManifestError(f"{out}: the manifest records no lengths files", fix="pass them with --lengths FILE")
-    missing = [p for p in paths if not Path(p).is_file()]
-    if missing:
-        raise ManifestError(f"lengths file {missing[0]} (recorded in {out}) no longer exists",
-                            fix="pass the lengths files with --lengths FILE")
-    table = read_lengths(paths)
-    report = build_report(manifest, table, baselines=baseline_names)
-    try:
-        written = write_report(out, report)
-    except OSError as error:
-        raise InputError(f"cannot write the report into {out}: {error.strerror or error}",
-                         fix="make the manifest directory writable") from None
-    summary = {"out": str(Path(out)), "files": {k: str(v) for k, v in written.items()}, **report.data}
-    emit(summary, as_json, render_summary)
+    summary = report_dir(out, lengths_files=lengths_files,
+                         baselines=None if baselines is None else parse_baselines(baselines))
+    emit(summary, as_json, render_pack)

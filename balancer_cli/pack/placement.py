@@ -1,18 +1,19 @@
 """Placement: packings of every epoch -> manifest rows sorted by (step, rank, micro, order in group).
 
 :func:`place_epochs` is the one path every manifest and every baseline goes through: pack the
-epoch (seed ``seed + epoch``), split groups until their count is a multiple of R x M, assign
+epoch (its ``pack`` stream), split groups until their count is a multiple of R x M, assign
 them to (step, rank, micro) with the packer's assigner (or in order, as a plain data loader
 does), number steps globally across epochs and collect dropped samples with their reasons.
 
 Example:
     >>> import numpy as np
     >>> from balancer_cli.lengths import make_lengths_table
+    >>> from balancer_cli.pack.config import PackConfig
     >>> from balancer_cli.pack.packers.baselines import pack_random
     >>> from balancer_cli.pack.inputs import prepare_inputs
     >>> inputs = prepare_inputs(make_lengths_table(np.arange(1, 9)))
-    >>> rows, dropped, reasons, steps = place_epochs(inputs, lambda e: pack_random(8, 2, seed=e), world_size=2,
-    ...                                              micro_batches=1, epochs=2, seed=0)
+    >>> rows, dropped, reasons, steps = place_epochs(inputs, lambda e: pack_random(8, 2, seed=e),
+    ...                                              PackConfig(world_size=2, epochs=2))
     >>> steps, len(rows), dropped.tolist()
     ([2, 2], 16, [])
 """
@@ -20,46 +21,49 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.manifest import ManifestRows
+from balancer_cli.pack.assign import assign_groups, split_to_multiple
 from balancer_cli.pack.inputs import PackInputs
 from balancer_cli.pack.types import Assignment, Packing, group_sums
 
-__all__ = ["Packer", "place_epochs"]
+if TYPE_CHECKING:
+    from balancer_cli.pack.config import PackConfig
+
+__all__ = ["Packer", "Placement", "place_epochs"]
 
 #: ``epoch -> Packing`` over the samples without error (ids are dataset sample ids).
 Packer = Callable[[int], Packing]
 
 
-def place_epochs(
-    inputs: PackInputs,
-    pack_epoch: Packer,
-    *,
-    world_size: int,
-    micro_batches: int,
-    epochs: int,
-    seed: int,
-    sequential: bool = False,
-) -> tuple[ManifestRows, np.ndarray, tuple[str, ...], list[int]]:
-    """Pack and assign every epoch; return sorted rows, dropped samples/reasons and steps per epoch.
+class Placement(NamedTuple):
+    """Every epoch of one packer placed: rows sorted by slot, dropped samples with reasons, steps per epoch."""
+
+    rows: ManifestRows
+    dropped_sample: np.ndarray
+    dropped_reason: tuple[str, ...]
+    epoch_num_steps: list[int]
+
+
+def place_epochs(inputs: PackInputs, pack_epoch: Packer, config: PackConfig, *, sequential: bool = False) -> Placement:
+    """Pack and assign every epoch of ``config``; return sorted rows, dropped samples/reasons, steps per epoch.
 
     Args:
         inputs: the load/cost matrices.
         pack_epoch: ``epoch -> Packing`` over the samples without error (ids are dataset ids).
-        world_size, micro_batches: the step shape.
-        epochs: number of epochs; epoch e assigns with seed ``seed + e``.
-        seed: base seed.
+        config: the step shape, epochs and seed streams.
         sequential: place groups in packing order (group g at step g // (R x M)), as a plain
             distributed data loader does, instead of the balancing assigner.
 
     Raises:
         UsageError: fewer groups than one step needs (``world_size * micro_batches``).
     """
-    from balancer_cli.pack.assign import assign_groups, split_to_multiple
-
+    shape, epochs = config.shape, config.epochs
+    world_size, micro_batches, per_step = shape.world_size, shape.micro_batches, shape.groups_per_step
     parts, orders, epoch_num_steps = [], [], []
     base = 0  # first row of the epoch's packing order in the concatenated orders
     # sample -> reason -> epochs it applied to; a reason that held in every epoch is written plain.
@@ -67,30 +71,29 @@ def place_epochs(
     for sample in np.flatnonzero(~inputs.ok_N):
         dropped[int(sample)] = {str(inputs.error_N[sample]): list(range(epochs))}
     offset = 0
-    per_step = world_size * micro_batches
     for epoch in range(epochs):
         packing = pack_epoch(epoch)
         if packing.num_groups < per_step:
             raise UsageError(
-                f"--dp {world_size} x --micro-batches {micro_batches} needs {per_step} groups per step, "
+                f"{{world_size}} {world_size} x {{micro_batches}} {micro_batches} needs {per_step} groups per step, "
                 f"but the samples form only {packing.num_groups} groups",
-                fix="lower --dp or --micro-batches, or lower the caps so that more groups form")
+                fix="lower {world_size} or {micro_batches}, or lower the caps so that more groups form")
         # The assigner wants G to be a multiple of R x M: split the heaviest groups (caps still hold).
         try:
             packing = split_to_multiple(packing, inputs.cost_NK[:, -1], per_step)
         except InputError as error:
             raise UsageError(
-                f"--dp {world_size} x --micro-batches {micro_batches} needs a multiple of {per_step} groups "
-                f"(groups per step), and the {packing.num_groups} groups cannot be split to one ({error.message})",
-                fix="lower --dp or --micro-batches, or lower the caps so that more groups form") from None
+                f"{{world_size}} {world_size} x {{micro_batches}} {micro_batches} needs a multiple of {per_step} "
+                f"groups (groups per step), and the {packing.num_groups} groups cannot be split to one "
+                f"({error.message})",
+                fix="lower {world_size} or {micro_batches}, or lower the caps so that more groups form") from None
         cost_GK = group_sums(packing, inputs.cost_NK)
         if sequential:
-            slot = np.arange(packing.num_groups)
-            assignment = Assignment(step=(slot // per_step).astype(np.int32),
-                                    rank=((slot % per_step) // micro_batches).astype(np.int32),
-                                    micro=(slot % micro_batches).astype(np.int32), num_steps=len(slot) // per_step)
+            step_G, rank_G, micro_G = shape.slots(np.arange(packing.num_groups))
+            assignment = Assignment(step=step_G, rank=rank_G, micro=micro_G, num_steps=packing.num_groups // per_step)
         else:
-            assignment = assign_groups(cost_GK, world_size=world_size, micro_batches=micro_batches, seed=seed + epoch)
+            assignment = assign_groups(cost_GK, world_size=world_size, micro_batches=micro_batches,
+                                       seed=config.epoch_seed(epoch, "assign"))
         step_G = np.asarray(assignment.step, dtype=np.int64)
         keep_G = step_G >= 0
         order_P = np.asarray(packing.order, dtype=np.int64)
@@ -113,7 +116,7 @@ def place_epochs(
     rows = _expand_groups(parts, orders)
     dropped_sample = np.array(sorted(dropped), dtype=np.int64)
     reasons = tuple(_drop_reason(dropped[int(s)], epochs) for s in dropped_sample)
-    return rows, dropped_sample, reasons, epoch_num_steps
+    return Placement(rows, dropped_sample, reasons, epoch_num_steps)
 
 
 def _expand_groups(parts, orders) -> ManifestRows:

@@ -33,10 +33,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from balancer_cli.errors import InputError, UsageError
+from balancer_cli.metrics import dist_ratio, pad_ratio, step_loads, utilization
 from balancer_cli.pack.assign import assign_groups, split_to_multiple
+from balancer_cli.pack.bounds import groups_lower_bound
+from balancer_cli.pack.packers.balanced import BalancedOptions, pack_balanced
 from balancer_cli.pack.packers.isf import pack_isf
-from balancer_cli.report.metrics import dist_ratio, pad_ratio, step_loads, utilization
-from balancer_cli.pack.packers.balanced import groups_lower_bound, pack_balanced
 from balancer_cli.pack.types import group_sums
 
 __all__ = ["SearchResult", "Candidate", "search_thresholds", "default_caps", "DEFAULT_GROUP_SIZE"]
@@ -122,7 +123,8 @@ def _evaluate(load, cost, caps, bounds, R, M, algorithm, seed, passes):
         if p.num_groups >= R * M:
             p = split_to_multiple(p, cost[:, -1], R * M)
     else:
-        p = pack_balanced(load, caps, cost_NK=cost, group_multiple=R * M, seed=seed, passes=passes)
+        p = pack_balanced(load, caps, cost_NK=cost, group_multiple=R * M, seed=seed,
+                          options=BalancedOptions(passes=passes))
     G = p.num_groups
     excluded = (len(p.dropped) + int(p.isolated.sum())) / n
     if G < R * M or G % (R * M):

@@ -156,7 +156,7 @@ def test_bad_lengths_exit_with_one_line_and_fix(tmp_path, table, code, message):
      "fix: raise --max-llm-tokens to at least 30"),
     (["--dp", "5000", *CAPS], "--dp 5000 x --micro-batches 1 needs 5000 groups per step, but the samples form only"),
     (["--cap", "vision", *CAPS], "--cap 'vision' is not MODULE=INTEGER"),
-    (["--cap", "audio=3", *CAPS], "cap for unknown module 'audio'"),
+    (["--cap", "audio=3", *CAPS], "--max-audio-items names an unknown module 'audio'"),
     (["--baselines", "greedy", *CAPS], "unknown baseline 'greedy'"),
 ])
 def test_bad_options_exit_2_with_the_fix(tmp_path, args, message):

@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from balancer_cli.errors import InputError, UsageError
+from balancer_cli.pack.bounds import groups_lower_bound
+from balancer_cli.pack.packers.balanced import BalancedOptions, pack_balanced
 from balancer_cli.pack.packers.isf import pack_isf
-from balancer_cli.pack.packers.balanced import groups_lower_bound, pack_balanced
 from balancer_cli.pack.types import check_packing, group_sums
 
 SETTINGS = settings(max_examples=40, deadline=None)
@@ -34,8 +35,8 @@ def _pack(name, load, caps, **kw):
         return pack_isf(load, caps, bounds, iterations=5, **kw)
     if name == "balanced-mix":  # per-source counts join the objective (3 sources, seeded)
         source = np.random.default_rng(len(load)).integers(0, 3, len(load))
-        return pack_balanced(load, caps, passes=2, source_N=source, max_sources=2, **kw)
-    return pack_balanced(load, caps, passes=2, **kw)
+        return pack_balanced(load, caps, source_N=source, options=BalancedOptions(passes=2, max_sources=2), **kw)
+    return pack_balanced(load, caps, options=BalancedOptions(passes=2), **kw)
 
 
 @pytest.mark.parametrize("name", ["isf", "balanced", "balanced-mix"])
@@ -66,7 +67,7 @@ def test_conservation_caps_determinism(name, data, oversize, seed):
 def test_balanced_group_multiple(data, multiple):
     load, caps = data
     fit = int((~(load > caps).any(axis=1)).sum())
-    p = pack_balanced(load, caps, group_multiple=multiple, passes=1)
+    p = pack_balanced(load, caps, group_multiple=multiple, options=BalancedOptions(passes=1))
     packed = p.num_groups - int(p.isolated.sum())
     if fit:
         # A multiple (isolated groups included) unless that needs more groups than samples.
@@ -195,19 +196,20 @@ def test_balanced_uses_costs_when_given():
 
 def test_kernels_pure_python_fallback_gives_identical_packings(monkeypatch):
     """numba is an accelerator only: the same kernels run as plain Python give the same groups."""
-    from balancer_cli.pack.packers import balanced as packer
-    from balancer_cli.pack.packers import balanced_kernels as _kernels
-    from balancer_cli.pack.packers import isf
+    from balancer_cli._jit import HAVE_NUMBA
+    from balancer_cli.pack.packers import _balanced_refine, _fill_kernels, _refine_kernels, balanced, isf
 
-    if not _kernels.HAVE_NUMBA:
+    if not HAVE_NUMBA:
         pytest.skip("numba absent: the pure-Python kernels are what every other test runs")
     rng = np.random.default_rng(5)
     load = np.stack([rng.integers(0, 6, 300), rng.integers(20, 900, 300)], 1)
     caps = np.array([12, 3000])
     fast = (pack_balanced(load, caps, group_multiple=4, seed=1), pack_isf(load, caps, np.array([12, 2900]), iterations=4))
-    for mod, names in ((packer, ("deal_rounds", "first_fit", "refine_pass", "targeted_pass")), (isf, ("greedy_close",))):
+    for user, kernels, names in ((balanced, _fill_kernels, ("deal_rounds", "first_fit")),
+                                 (_balanced_refine, _refine_kernels, ("refine_pass", "targeted_pass")),
+                                 (isf, _fill_kernels, ("greedy_close",))):
         for name in names:
-            monkeypatch.setattr(mod, name, getattr(_kernels, name).py_func)
+            monkeypatch.setattr(user, name, getattr(kernels, name).py_func)
     slow = (pack_balanced(load, caps, group_multiple=4, seed=1), pack_isf(load, caps, np.array([12, 2900]), iterations=4))
     for a, b in zip(fast, slow):
         assert np.array_equal(a.order, b.order) and np.array_equal(a.group_offsets, b.group_offsets)
@@ -261,3 +263,20 @@ def test_lower_bound_counts_items_that_long_texts_waste():
     assert groups_lower_bound(load, caps) == 6
     p = pack_balanced(load, caps)
     assert p.num_groups >= groups_lower_bound(load, caps)
+
+
+def test_balanced_options_are_validated():
+    assert BalancedOptions().passes is None and BalancedOptions(passes=0, max_sources=1).max_sources == 1
+    for bad in (dict(passes=-1), dict(passes=1.5), dict(passes=True), dict(max_sources=0)):
+        with pytest.raises(UsageError, match="must be an integer"):
+            BalancedOptions(**bad)
+
+
+def test_oversize_error_names_parameters_the_cli_spells_as_flags():
+    load = np.array([[5, 100]])
+    with pytest.raises(InputError) as info:
+        pack_balanced(load, np.array([4, 4096]), oversize="error", module_names=("vision", "llm"))
+    assert "raise the cap (caps[vision]), or pass oversize isolate" in str(info.value)
+    flags = {"caps[vision]": "--max-vision-items", "oversize": "--oversize"}
+    assert "raise the cap (--max-vision-items), or pass --oversize isolate (own group) or --oversize drop" in (
+        info.value.for_flags(flags))

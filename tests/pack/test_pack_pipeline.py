@@ -10,7 +10,10 @@ from hypothesis import strategies as st
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.lengths import make_lengths_table
 from balancer_cli.pack.packers.baselines import default_batch_size, pack_llm_ffd, pack_random
-from balancer_cli.pack.pipeline import ALGORITHMS, PackConfig, pack_manifest, prepare_inputs
+from balancer_cli.pack.config import PackConfig
+from balancer_cli.pack.inputs import prepare_inputs
+from balancer_cli.pack.packers.registry import PACKERS
+from balancer_cli.pack.pipeline import pack_manifest
 from balancer_cli.pack.types import check_packing
 
 
@@ -72,7 +75,7 @@ def _check_conservation(lt, result, config):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(40, 300), seed=st.integers(0, 10_000), world=st.integers(1, 4), micro=st.integers(1, 3),
-       epochs=st.integers(1, 3), errors=st.integers(0, 5), algorithm=st.sampled_from(ALGORITHMS),
+       epochs=st.integers(1, 3), errors=st.integers(0, 5), algorithm=st.sampled_from(tuple(PACKERS)),
        oversize=st.sampled_from(["isolate", "drop"]))
 def test_conservation_every_epoch(n, seed, world, micro, epochs, errors, algorithm, oversize):
     lt = _table(n, seed, errors=errors)
@@ -124,7 +127,6 @@ def test_sparse_audio_module_is_packed_and_capped():
 
 
 def test_search_runs_when_a_cap_is_missing():
-    pytest.importorskip("balancer_cli.pack.search")
     lt = _table(600, 4)
     result = pack_manifest(lt, PackConfig(world_size=2, caps=(("llm", 4096),)))
     assert result.meta["params"]["searched"] and result.search is not None
@@ -133,15 +135,40 @@ def test_search_runs_when_a_cap_is_missing():
 
 
 @pytest.mark.parametrize("config, match", [
-    (PackConfig(caps=(("llm", 10), ("vision", 5))), "--max-llm-tokens 10 is smaller than every sample"),
-    (PackConfig(caps=(("llm", 5000), ("audio", 5))), "unknown module 'audio'"),
-    (PackConfig(caps=(("llm", 5000), ("vision", 0))), "must be positive"),
-    (PackConfig(world_size=500, caps=(("llm", 5000), ("vision", 12)), algorithm="llm-ffd"), "groups per step"),
-    (PackConfig(caps=(("llm", 5000), ("vision", 12)), bounds=(("vision", 13),)), "exceeds its cap"),
+    (dict(caps=(("llm", 10), ("vision", 5))), r"caps\[llm\] 10 is smaller than every sample"),
+    (dict(caps=(("llm", 5000), ("audio", 5))), "unknown module 'audio'"),
+    (dict(world_size=500, caps=(("llm", 5000), ("vision", 12)), algorithm="llm-ffd"),
+     "world_size 500 x micro_batches 1 needs 500 groups per step"),
+    (dict(caps=(("llm", 5000), ("vision", 12)), bounds=(("vision", 13),)), r"bounds\[vision\] 13 exceeds its cap"),
 ])
-def test_bad_configs_raise_usage_errors(config, match):
+def test_bad_configs_raise_usage_errors_naming_parameters(config, match):
     with pytest.raises(UsageError, match=match):
-        pack_manifest(_table(100, 5), config)
+        pack_manifest(_table(100, 5), PackConfig(**config))
+
+
+@pytest.mark.parametrize("config, match", [
+    (dict(caps=(("llm", 5000), ("vision", 0))), r"caps\[vision\] 0 must be a positive integer"),
+    (dict(world_size=0), "world_size must be an integer >= 1"),
+    (dict(micro_batches=True), "micro_batches must be an integer >= 1"),
+    (dict(epochs=2.5), "epochs must be an integer >= 1"),
+    (dict(seed=-1), "seed must be an integer >= 0"),
+    (dict(algorithm="greedy"), "unknown algorithm 'greedy'; fix: use one of: balanced, dataloader"),
+    (dict(oversize="squeeze"), "unknown oversize 'squeeze'"),
+    (dict(cost_model="time"), "unknown cost_model 'time'"),
+    (dict(target_group_size=0.5), "target_group_size must be a number >= 1"),
+])
+def test_pack_config_is_validated_once_when_built(config, match):
+    with pytest.raises(UsageError, match=match):
+        PackConfig(**config)
+
+
+def test_pack_config_round_trips_through_manifest_metadata():
+    config = PackConfig(world_size=4, micro_batches=2, algorithm="isf", caps={"llm": 4096, "vision": 9},
+                        bounds={"vision": 8}, iterations=7, oversize="drop", epochs=3, seed=11,
+                        target_group_size=4, batch_size=5, lengths_files=("a.parquet",), post_balance=True)
+    assert config.shape.groups_per_step == 8 and config.caps == (("llm", 4096), ("vision", 9))
+    assert PackConfig.from_meta(config.to_meta()) == config
+    assert PackConfig.from_meta(config.to_meta(), seed=2).seed == 2
 
 
 def test_error_rows_only_is_an_input_error():

@@ -10,10 +10,13 @@ import pytest
 from balancer_cli.errors import ManifestError
 from balancer_cli.lengths import make_lengths_table
 from balancer_cli.manifest import ManifestRows, open_manifest, write_manifest
-from balancer_cli.report.evaluate import evaluate_rows, step_mix_distances
-from balancer_cli.report.metrics import dist_ratio, pad_ratio, step_loads, step_utilization, utilization
-from balancer_cli.pack.pipeline import PackConfig, pack_manifest, prepare_inputs
-from balancer_cli.report.build import build_report, render_markdown, summary_table, write_report
+from balancer_cli.pack.evaluate import evaluate_rows, step_mix_distances
+from balancer_cli.metrics import dist_ratio, pad_ratio, step_loads, step_utilization, utilization
+from balancer_cli.pack.config import PackConfig
+from balancer_cli.pack.inputs import prepare_inputs
+from balancer_cli.pack.pipeline import pack_manifest
+from balancer_cli.report.build import build_report, write_report
+from balancer_cli.report.markdown import render_markdown, summary_table
 
 
 def test_metric_definitions_on_known_loads():

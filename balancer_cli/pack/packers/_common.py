@@ -29,7 +29,12 @@ OVERSIZE_POLICIES = ("isolate", "drop", "error")
 
 
 def module_label(k: int, num_modules: int, module_names: Sequence[str] | None) -> str:
-    """Human name of column k: the given name, else ``module<k>`` (the last column is ``llm``)."""
+    """Human name of column k: the given name, else ``module<k>`` (the last column is ``llm``).
+
+    Example:
+        >>> module_label(0, 2, None), module_label(1, 2, None), module_label(0, 2, ("vision", "llm"))
+        ('module0', 'llm', 'vision')
+    """
     if module_names is not None and k < len(module_names):
         return str(module_names[k])
     return "llm" if k == num_modules - 1 else f"module{k}"
@@ -37,7 +42,26 @@ def module_label(k: int, num_modules: int, module_names: Sequence[str] | None) -
 
 def check_inputs(load_NK: np.ndarray, caps_K: np.ndarray, sample_ids: np.ndarray | None,
                  oversize: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Validate shapes and values; return (load int64 (N, K), caps int64 (K,), sample ids (N,))."""
+    """Validate a packer's inputs (shapes, whole non-negative loads, caps >= 1, the policy).
+
+    Args:
+        load_NK: (N, K) per-sample load, the LLM last.
+        caps_K: (K,) caps per group.
+        sample_ids: (N,) sample index of each row, or None for ``arange(N)``.
+        oversize: one of :data:`OVERSIZE_POLICIES`.
+
+    Returns:
+        (load int64 (N, K), caps int64 (K,), sample ids int64 (N,)).
+
+    Raises:
+        InputError: an empty or malformed load table.
+        UsageError: caps, policy or ids that do not match the loads.
+
+    Example:
+        >>> load, caps, ids = check_inputs([[1, 10], [2, 20]], [4, 100], None, "isolate")
+        >>> load.dtype.name, caps.tolist(), ids.tolist()
+        ('int64', [4, 100], [0, 1])
+    """
     load = np.asarray(load_NK)
     if load.ndim != 2:
         raise InputError(f"loads must be a 2-D (samples x modules) array, got shape {load.shape}",
@@ -60,7 +84,7 @@ def check_inputs(load_NK: np.ndarray, caps_K: np.ndarray, sample_ids: np.ndarray
     if not np.all(caps >= 1) or not np.all(np.isfinite(caps)):
         raise UsageError(f"caps must be positive whole numbers, got {caps.tolist()}", fix="raise the caps to >= 1")
     if oversize not in OVERSIZE_POLICIES:
-        raise UsageError(f"unknown oversize policy {oversize!r}", fix=f"use one of: {', '.join(OVERSIZE_POLICIES)}")
+        raise UsageError(f"unknown {{oversize}} policy {oversize!r}", fix=f"use one of: {', '.join(OVERSIZE_POLICIES)}")
     if sample_ids is None:
         ids = np.arange(load.shape[0], dtype=np.int64)
     else:
@@ -88,7 +112,26 @@ class OversizeSplit:
 
 def split_oversize(load_NK: np.ndarray, caps_K: np.ndarray, *, policy: str, sample_ids: np.ndarray | None,
                    module_names: Sequence[str] | None = None) -> OversizeSplit:
-    """Apply the oversize policy (see the module docstring)."""
+    """Apply the oversize policy (see the module docstring).
+
+    Args:
+        load_NK: (N, K) int64 per-sample load.
+        caps_K: (K,) int64 caps.
+        policy: ``isolate`` | ``drop`` | ``error``.
+        sample_ids: (N,) sample index of each row (named in the error), or None for ``arange(N)``.
+        module_names: names used in drop reasons and errors (default ``module<k>``, ``llm``).
+
+    Returns:
+        The :class:`OversizeSplit` of the rows.
+
+    Raises:
+        InputError: under ``policy="error"``, naming the first oversize sample, its load and the cap.
+
+    Example:
+        >>> import numpy as np
+        >>> split_oversize(np.array([[1, 10], [5, 30]]), np.array([4, 100]), policy="isolate", sample_ids=None).isolated
+        array([1])
+    """
     over_NK = load_NK > caps_K[None, :]
     over_N = over_NK.any(axis=1)
     fit = np.flatnonzero(~over_N)
@@ -104,10 +147,12 @@ def split_oversize(load_NK: np.ndarray, caps_K: np.ndarray, *, policy: str, samp
     )
     if policy == "error":
         r, k = int(rows[0]), int(first_k[0])
+        module = module_label(k, K, module_names)
+        # {caps[vision]}: the CLI spells it as the module's own cap flag (--max-vision-items).
         raise InputError(
-            f"sample {int(ids[r])} has {module_label(k, K, module_names)} load {int(load_NK[r, k])} > cap "
-            f"{int(caps_K[k])} ({len(rows)} sample(s) exceed a cap)",
-            fix="raise the cap, or pass --oversize isolate (own group) or --oversize drop",
+            f"sample {int(ids[r])} has {module} load {int(load_NK[r, k])} > cap {int(caps_K[k])} "
+            f"({len(rows)} sample(s) exceed a cap)",
+            fix=f"raise the cap ({{caps[{module}]}}), or pass {{oversize}} isolate (own group) or {{oversize}} drop",
         )
     return OversizeSplit(fit, np.zeros(0, np.int64), rows, reasons)
 
@@ -120,6 +165,16 @@ def assemble(group_rows: list[np.ndarray] | tuple[np.ndarray, np.ndarray], split
         group_rows: ``(order_rows, offsets)`` of the packed groups, in row indices.
         split: the oversize split (isolated rows become one-sample groups at the end).
         sample_ids: (N,) row -> sample index.
+
+    Returns:
+        The packing, in sample ids: packed groups first, then one group per isolated row.
+
+    Example:
+        >>> import numpy as np
+        >>> split = OversizeSplit(np.array([0, 1]), np.array([2]), np.zeros(0, np.int64), ())
+        >>> p = assemble((np.array([1, 0]), np.array([0, 2])), split, np.array([10, 11, 12]))
+        >>> [g.tolist() for g in p.groups()], p.isolated.tolist()
+        ([[11, 10], [12]], [False, True])
     """
     order_rows, offsets = group_rows
     iso = split.isolated

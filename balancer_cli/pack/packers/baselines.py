@@ -1,17 +1,15 @@
-"""Baselines a manifest is compared with: random batching, LLM-only FFD packing, faithful ISF.
+"""The packers a manifest is compared with: random batching and LLM-only first-fit decreasing.
 
-- ``random``: shuffle, then cut into groups of a fixed batch size; no cap is looked at, so groups
-  can exceed memory caps.
-- ``dataloader``: the same random batches placed in order (batch g at step g // (R x M)), as a
-  plain distributed data loader does, without the balancing assigner: the status quo.
-- ``llm-ffd``: first-fit decreasing on LLM tokens under the LLM cap only, as LLM trainers pack
-  sequences; encoder items are ignored, so encoder load is left to chance.
-- ``isf``: OmniBal's iterative sampling-and-filtering (:func:`balancer_cli.pack.packers.isf.pack_isf`).
+- :func:`pack_random`: shuffle, then cut into groups of a fixed batch size; no cap is looked at,
+  so groups can exceed memory caps. Placed in order (a plain distributed data loader, the status
+  quo) or by the balancing assigner, it gives the ``dataloader`` and ``random`` baselines.
+- :func:`pack_llm_ffd`: first-fit decreasing on LLM tokens under the LLM cap only, as LLM
+  trainers pack sequences; encoder items are ignored, so encoder load is left to chance.
 
-Each baseline's groups (but ``dataloader``'s) go through the same assigner and row ordering as the
-manifest itself (:func:`balancer_cli.pack.pipeline.place_epochs`), so every metric compares like
-with like; that assigner alone already balances random batches across ranks, which is why the
-``dataloader`` baseline shows what training without balancing looks like.
+OmniBal's ISF (:func:`balancer_cli.pack.packers.isf.pack_isf`) is the third baseline. The
+registry (:mod:`balancer_cli.pack.packers.registry`) names them all; the report places their groups
+with the same assigner and row ordering as the manifest itself, so every metric compares like
+with like.
 
 Example:
     >>> import numpy as np
@@ -27,16 +25,26 @@ import math
 import numpy as np
 
 from balancer_cli.errors import InputError
-from balancer_cli.manifest import ManifestRows
 from balancer_cli.pack.types import Packing
 
-__all__ = ["BASELINES", "pack_random", "pack_llm_ffd", "default_batch_size", "run_baseline"]
-
-BASELINES = ("dataloader", "random", "llm-ffd", "isf")
+__all__ = ["pack_random", "pack_llm_ffd", "default_batch_size"]
 
 
 def default_batch_size(load_NK: np.ndarray, caps_K: np.ndarray) -> int:
-    """Samples per group that gives as many groups as perfectly full packing under the caps."""
+    """Samples per group that gives as many groups as perfectly full packing under the caps.
+
+    Args:
+        load_NK: (N, K) per-sample load.
+        caps_K: (K,) caps per group.
+
+    Returns:
+        ``N / max_k ceil(sum load_k / cap_k)``, rounded, at least 1.
+
+    Example:
+        >>> import numpy as np
+        >>> default_batch_size(np.array([[1, 100]] * 10), np.array([10, 250]))
+        2
+    """
     load_NK = np.asarray(load_NK)
     groups = max(1, max(math.ceil(load_NK[:, k].sum() / caps_K[k]) for k in range(load_NK.shape[1])))
     return max(1, round(len(load_NK) / groups))
@@ -44,6 +52,15 @@ def default_batch_size(load_NK: np.ndarray, caps_K: np.ndarray) -> int:
 
 def pack_random(num_samples: int, batch_size: int, *, seed: int = 0, sample_ids: np.ndarray | None = None) -> Packing:
     """Random batching: a seeded permutation cut into groups of ``batch_size`` (the last may be smaller).
+
+    Args:
+        num_samples: N, the samples to batch (rows of ``sample_ids``).
+        batch_size: samples per group.
+        seed: seeds the permutation.
+        sample_ids: (N,) sample index of each row (default ``arange(num_samples)``).
+
+    Returns:
+        The :class:`~balancer_cli.pack.types.Packing` (nothing isolated or dropped).
 
     Example:
         >>> pack_random(5, 2, seed=0).group_sizes().tolist()
@@ -88,6 +105,25 @@ def pack_llm_ffd(load_NK: np.ndarray, caps_K: np.ndarray, *, seed: int = 0, over
 
     Ties are broken by a seeded shuffle, so epochs differ. Samples over the LLM cap on their own
     are isolated, dropped (reason ``oversize``) or rejected, as ``oversize`` says.
+
+    Args:
+        load_NK: (N, K) per-sample load; only the LLM tokens (last column) are packed.
+        caps_K: (K,) caps; only the LLM cap (last) applies.
+        seed: seeds the tie-breaking shuffle.
+        oversize: ``isolate`` | ``drop`` | ``error`` for samples over the LLM cap.
+        sample_ids: (N,) sample index of each row (default ``arange(N)``).
+
+    Returns:
+        The :class:`~balancer_cli.pack.types.Packing`: packed groups, then isolated samples.
+
+    Raises:
+        InputError: a sample over the LLM cap under ``oversize="error"``.
+
+    Example:
+        >>> import numpy as np
+        >>> p = pack_llm_ffd(np.array([[0, 90], [0, 150], [0, 20]]), np.array([1, 100]), oversize="drop")
+        >>> [g.tolist() for g in p.groups()], p.dropped.tolist()
+        ([[0], [2]], [1])
     """
     load_NK = np.asarray(load_NK)
     ids = np.arange(len(load_NK), dtype=np.int64) if sample_ids is None else np.asarray(sample_ids, dtype=np.int64)
@@ -99,7 +135,7 @@ def pack_llm_ffd(load_NK: np.ndarray, caps_K: np.ndarray, *, seed: int = 0, over
     if over.any() and oversize == "error":
         i = int(order[np.argmax(over)])
         raise InputError(f"sample {int(ids[i])} has {int(tokens[i])} LLM tokens, over the cap {cap}",
-                         fix="raise --max-llm-tokens or use --oversize isolate|drop")
+                         fix="raise {caps[llm]} or use {oversize} isolate|drop")
     fit = order[~over]
     bins = _first_fit(tokens[fit], cap)
     by_bin = np.argsort(bins, kind="stable")
@@ -118,20 +154,3 @@ def pack_llm_ffd(load_NK: np.ndarray, caps_K: np.ndarray, *, seed: int = 0, over
     offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
     return Packing(np.concatenate(members).astype(np.int64), offsets, np.array(isolated, bool), dropped, reasons)
 
-
-def run_baseline(name: str, inputs, config, caps_K: np.ndarray, bounds_K: np.ndarray
-                 ) -> tuple[ManifestRows, np.ndarray, tuple[str, ...], list[int]]:
-    """Rows, dropped samples/reasons and steps per epoch of one baseline, placed like a manifest.
-
-    Args:
-        name: one of :data:`BASELINES`.
-        inputs: :class:`~balancer_cli.pack.pipeline.PackInputs`.
-        config: the manifest's :class:`~balancer_cli.pack.pipeline.PackConfig` (same seed, epochs,
-            step shape; ``batch_size`` sets the random baseline's batch size).
-        caps_K, bounds_K: the manifest's caps and ISF bounds.
-    """
-    from balancer_cli.pack.pipeline import make_packer, place_epochs
-
-    packer = make_packer(inputs, config, caps_K, bounds_K, algorithm=name)
-    return place_epochs(inputs, packer, world_size=config.world_size, micro_batches=config.micro_batches,
-                        epochs=config.epochs, seed=config.seed, sequential=name == "dataloader")

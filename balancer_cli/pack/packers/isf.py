@@ -35,7 +35,7 @@ import numpy as np
 
 from balancer_cli.errors import UsageError
 from balancer_cli.pack.packers._common import assemble, check_inputs, split_oversize
-from balancer_cli.pack.packers.balanced_kernels import greedy_close
+from balancer_cli.pack.packers._fill_kernels import greedy_close
 from balancer_cli.pack.types import Packing
 
 __all__ = ["pack_isf", "isf_round"]
@@ -44,8 +44,21 @@ __all__ = ["pack_isf", "isf_round"]
 def isf_round(rows: np.ndarray, load_NK: np.ndarray, caps_K: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """One sampling round: shuffle ``rows`` with ``RandomState(seed)`` and pack greedily.
 
+    Args:
+        rows: (F,) rows to pack; each fits the caps on its own.
+        load_NK: (N, K) load of every row.
+        caps_K: (K,) caps per group.
+        seed: the ``RandomState`` seed of the shuffle.
+
     Returns:
         (order_rows, offsets): the rows in packed order and the (G+1,) group offsets.
+
+    Example:
+        >>> import numpy as np
+        >>> load_NK = np.array([[1, 60], [1, 50], [1, 40], [1, 30]])
+        >>> order, offsets = isf_round(np.arange(4), load_NK, np.array([9, 100]), seed=0)
+        >>> order.tolist(), offsets.tolist()
+        ([2, 3, 1, 0], [0, 2, 3, 4])
     """
     perm = np.random.RandomState(seed).permutation(len(rows))
     order = rows[perm]
@@ -70,7 +83,7 @@ def pack_isf(
     sample_ids: np.ndarray | None = None,
     module_names: Sequence[str] | None = None,
 ) -> Packing:
-    """Pack samples with OmniBal's ISF.
+    """Pack samples with OmniBal's ISF (see the module docstring).
 
     Args:
         load_NK: (N, K) int per-sample load: items per encoder module, LLM tokens last.
@@ -89,6 +102,13 @@ def pack_isf(
     Raises:
         InputError: empty input, or an oversize sample under ``oversize="error"``.
         UsageError: bad caps/bounds/iterations.
+
+    Example:
+        >>> import numpy as np
+        >>> p = pack_isf(np.array([[1, 60], [1, 50], [1, 40], [1, 30]]), np.array([9, 100]), np.array([9, 70]),
+        ...              iterations=2, seed=0)
+        >>> [g.tolist() for g in p.groups()]  # [2, 3] reaches 70 tokens: accepted; 0 and 1 are repacked
+        [[2, 3], [0], [1]]
     """
     load, caps, ids = check_inputs(load_NK, caps_K, sample_ids, oversize)
     bounds = np.asarray(bounds_K, dtype=np.int64).reshape(-1)
@@ -96,9 +116,9 @@ def pack_isf(
         raise UsageError(f"{len(bounds)} acceptance bounds for {len(caps)} modules", fix="give one bound per module")
     if (bounds > caps).any() or (bounds < 0).any():
         raise UsageError(f"acceptance bounds {bounds.tolist()} must lie in [0, cap] (caps {caps.tolist()})",
-                         fix="lower the bounds (Q'v <= Qv, Q't <= Qt)")
+                         fix="lower each acceptance bound ({bound}) to at most its cap: Q'v <= Qv, Q't <= Qt")
     if iterations < 1:
-        raise UsageError(f"iterations must be >= 1, got {iterations}", fix="use --iterations 50")
+        raise UsageError(f"{{iterations}} must be >= 1, got {iterations}", fix="use {iterations} 50 (the default)")
     split = split_oversize(load, caps, policy=oversize, sample_ids=ids, module_names=module_names)
     order, offsets = isf_round(split.fit, load, caps, seed)
     done_order: list[np.ndarray] = []

@@ -28,7 +28,14 @@ import numpy as np
 
 from balancer_cli.lengths import LLM
 from balancer_cli.manifest import ManifestRows
-from balancer_cli.report.metrics import dist_ratio, pad_ratio, step_loads, step_utilization, utilization
+from balancer_cli.metrics import (
+    dist_ratio,
+    pad_ratio,
+    step_loads,
+    step_utilization,
+    utilization,
+)
+from balancer_cli.pack.bounds import groups_lower_bound
 
 __all__ = ["Evaluation", "evaluate_rows", "reason_kind", "step_mix_distances"]
 
@@ -156,8 +163,7 @@ def evaluate_rows(
 
 def _steps(inputs, rows: ManifestRows, caps_K: np.ndarray, per_step: int, epoch_num_steps: Sequence[int]) -> dict:
     """Steps per epoch against a lower bound: the fewest groups the caps allow
-    (:func:`~balancer_cli.pack.packers.balanced.groups_lower_bound`), R x M of them per step."""
-    from balancer_cli.pack.packers.balanced import groups_lower_bound
+    (:func:`~balancer_cli.pack.bounds.groups_lower_bound`), R x M of them per step."""
 
     bounds, first = [], 0
     step = np.asarray(rows.step, np.int64)

@@ -1,0 +1,80 @@
+"""Text renderings of the commands' summaries (what a command prints without ``--json``).
+
+Each function takes the JSON-ready summary a command emits and returns the text; the data is
+the same either way, so ``--json`` and the table never disagree.
+
+Example:
+    >>> print(render_caps_hint({"llm": 4096, "vision": 12, "mel": 3}, world_size=8))
+    pack with: balancer pack ... --dp 8 --max-llm-tokens 4096 --max-vision-items 12 --cap mel=3
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from balancer_cli.lengths import LLM
+
+__all__ = ["NAMED_ENCODERS", "render_pack", "render_search", "render_caps_hint"]
+
+#: Encoders with a dedicated ``--max-<m>-items`` option; any other module uses ``--cap m=V``.
+NAMED_ENCODERS = ("vision", "audio", "video")
+
+
+# -- pack and report ---------------------------------------------------------------------------
+
+def render_pack(summary: Mapping[str, Any]) -> str:
+    """``pack`` / ``report``: what was written, the parameters, and ours vs baselines."""
+    from balancer_cli.report.markdown import format_text_table, summary_table
+
+    params = summary["manifest"]["params"]
+    caps = ", ".join(f"{m}={c}" for m, c in params["caps"].items())
+    steps = summary["steps"]
+    lines = [
+        f"packed {summary['manifest']['num_samples']} samples into {steps['total']} steps "
+        f"({summary['manifest']['world_size']} ranks x {summary['manifest']['micro_batches']} micro-batches, "
+        f"{summary['manifest']['epochs']} epoch(s)) -> {summary['out']}",
+        f"caps {caps}" + (" (searched)" if params.get("searched") else "")
+        + f"; dropped {summary['dropped']['count']} ({100 * summary['dropped']['share']:.2f}%)",
+        "",
+        format_text_table(*summary_table(summary)),
+    ]
+    if "post_balance" in summary:
+        post = summary["post_balance"]
+        phases = ", ".join(f"{m} {summary['modules'][m]['utilization']:.3f} -> {v['utilization']:.3f}"
+                           for m, v in post["modules"].items())
+        lines.append(f"post-balancing: utilization {phases}; step {summary['step']['utilization']:.3f} -> "
+                     f"{post['step']['utilization']:.3f}")
+    return "\n".join(lines)
+
+
+# -- search ------------------------------------------------------------------------------------
+
+def render_caps_hint(caps: Mapping[str, int], *, world_size: int) -> str:
+    """The ``balancer pack`` options that pack with ``caps``."""
+    flags = " ".join(
+        f"--max-llm-tokens {c}" if m == LLM else (f"--max-{m}-items {c}" if m in NAMED_ENCODERS else f"--cap {m}={c}")
+        for m, c in caps.items())
+    return f"pack with: balancer pack ... --dp {world_size} {flags}"
+
+
+def render_search(summary: Mapping[str, Any]) -> str:
+    """``search``: the ranked candidates, the files written, and how to pack with the best."""
+    from balancer_cli.report.markdown import format_text_table
+    from balancer_cli.report.search import search_table
+
+    best = summary["best"]
+    caps = ", ".join(f"{m}={c}" for m, c in best["caps"].items())
+    lines = [
+        f"searched {len(summary['candidates'])} candidates ({summary['algorithm']}) on {summary['sample_size']} of "
+        f"{summary['num_samples']} samples for {summary['world_size']} ranks x "
+        f"{summary['micro_batches']} micro-batches",
+        f"best caps: {caps}" + (f"; bounds: {', '.join(f'{m}={b}' for m, b in best['bounds'].items())}"
+                                if summary["algorithm"] == "isf" else ""),
+        "",
+        format_text_table(*search_table(summary, top=summary["top"])),
+    ]
+    if summary.get("files"):
+        lines += ["", "wrote " + ", ".join(summary["files"].values())]
+    lines += ["", render_caps_hint(best["caps"], world_size=summary["world_size"])]
+    return "\n".join(lines)

@@ -1,0 +1,186 @@
+"""Every parameter of a pack run, validated once, and the seeded random streams of a run.
+
+:class:`PackConfig` is the value object the CLI, :func:`balancer_cli.run.pack_to_dir` and Python
+users build; everything it holds lands in the manifest metadata (:meth:`PackConfig.to_meta`), from
+which :meth:`PackConfig.from_meta` rebuilds it (``balancer report`` re-packs the baselines so).
+
+:func:`rng` gives each consumer of randomness its own named stream per epoch, so the packer and
+the assigner of an epoch never share draws, and ``(seed 0, epoch 1)`` differs from
+``(seed 1, epoch 0)``.
+
+Example:
+    >>> config = PackConfig(world_size=2, caps={"llm": 4096}, epochs=2)
+    >>> config.shape.groups_per_step, config.caps
+    (2, (('llm', 4096),))
+    >>> PackConfig.from_meta({**config.to_meta(), "epoch_num_steps": [3, 3]}) == config
+    True
+    >>> PackConfig(oversize="squeeze")
+    Traceback (most recent call last):
+    ...
+    balancer_cli.errors.UsageError: unknown oversize 'squeeze'; fix: use one of: isolate, drop, error
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+import numpy as np
+
+from balancer_cli.errors import UsageError
+from balancer_cli.manifest import StepShape
+from balancer_cli.pack.packers._common import OVERSIZE_POLICIES
+
+__all__ = ["PackConfig", "Oversize", "OVERSIZE_POLICIES", "Stream", "STREAMS", "rng", "stream_seed"]
+
+Oversize = Literal["isolate", "drop", "error"]
+assert get_args(Oversize) == OVERSIZE_POLICIES  # the packers' policies, spelled as a type
+
+Stream = Literal["pack", "assign", "search"]
+#: The named random streams of a pack run; a stream's index is part of its seed.
+STREAMS: tuple[str, ...] = get_args(Stream)
+
+Pairs = tuple[tuple[str, int], ...]
+
+
+def _pairs(value: Mapping[str, int] | Sequence[tuple[str, int]], name: str) -> Pairs:
+    """``{m: v}`` or ``((m, v), ...)`` -> ``((m, int v), ...)`` with positive integers, in the given order."""
+    items = tuple(value.items()) if isinstance(value, Mapping) else tuple(tuple(x) for x in value)
+    for module, number in items:
+        if isinstance(number, bool) or not isinstance(number, (int, np.integer)) or number <= 0:
+            raise UsageError(f"{{{name}[{module}]}} {number!r} must be a positive integer",
+                             fix="give a positive integer")
+    return tuple((str(m), int(v)) for m, v in items)
+
+
+def _positive(config: PackConfig, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+            raise UsageError(f"{{{name}}} must be an integer >= 1, not {value!r}", fix=f"give a positive {{{name}}}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PackConfig:
+    """Every parameter of a pack run (all of it lands in the manifest metadata).
+
+    Attributes:
+        world_size: data-parallel ranks R.
+        micro_batches: groups per rank per step M.
+        algorithm: a packer of :data:`balancer_cli.pack.packers.registry.PACKERS`.
+        caps: ``{module: cap}`` (or pairs): encoder items / LLM tokens per group. When some module
+            has no cap, the threshold search picks all caps, using the given ones as upper limits.
+        bounds: ``{module: bound}``: ISF acceptance bounds Q'; default from the search or 0.9 x cap.
+        iterations: ISF sampling iterations C.
+        oversize: what to do with a sample over a cap on its own (:data:`OVERSIZE_POLICIES`).
+        epochs: epochs to pack, each with its own random streams.
+        seed: base seed (>= 0).
+        cost_model: a cost model of :data:`balancer_cli.cost.samples.COST_MODELS`.
+        cost_presets: ``{module: preset or model file}`` for the ``flops`` cost model.
+        target_group_size: optional samples-per-group target handed to the search.
+        batch_size: fixed samples per group of the ``random`` packer (default: the mean group size
+            the caps give, rounded).
+        lengths_files: input paths, recorded in the metadata for ``balancer report``.
+        post_balance: add ``<m>_rank`` columns (the rank that runs encoder m's phase per row).
+    """
+
+    world_size: int = 1
+    micro_batches: int = 1
+    algorithm: str = "balanced"
+    caps: Pairs = ()
+    bounds: Pairs = ()
+    iterations: int = 50
+    oversize: Oversize = "isolate"
+    epochs: int = 1
+    seed: int = 0
+    cost_model: str = "tokens"
+    cost_presets: tuple[tuple[str, str], ...] = ()
+    target_group_size: float | None = None
+    batch_size: int | None = None
+    lengths_files: tuple[str, ...] = ()
+    post_balance: bool = False
+    shape: StepShape = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        from balancer_cli.cost.samples import COST_MODELS
+        from balancer_cli.pack.packers.registry import PACKERS
+
+        _positive(self, "world_size", "micro_batches", "epochs", "iterations", "batch_size")
+        target = self.target_group_size
+        if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float, np.number))
+                                   or not target >= 1):
+            raise UsageError(f"{{target_group_size}} must be a number >= 1, not {target!r}",
+                             fix="give a mean group size of at least 1 sample")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
+            raise UsageError(f"{{seed}} must be an integer >= 0, not {self.seed!r}", fix="give a non-negative seed")
+        for name, choices in (("algorithm", tuple(PACKERS)), ("oversize", OVERSIZE_POLICIES),
+                              ("cost_model", tuple(COST_MODELS))):
+            if getattr(self, name) not in choices:
+                raise UsageError(f"unknown {{{name}}} {getattr(self, name)!r}", fix=f"use one of: {', '.join(choices)}")
+        set_ = object.__setattr__  # frozen: normalize once, here
+        set_(self, "caps", _pairs(self.caps, "caps"))
+        set_(self, "bounds", _pairs(self.bounds, "bounds"))
+        presets = self.cost_presets
+        set_(self, "cost_presets", tuple(presets.items()) if isinstance(presets, Mapping) else tuple(map(tuple, presets)))
+        set_(self, "lengths_files", tuple(str(p) for p in self.lengths_files))
+        set_(self, "shape", StepShape(world_size=int(self.world_size), micro_batches=int(self.micro_batches)))
+
+    def to_meta(self) -> dict[str, Any]:
+        """The run's parameters as manifest metadata (the packer adds resolved caps, bounds, search)."""
+        return {
+            "algorithm": self.algorithm,
+            "params": {
+                "iterations": self.iterations, "oversize": self.oversize, "cost_model": self.cost_model,
+                "cost_presets": dict(self.cost_presets), "target_group_size": self.target_group_size,
+                "batch_size": self.batch_size, "post_balance": self.post_balance,
+                "caps": dict(self.caps), "bounds": dict(self.bounds),
+            },
+            "seed": self.seed, "epochs": self.epochs, "world_size": self.world_size,
+            "micro_batches": self.micro_batches, "lengths_files": list(self.lengths_files),
+        }
+
+    @classmethod
+    def from_meta(cls, meta: Mapping[str, Any], **overrides: Any) -> PackConfig:
+        """The config a manifest was packed with, from its metadata; its resolved caps and bounds are
+        the config's caps and bounds (so re-packing needs no search). ``overrides`` replace fields."""
+        params = meta.get("params", {})
+        fields = dict(
+            world_size=int(meta["world_size"]), micro_batches=int(meta["micro_batches"]),
+            algorithm=str(meta.get("algorithm", "balanced")),
+            caps=tuple((m, int(c)) for m, c in params.get("caps", {}).items()),
+            bounds=tuple((m, int(b)) for m, b in params.get("bounds", {}).items()),
+            iterations=int(params.get("iterations", 50)), oversize=str(params.get("oversize", "isolate")),
+            epochs=int(meta.get("epochs", len(meta.get("epoch_num_steps", [1])))), seed=int(meta.get("seed", 0)),
+            cost_model=str(params.get("cost_model", "tokens")),
+            cost_presets=tuple(sorted(dict(params.get("cost_presets", {})).items())),
+            target_group_size=params.get("target_group_size"), batch_size=params.get("batch_size"),
+            lengths_files=tuple(meta.get("lengths_files", ())), post_balance=bool(params.get("post_balance", False)))
+        fields.update(overrides)
+        return cls(**fields)
+
+    def epoch_seed(self, epoch: int, stream: Stream) -> int:
+        """The integer seed of ``stream`` in ``epoch`` (see :func:`stream_seed`)."""
+        return stream_seed(self.seed, epoch, stream)
+
+
+def stream_seed(seed: int, epoch: int, stream: Stream) -> int:
+    """The integer seed a packer, assigner or search of one epoch is seeded with.
+
+    Example:
+        >>> stream_seed(7, 2, "pack")
+        9
+    """
+    if stream not in STREAMS:
+        raise UsageError(f"unknown random stream {stream!r}", fix=f"use one of: {', '.join(STREAMS)}")
+    return int(seed) + int(epoch)
+
+
+def rng(seed: int, epoch: int, stream: Stream) -> np.random.Generator:
+    """A generator for ``stream`` of ``epoch`` in a run seeded ``seed``.
+
+    Example:
+        >>> float(rng(0, 0, "pack").random()) == float(rng(0, 0, "pack").random())
+        True
+    """
+    return np.random.default_rng(stream_seed(seed, epoch, stream))

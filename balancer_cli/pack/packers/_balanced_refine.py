@@ -1,0 +1,161 @@
+"""Refinement of the balanced packer's groups (step 3 of :mod:`balancer_cli.pack.packers.balanced`).
+
+Builds what the local-search kernels (:mod:`balancer_cli.pack.packers._refine_kernels`) need: the
+per-module targets, a grid of rows by normalized weight for targeted swaps, candidate partner
+groups, and optional per-source columns that make groups equal source mixes; then runs the
+passes. All randomness comes from the caller's generator, in a fixed order, so results are
+reproducible.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from balancer_cli.errors import UsageError
+from balancer_cli.pack.packers._refine_kernels import refine_pass, targeted_pass
+
+__all__ = ["refine", "PARTNERS", "CELL_WIDTH", "SCAN", "MIX_WEIGHT"]
+
+#: Candidate partner groups per group and random-partner pass (half random, half opposite).
+PARTNERS = 3
+#: Grid cell of targeted swaps, as a share of a group's target per module.
+CELL_WIDTH = 0.01
+#: Samples tried per grid cell lookup of targeted swaps.
+SCAN = 8
+#: Weight of the per-source terms in the squared objective (the modules' weigh 1): more costs
+#: LLM balance where sources differ a lot (docs/packing.md, the ``mix_weight`` table).
+MIX_WEIGHT = 1e-2
+#: A group whose objective term is at most this is on target (the passes skip it).
+_TOL = 1e-12
+
+
+def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsum_GK: np.ndarray,
+           weight_NK: np.ndarray, load_NK: np.ndarray, caps_K: np.ndarray, rows: np.ndarray, *, passes: int,
+           source_N: np.ndarray | None, max_sources: int, rng: np.random.Generator) -> None:
+    """Even out the groups in place: ``passes`` rounds of targeted, then random-partner swaps.
+
+    Stops early when a round changes nothing. ``members_GX`` and ``count_G`` hold the result;
+    the sums are updated along (with ``source_N``, on extended copies of ``wsum_GK``).
+
+    Args:
+        members_GX: (G, X) member rows of each group (-1 padded), updated.
+        count_G: (G,) members per group, updated.
+        wsum_GK: (G, K) weight sums per group (float).
+        lsum_GK: (G, K) load sums per group (int64), updated.
+        weight_NK: (N, K) balanced weight of every row.
+        load_NK: (N, K) capped load of every row (int64).
+        caps_K: (K,) caps (int64).
+        rows: (F,) the rows in the groups.
+        passes: rounds to run (>= 1).
+        source_N: (N,) source of every row, or None (no source terms).
+        max_sources: sources tracked (the ``max_sources - 1`` most frequent, the rest as one).
+        rng: draws the visiting orders and the partner groups.
+
+    Example:
+        >>> import numpy as np
+        >>> members_GX = np.array([[0, 1], [2, 3]]); count_G = np.array([2, 2])
+        >>> load_NK = np.array([[4], [3], [1], [0]]); wsum_GK = np.array([[7.0], [1.0]])
+        >>> refine(members_GX, count_G, wsum_GK, np.array([[7], [1]]), load_NK.astype(float), load_NK,
+        ...        np.array([9]), np.arange(4), passes=2, source_N=None, max_sources=16,
+        ...        rng=np.random.default_rng(0))
+        >>> wsum_GK.ravel().tolist(), sorted(map(sorted, members_GX.tolist()))
+        ([4.0, 4.0], [[0, 3], [1, 2]])
+    """
+    G, K = wsum_GK.shape
+    target_K = wsum_GK.sum(axis=0) / G
+    inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
+    inv_t2 = inv_t**2
+    grid = _weight_grid(rows, weight_NK, inv_t, CELL_WIDTH)
+    weight, wsum = weight_NK, wsum_GK
+    if source_N is not None:
+        # Per-source sample counts join the objective with a small weight: groups become
+        # equal mixes of sources too, so whatever class of groups the assigner puts in a step
+        # (e.g. equal item counts), the step stays a random-like mix.
+        weight, wsum, target_K, inv_t, inv_t2 = _with_sources(
+            np.asarray(source_N).reshape(-1), rows, members_GX, count_G, weight_NK, wsum_GK, max_sources)
+    for _ in range(passes):
+        group_of, pos = _membership(members_GX, count_G, len(load_NK))
+        changed = targeted_pass(rng.permutation(G), members_GX, count_G, group_of, pos, wsum, lsum_GK, weight,
+                                load_NK, caps_K, target_K, inv_t, inv_t2, *grid, SCAN, _TOL)
+        cand = _partners(wsum[:, :K], target_K[:K], inv_t[:K], rng)
+        changed += refine_pass(rng.permutation(G), cand, members_GX, count_G, wsum, lsum_GK, weight, load_NK,
+                               caps_K, target_K, inv_t2, _TOL)
+        if changed == 0:
+            break
+
+
+def _with_sources(source_N, rows, members_GX, count_G, weight_NK, wsum_GK, max_sources):
+    """Append per-source one-hot columns to the weights and group sums (the ``max_sources - 1``
+    most frequent sources, the rest as one); their objective terms get :data:`MIX_WEIGHT`.
+
+    Returns:
+        (weight, wsum, target, inv_t, inv_t2), each extended by the source columns.
+    """
+    if len(source_N) != len(weight_NK):
+        raise UsageError(f"source_N has {len(source_N)} rows, loads {len(weight_NK)}", fix="pass one source per sample")
+    _, code = np.unique(source_N, return_inverse=True)
+    code = code.reshape(-1)
+    freq = np.bincount(code[rows])
+    keep = np.argsort(-freq, kind="stable")[: max(1, max_sources - 1)]
+    col = np.full(len(freq), len(keep), dtype=np.int64)  # rare sources share the last column
+    col[keep] = np.arange(len(keep))
+    O = len(keep) + int(len(freq) > len(keep))
+    G, K = wsum_GK.shape
+    mix_NO = np.zeros((len(weight_NK), O))
+    mix_NO[rows, col[code[rows]]] = 1.0
+    mask = np.arange(members_GX.shape[1])[None, :] < count_G[:, None]
+    msum_GO = np.zeros((G, O))
+    np.add.at(msum_GO, (np.repeat(np.arange(G), count_G), col[code[members_GX[mask]]]), 1.0)
+    weight = np.hstack([weight_NK, mix_NO])
+    wsum = np.ascontiguousarray(np.hstack([wsum_GK, msum_GO]))
+    target_K = wsum.sum(axis=0) / G
+    inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
+    inv_t2 = inv_t**2
+    inv_t2[K:] *= MIX_WEIGHT
+    return weight, wsum, target_K, inv_t, inv_t2
+
+
+def _membership(members_GX, count_G, num_rows):
+    """(group_of_N, pos_N) for the packed rows (-1 elsewhere)."""
+    G, X = members_GX.shape
+    mask = np.arange(X)[None, :] < count_G[:, None]
+    group_of = np.full(num_rows, -1, dtype=np.int64)
+    pos = np.full(num_rows, -1, dtype=np.int64)
+    rows = members_GX[mask]
+    group_of[rows] = np.repeat(np.arange(G), count_G)
+    pos[rows] = np.nonzero(mask)[1]
+    return group_of, pos
+
+
+def _weight_grid(rows, weight_NK, inv_t_K, width):
+    """Bucket rows by normalized weight (cells of ``width`` per module, at most ~2M cells)."""
+    u = weight_NK[rows] * inv_t_K
+    top = u.max(axis=0)
+    while np.prod(np.floor(top / width) + 1) > 2**21:
+        width *= 1.5
+    dims = (np.floor(top / width) + 1).astype(np.int64)
+    cell_k = np.minimum(np.floor(u / width).astype(np.int64), dims - 1)
+    cell = np.ravel_multi_index(cell_k.T, dims)
+    order = np.argsort(cell, kind="stable")
+    cell_start = np.concatenate([[0], np.cumsum(np.bincount(cell, minlength=int(np.prod(dims))))]).astype(np.int64)
+    cell_of = np.full(len(weight_NK), -1, dtype=np.int64)
+    cell_of[rows] = cell
+    return cell_of, cell_start, rows[order].astype(np.int64), float(width), dims
+
+
+def _partners(wsum_GK, target_K, inv_t_K, rng):
+    """(G, C) candidate partners: half random, half opposite along a random direction."""
+    G, K = wsum_GK.shape
+    n_opp = PARTNERS // 2
+    cand = rng.integers(0, G, size=(G, PARTNERS))
+    if n_opp and G > 1:
+        dev = (wsum_GK - target_K) * inv_t_K
+        key = dev @ rng.standard_normal(K)
+        by_key = np.argsort(key, kind="stable")
+        rank = np.empty(G, dtype=np.int64)
+        rank[by_key] = np.arange(G)
+        mirror = G - 1 - rank
+        offs = np.arange(n_opp) - n_opp // 2
+        pos = np.clip(mirror[:, None] + offs[None, :], 0, G - 1)
+        cand[:, :n_opp] = by_key[pos]
+    return cand

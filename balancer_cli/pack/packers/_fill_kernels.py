@@ -1,0 +1,275 @@
+"""Greedy kernels that form groups: ISF's sequential close, first fit and round-robin dealing.
+
+Loops that cannot be vectorized, compiled by the shared optional-numba decorator
+(:func:`balancer_cli._jit.njit`): numba when importable, the same code as plain Python otherwise.
+All randomness is drawn by the callers with numpy and passed in, so the kernels are deterministic.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from balancer_cli._jit import njit
+
+__all__ = ["greedy_close", "first_fit", "deal_rounds"]
+
+
+@njit
+def greedy_close(load_PK, caps_K):  # pragma: no cover - compiled
+    """Groups formed by walking rows in order, closing a group when the next row would exceed a cap.
+
+    Args:
+        load_PK: (P, K) load of each row, in packing order; every row fits the caps on its own.
+        caps_K: (K,) caps per group.
+
+    Returns:
+        (G + 1,) offsets of the groups in row order; the trailing open group is kept.
+
+    Example:
+        >>> import numpy as np
+        >>> greedy_close(np.array([[3, 10], [3, 10], [4, 10]]), np.array([9, 100])).tolist()
+        [0, 2, 3]
+    """
+    P, K = load_PK.shape
+    offsets = np.empty(P + 1, dtype=np.int64)
+    offsets[0] = 0
+    ng = 0
+    acc = np.zeros(K, dtype=np.int64)
+    for p in range(P):
+        over = False
+        for k in range(K):
+            if acc[k] + load_PK[p, k] > caps_K[k]:
+                over = True
+                break
+        if over and p > offsets[ng]:
+            ng += 1
+            offsets[ng] = p
+            for k in range(K):
+                acc[k] = 0
+        for k in range(K):
+            acc[k] += load_PK[p, k]
+    if P > offsets[ng]:
+        ng += 1
+        offsets[ng] = P
+    return offsets[: ng + 1]
+
+
+@njit
+def first_fit(rows, load_NK, caps_K, min_rest_PK, lookback):  # pragma: no cover - compiled
+    """First fit over the open groups, in the given row order (decreasing size for FFD).
+
+    A group leaves the open list once some module's room is below what every remaining row
+    needs, so scans stay short; at most ``lookback`` open groups are tried (circularly, from
+    where the last scan stopped) before a new group opens.
+
+    Args:
+        rows: (P,) rows in packing order.
+        load_NK: (N, K) load of every row.
+        caps_K: (K,) caps per group.
+        min_rest_PK: (P, K) per-module minimum load of ``rows[p:]``.
+        lookback: most open groups tried per row.
+
+    Returns:
+        (gid, G): (P,) group id per row, in ``rows`` order, and the number of groups.
+
+    Example:
+        >>> import numpy as np
+        >>> load_NK = np.array([[6], [5], [4], [3]]); rows = np.arange(4)
+        >>> min_rest_PK = np.minimum.accumulate(load_NK[::-1], axis=0)[::-1].copy()
+        >>> gid, G = first_fit(rows, load_NK, np.array([9]), min_rest_PK, 64)
+        >>> gid.tolist(), G
+        ([0, 1, 1, 0], 2)
+    """
+    P = len(rows)
+    K = load_NK.shape[1]
+    gid = np.empty(P, dtype=np.int64)
+    lsum = np.zeros((P, K), dtype=np.int64)
+    open_ids = np.empty(P, dtype=np.int64)
+    n_open = 0
+    G = 0
+    cursor = 0
+    for p in range(P):
+        i = rows[p]
+        placed = -1
+        tried = 0
+        # Circular scan from where the last one stopped: a group that failed a larger row gets
+        # revisited when smaller rows come (rows arrive in decreasing size).
+        while n_open > 0 and tried < lookback:
+            if cursor >= n_open:
+                cursor = 0
+            b = open_ids[cursor]
+            dead = False
+            fits = True
+            for k in range(K):
+                room = caps_K[k] - lsum[b, k]
+                if room < min_rest_PK[p, k]:
+                    dead = True
+                    break
+                if load_NK[i, k] > room:
+                    fits = False
+            if dead:
+                n_open -= 1
+                open_ids[cursor] = open_ids[n_open]
+                continue
+            tried += 1
+            if fits:
+                placed = b
+                break
+            cursor += 1
+        if placed < 0:
+            placed = G
+            G += 1
+            open_ids[n_open] = placed
+            n_open += 1
+        gid[p] = placed
+        for k in range(K):
+            lsum[placed, k] += load_NK[i, k]
+    return gid, G
+
+
+@njit
+def _norm_order(wsum_GK, inv_t_K):  # pragma: no cover - compiled
+    """(G,) normalized weight ``sum_k wsum_gk * inv_t_k`` of each group: the dealing order."""
+    G, K = wsum_GK.shape
+    key = np.zeros(G)
+    for g in range(G):
+        s = 0.0
+        for k in range(K):
+            s += wsum_GK[g, k] * inv_t_K[k]
+        key[g] = s
+    return key
+
+
+@njit
+def _fits(lsum_GK, g, load_NK, i, caps_K):  # pragma: no cover - compiled
+    """Whether row i fits group g under every cap."""
+    for k in range(len(caps_K)):
+        if lsum_GK[g, k] + load_NK[i, k] > caps_K[k]:
+            return False
+    return True
+
+
+@njit
+def deal_rounds(queue, load_NK, weight_NK, caps_K, G, inv_t_K, max_stragglers):  # pragma: no cover
+    """Deal ``queue`` in rounds of G, each row of a round to the next lightest group.
+
+    Groups are ordered by normalized weight ``sum_k w_k * inv_t_k`` (stable ties); a row that
+    breaks a cap gets a second chance on the unused groups with the most room in their fullest
+    module, then waits for the next round. When no row of a round fits, up to
+    ``max_stragglers`` left rows go one by one to the lightest group with room.
+
+    Args:
+        queue: (n,) rows, biggest first.
+        load_NK: (N, K) capped load of every row.
+        weight_NK: (N, KW) balanced weight of every row.
+        caps_K: (K,) caps per group.
+        G: number of groups.
+        inv_t_K: (KW,) ``1 / target`` per weight column (normalizes the groups' order).
+        max_stragglers: most rows placed one by one before giving up.
+
+    Returns:
+        (n,) group id per queue position, or an empty array when some row found no room.
+
+    Example:
+        >>> import numpy as np
+        >>> load_NK = np.array([[6], [5], [4], [3]]); weight_NK = load_NK.astype(float)
+        >>> deal_rounds(np.arange(4), load_NK, weight_NK, np.array([9]), 2, np.array([1 / 9]), 64).tolist()
+        [0, 1, 1, 0]
+        >>> deal_rounds(np.arange(4), load_NK, weight_NK, np.array([8]), 2, np.array([1 / 9]), 64).tolist()
+        []
+    """
+    n = len(queue)
+    K = load_NK.shape[1]
+    KW = weight_NK.shape[1]
+    gid = np.full(n, -1, dtype=np.int64)
+    wsum = np.zeros((G, KW))
+    lsum = np.zeros((G, K), dtype=np.int64)
+    carry = np.empty(G, dtype=np.int64)
+    n_carry = 0
+    chunk = np.empty(G, dtype=np.int64)
+    bins = np.empty(G, dtype=np.int64)
+    fits = np.zeros(G, dtype=np.bool_)
+    used = np.zeros(G, dtype=np.bool_)
+    fill = np.zeros(G)
+    pos = 0
+    while pos < n or n_carry > 0:
+        take = max(0, G - n_carry)
+        m = 0
+        for c in range(n_carry):
+            chunk[m] = carry[c]
+            m += 1
+        end = min(pos + take, n)
+        for p in range(pos, end):
+            chunk[m] = p
+            m += 1
+        pos = end
+        order = np.argsort(_norm_order(wsum, inv_t_K), kind="mergesort")
+        n_fit = 0
+        for c in range(m):
+            bins[c] = order[c]
+            fits[c] = _fits(lsum, bins[c], load_NK, queue[chunk[c]], caps_K)
+            n_fit += fits[c]
+        if n_fit < m:
+            # Second chance: the unused groups with the most room in their fullest module.
+            used[:] = False
+            for c in range(m):
+                if fits[c]:
+                    used[bins[c]] = True
+            n_spare = 0
+            for g in range(G):
+                if not used[g]:
+                    f = 0.0
+                    for k in range(K):
+                        f = max(f, lsum[g, k] / caps_K[k])
+                    fill[n_spare] = f
+                    n_spare += 1
+            spare_ids = np.flatnonzero(~used)
+            spare = spare_ids[np.argsort(fill[:n_spare], kind="mergesort")]
+            t = 0
+            for c in range(m):
+                if t >= n_spare:
+                    break
+                if fits[c]:
+                    continue
+                alt = spare[t]
+                t += 1
+                if _fits(lsum, alt, load_NK, queue[chunk[c]], caps_K):
+                    bins[c] = alt
+                    fits[c] = True
+                    n_fit += 1
+        if n_fit == 0:
+            # The lightest groups are full in some module: place the few stragglers in the
+            # lightest group that still has room, or give up (first fit takes over).
+            if m + (n - pos) > max_stragglers:
+                return np.empty(0, dtype=np.int64)
+            for c in range(m + (n - pos)):
+                p = chunk[c] if c < m else pos + (c - m)
+                i = queue[p]
+                key = _norm_order(wsum, inv_t_K)
+                b = -1
+                for g in range(G):
+                    if _fits(lsum, g, load_NK, i, caps_K) and (b < 0 or key[g] < key[b]):
+                        b = g
+                if b < 0:
+                    return np.empty(0, dtype=np.int64)
+                gid[p] = b
+                for k in range(KW):
+                    wsum[b, k] += weight_NK[i, k]
+                for k in range(K):
+                    lsum[b, k] += load_NK[i, k]
+            break
+        n_carry = 0
+        for c in range(m):
+            p = chunk[c]
+            if fits[c]:
+                b = bins[c]
+                i = queue[p]
+                gid[p] = b
+                for k in range(KW):
+                    wsum[b, k] += weight_NK[i, k]
+                for k in range(K):
+                    lsum[b, k] += load_NK[i, k]
+            else:
+                carry[n_carry] = p
+                n_carry += 1
+    return gid

@@ -1,0 +1,105 @@
+"""Rendering of a report's data: the ours-vs-baselines table (terminal and Markdown) and ``report.md``.
+
+Pure functions of the JSON-ready report data (:class:`~balancer_cli.report.build.Report`'s
+``data``), so ``report.md`` and the CLI summary always agree with ``report.json``.
+
+Example:
+    >>> print(format_text_table(["packing", "llm dist"], [["ours", "0.001"], ["random", "0.192"]]))
+    packing  llm dist
+    -------  --------
+    ours     0.001
+    random   0.192
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["summary_table", "format_text_table", "markdown_table", "render_markdown"]
+
+
+def summary_table(data: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the ours-vs-baselines table (one row per manifest/baseline)."""
+    modules = list(data["manifest"]["modules"])
+    header = ["packing"] + [f"{m} {x}" for m in modules for x in ("dist", "pad", "util")]
+    header += ["step util", "steps (vs bound)", "over-cap groups", "dropped", "mix dist"]
+    entries = [(f"ours ({data['manifest']['algorithm']})", data)]
+    entries += [(name, metrics) for name, metrics in data.get("baselines", {}).items()]
+    rows = []
+    for name, m in entries:
+        if "error" in m:
+            rows.append([name, f"not run: {m['error']}"] + [""] * (len(header) - 2))
+            continue
+        row = [name]
+        for module in modules:
+            mm = m["modules"][module]
+            row += [f"{mm['dist_ratio']:.3f}", f"{mm['pad_ratio']:.3f}", f"{mm['utilization']:.3f}"]
+        steps = m["steps"]
+        row += [f"{m['step']['utilization']:.3f}", f"{steps['total']} ({steps['vs_lower_bound']:.2f}x)",
+                str(m["groups"]["over_cap"]), f"{m['dropped']['count']} ({100 * m['dropped']['share']:.2f}%)",
+                f"{m['step_mix']['mean_distance']:.3f}"]
+        rows.append(row)
+    return header, rows
+
+
+def format_text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Aligned plain-text table (for the terminal)."""
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(header), line("-" * w for w in widths)] + [line(r) for r in rows])
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A GitHub-flavoured Markdown table (``|`` in cells becomes ``/``)."""
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c).replace("|", "/") for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def render_markdown(data: Mapping[str, Any]) -> str:
+    """``report.md``: parameters, the ours-vs-baselines table, dropped samples and post-balancing."""
+    man = data["manifest"]
+    params = man["params"]
+    caps = ", ".join(f"{m} {c} {params.get('cap_units', {}).get(m, '')}".rstrip() for m, c in params["caps"].items())
+    lines = [
+        "# Pack report", "",
+        f"Algorithm **{man['algorithm']}**, {man['world_size']} ranks x "
+        f"{man['micro_batches']} micro-batches, {man['epochs']} epoch(s), seed {man['seed']}, "
+        f"{man['num_samples']} samples, lengths fingerprint `{man['lengths_fingerprint'][:12]}`.", "",
+        f"- caps (Q): {caps}" + (" (found by the threshold search)" if params.get("searched") else ""),
+        f"- ISF bounds (Q'): {', '.join(f'{m} {b}' for m, b in params['bounds'].items())}; "
+        f"iterations {params.get('iterations')}; oversize {params.get('oversize')}; "
+        f"cost model {params.get('cost_model')}"
+        + (f" ({', '.join(f'{m}: {p}' for m, p in params['cost_presets'].items())})"
+           if params.get("cost_presets") else ""),
+        "", "## Balance (lower is better for dist/pad/mix; higher for util)", "",
+        markdown_table(*summary_table(data)), "",
+        "dist = Dist Ratio (mean over steps of sum_r (max T - T_r) / (max T x R)); pad = Pad Ratio if each group "
+        "were a padded micro-batch (packed groups with variable-length attention pad nothing); util = "
+        "sum T / (R x sum_s max_r T); step util counts modules one after another; steps vs the lower bound "
+        "(the fewest groups the caps allow) / (R x M); mix dist = mean total-variation distance of each "
+        "step's source mix from the overall mix "
+        f"({data['step_mix']['shuffled_mean_distance']:.3f} for the same step sizes filled by a plain shuffle).",
+        "", "Baselines: dataloader = random batches placed in order (no balancing); random = the same batches "
+        "through our assigner; llm-ffd = first-fit decreasing on LLM tokens; isf = OmniBal's ISF.", "",
+        "## Dropped samples", "",
+    ]
+    dropped = data["dropped"]
+    lines.append(f"{dropped['count']} of {man['num_samples']} samples ({100 * dropped['share']:.2f}%) not placed.")
+    if dropped["by_reason"]:
+        lines += ["", markdown_table(["reason", "count", "share", "example"],
+                                      [[r, str(v["count"]), f"{100 * v['share']:.2f}%", v["example"]]
+                                       for r, v in list(dropped["by_reason"].items())[:20]]),
+                  "", "Every dropped sample and its full reason is in `dropped.parquet`."]
+    if "post_balance" in data:
+        pb = data["post_balance"]
+        lines += ["", "## Post-balancing (per-phase ranks)", "",
+                  markdown_table(["phase", "dist (packed)", "dist (post)", "util (packed)", "util (post)"],
+                                  [[m, f"{data['modules'][m]['dist_ratio']:.3f}", f"{v['dist_ratio']:.3f}",
+                                    f"{data['modules'][m]['utilization']:.3f}", f"{v['utilization']:.3f}"]
+                                   for m, v in pb["modules"].items()]),
+                  "", f"Step utilization: {data['step']['utilization']:.3f} packed, "
+                      f"{pb['step']['utilization']:.3f} with post-balancing."]
+    lines += ["", "![per-step load per rank](report.png)", ""]
+    return "\n".join(lines)

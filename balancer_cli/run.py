@@ -1,0 +1,188 @@
+"""Library entry points of the file-to-file commands: what ``balancer pack`` and ``balancer report`` do.
+
+The CLI parses options and calls one of these; Python users call them the same way. Each reads
+its inputs, runs the pure core (:mod:`balancer_cli.pack.pipeline`, :mod:`balancer_cli.report.build`)
+and writes its outputs, and returns the summary the CLI prints.
+
+Example:
+    >>> import tempfile, numpy as np
+    >>> from balancer_cli.lengths import make_lengths_table, write_lengths
+    >>> from balancer_cli.pack.config import PackConfig
+    >>> tmp = tempfile.mkdtemp()
+    >>> write_lengths(make_lengths_table(np.arange(100, 140)), f"{tmp}/lengths.parquet")
+    >>> summary = pack_to_dir([f"{tmp}/lengths.parquet"], f"{tmp}/out", PackConfig(world_size=2, caps={"llm": 500}),
+    ...                       baselines=("random",))
+    >>> sorted(summary["files"]), summary["dropped"]["count"], list(summary["baselines"])
+    (['json', 'md', 'png'], 0, ['random'])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from balancer_cli.errors import InputError, ManifestError
+from balancer_cli.lengths import read_lengths
+from balancer_cli.manifest import open_manifest, write_manifest
+from balancer_cli.pack.config import PackConfig
+from balancer_cli.pack.packers import registry
+
+__all__ = ["pack_to_dir", "report_dir", "search_to_files", "PACK_PHASES", "SEARCH_PHASES"]
+
+#: Called after each phase of a long run (for a progress bar): read, pack, write, report.
+OnPhase = Callable[[str], None]
+#: The phases :func:`pack_to_dir` reports to ``on_phase``.
+PACK_PHASES = ("read", "pack", "write", "report")
+#: The phases :func:`search_to_files` reports to ``on_phase``.
+SEARCH_PHASES = ("read", "search", "write")
+
+
+def _release_arrow_memory() -> None:
+    """Hand memory Arrow freed back to the OS: its allocator keeps freed pages otherwise (reading a
+    10M-sample lengths file leaves ~340 MiB of them), which would count towards the run's peak."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+
+
+def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLike, config: PackConfig, *,
+                baselines: Sequence[str] = registry.names(baseline=True),
+                on_phase: OnPhase | None = None) -> dict[str, Any]:
+    """Pack lengths files into ``out/``: manifest, dropped list and the report against ``baselines``.
+
+    Args:
+        lengths_files: lengths Parquet and/or OmniBal token-length JSON files, concatenated in order.
+        out: the output directory (created).
+        config: the run's parameters; ``lengths_files`` defaults to the absolute input paths.
+        baselines: packers to compare with in the report (``balancer report out`` reuses them).
+        on_phase: called with each finished phase of :data:`PACK_PHASES`.
+
+    Returns:
+        The summary: ``out``, ``files`` (the report's paths) and the report data.
+
+    Raises:
+        BalancerError: bad inputs or options (see :func:`~balancer_cli.pack.pipeline.pack_inputs`).
+    """
+    from balancer_cli.pack.inputs import prepare_inputs
+    from balancer_cli.pack.pipeline import pack_inputs
+
+    done = on_phase or (lambda phase: None)
+    baselines = tuple(registry.get(name).name for name in baselines)
+    paths = [str(p) for p in lengths_files]
+    if not config.lengths_files:
+        config = dataclasses.replace(config, lengths_files=tuple(os.path.abspath(p) for p in paths))
+    table = read_lengths(paths)
+    done("read")
+    # Pack from the per-sample matrices alone and drop the Arrow table meanwhile (it is read again
+    # for the report): at 10M samples that keeps a few hundred MB off the peak.
+    inputs = prepare_inputs(table, config.cost_model, config.cost_presets)
+    fingerprint = table.fingerprint
+    del table
+    _release_arrow_memory()
+    result = pack_inputs(inputs, config, lengths_fingerprint=fingerprint)
+    del inputs
+    done("pack")
+    try:
+        write_manifest(out, result.rows, dropped_sample=result.dropped_sample, dropped_reason=result.dropped_reason,
+                       # `balancer report OUT` compares with the same baselines by default
+                       meta={**result.meta, "report_baselines": list(baselines)},
+                       epoch_num_steps=result.epoch_num_steps)
+        del result  # the report re-reads the written rows: do not hold a second copy meanwhile
+        done("write")
+        table = read_lengths(paths)
+        _release_arrow_memory()
+        summary = _report(out, table, baselines)
+    except OSError as error:
+        raise InputError(f"cannot write to {out}: {error.strerror or error}",
+                         fix="pass a writable directory as {out}") from None
+    done("report")
+    return summary
+
+
+def report_dir(out: str | os.PathLike, *, lengths_files: Sequence[str | os.PathLike] = (),
+               baselines: Sequence[str] | None = None) -> dict[str, Any]:
+    """Recompute ``out/report.json``, ``report.md`` and ``report.png`` from the written manifest.
+
+    Args:
+        out: a manifest directory written by :func:`pack_to_dir`.
+        lengths_files: the lengths files it was packed from (default: the paths it recorded);
+            checked by fingerprint.
+        baselines: packers to compare with (default: those the manifest was reported with).
+
+    Returns:
+        The summary, as :func:`pack_to_dir` returns it.
+    """
+    manifest = open_manifest(out)
+    if baselines is None:
+        baselines = manifest.meta.get("report_baselines", registry.names(baseline=True))
+    baselines = tuple(registry.get(name).name for name in baselines)
+    paths = [str(p) for p in lengths_files] or list(manifest.meta.get("lengths_files", []))
+    if not paths:
+        raise ManifestError(f"{out}: the manifest records no lengths files", fix="pass them as {lengths_files}")
+    missing = [p for p in paths if not Path(p).is_file()]
+    if missing:
+        raise ManifestError(f"lengths file {missing[0]} (recorded in {out}) no longer exists",
+                            fix="pass the lengths files as {lengths_files}")
+    table = read_lengths(paths)
+    try:
+        return _report(out, table, baselines)
+    except OSError as error:
+        raise InputError(f"cannot write the report into {out}: {error.strerror or error}",
+                         fix="make the manifest directory writable") from None
+
+
+def search_to_files(lengths_files: Sequence[str | os.PathLike], config: PackConfig, *, grid: int = 5,
+                    sample_size: int = 12_000, out: str | os.PathLike | None = None,
+                    plot: str | os.PathLike | None = None, on_phase: OnPhase | None = None) -> dict[str, Any]:
+    """Rank packing thresholds for the lengths files; optionally write them as JSON and a heat map.
+
+    Args:
+        lengths_files: lengths Parquet and/or OmniBal token-length JSON files, concatenated in order.
+        config: step shape, algorithm, seed, cost model; its caps are the search's upper limits.
+        grid: cap values tried per module.
+        sample_size: samples each candidate is evaluated on (a seeded subsample).
+        out: write the search as JSON here.
+        plot: write the objective heat map (PNG) here.
+        on_phase: called with each finished phase of :data:`SEARCH_PHASES`.
+
+    Returns:
+        The search data (candidates, best caps, ...) with ``files`` written.
+    """
+    import json
+
+    from balancer_cli._fsutil import atomic_path
+    from balancer_cli.pack.inputs import prepare_inputs
+    from balancer_cli.pack.pipeline import run_search
+    from balancer_cli.report.search import plot_search, search_data
+
+    done = on_phase or (lambda phase: None)
+    table = read_lengths([str(p) for p in lengths_files])
+    inputs = prepare_inputs(table, config.cost_model, config.cost_presets)
+    done("read")
+    result = run_search(inputs, config, grid=grid, sample_size=sample_size)
+    done("search")
+    data = search_data(result, inputs.modules, extra={
+        "world_size": config.world_size, "micro_batches": config.micro_batches, "num_samples": inputs.num_samples,
+        "lengths_fingerprint": table.fingerprint, "max_caps": dict(config.caps)})
+    files = {}
+    if out:
+        with atomic_path(out) as tmp:
+            tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        files["json"] = str(Path(out))
+    if plot:
+        with atomic_path(plot) as tmp:
+            plot_search(tmp, data)
+        files["plot"] = str(Path(plot))
+    done("write")
+    return {**data, "files": files}
+
+
+def _report(out: str | os.PathLike, table, baselines: Sequence[str]) -> dict[str, Any]:
+    from balancer_cli.report.build import build_report, write_report
+
+    report = build_report(open_manifest(out), table, baselines=baselines)
+    written = write_report(out, report)
+    return {"out": str(Path(out)), "files": {k: str(v) for k, v in written.items()}, **report.data}
