@@ -59,7 +59,11 @@ __all__ = [
     "read_dropped",
 ]
 
-SCHEMA_VERSION = 1
+#: 2: epochs, packer, assigner and search draw from independent named random streams
+#: (:func:`balancer_cli.pack.config.stream_seed`); 1 seeded each with ``seed + epoch``. The layout
+#: is the same, so both are read.
+SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)
 METADATA_KEY = b"balancer"
 MANIFEST_FILE = "manifest.parquet"
 DROPPED_FILE = "dropped.parquet"
@@ -327,8 +331,9 @@ def open_manifest(manifest_dir: str | os.PathLike) -> ManifestFile:
     if not meta:
         raise ManifestError(f"{file}: no 'balancer' metadata; not a manifest written by balancer pack")
     version = meta.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise ManifestError(f"{file}: manifest schema_version {version}, this balancer_cli reads {SCHEMA_VERSION}",
+    if version not in READABLE_SCHEMA_VERSIONS:
+        raise ManifestError(f"{file}: manifest schema_version {version}, this balancer_cli reads "
+                            f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))}",
                             fix="re-run `balancer pack` with this version")
     return ManifestFile(path=file.parent, meta=meta, _file=parquet)
 

@@ -3,11 +3,12 @@
 :func:`pack_manifest` is pure (no I/O): it drops samples with a scan error (their error text is
 the reason), builds the per-sample load matrix (encoder *items* per module, LLM *tokens* last; the
 quantities the caps bound) and cost matrix (:func:`balancer_cli.cost.samples.sample_costs`), runs the
-threshold search when caps are not given for every module, packs each epoch with its own seed
-(``seed + epoch``), assigns groups to (step, rank, micro) and returns the rows sorted the way
-:func:`balancer_cli.manifest.write_manifest` wants them. Steps are numbered globally across
-epochs. The baselines reuse :func:`place_epochs` so every manifest goes through the same
-assign/ordering path and the metrics compare like with like.
+threshold search when caps are not given for every module, packs each epoch with the packer of
+:data:`~balancer_cli.pack.packers.registry.PACKERS` the config names (its own random streams per
+epoch, :func:`~balancer_cli.pack.config.stream_seed`), assigns groups to (step, rank, micro) and
+returns the rows sorted the way :func:`balancer_cli.manifest.write_manifest` wants them. Steps
+are numbered globally across epochs. The baselines go through the same :func:`place_packer`, so
+every metric compares like with like.
 
 Example:
     >>> import numpy as np
