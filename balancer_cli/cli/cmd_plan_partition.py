@@ -5,8 +5,12 @@ from __future__ import annotations
 import click
 
 from balancer_cli.cli._common import emit, handle_errors, json_option
-from balancer_cli.cli._plan_common import build_model_chain, load_profile, load_workload, model_options, workload_options
-from balancer_cli.planners.summary import partition_summary, render_partition
+from balancer_cli.cli._options import model_options, workload_options
+from balancer_cli.planners.entry import plan_partition_summary
+from balancer_cli.planners.summary import render_partition
+from balancer_cli.planners.workload import WorkloadSpec
+
+__all__ = ["command"]
 
 
 @click.command("plan-partition")
@@ -32,27 +36,9 @@ def command(vision, audio, llm, stages, attention, tp, lengths, manifest, group_
       balancer plan-partition --vision internvit-6b --llm internlm2-20b --stages 8 \\
           --manifest out/ --lengths lengths.parquet
     """
-    model, chain = build_model_chain(vision, audio, llm, attention, tp, stages)
-    typical, _, info = load_workload(model, lengths, manifest, group_llm_tokens, group_vision_items,
-                                     group_vision_tokens, group_audio_items)
-    costs = load_profile(profile, chain) if profile else None
-    summary = partition_summary(chain, typical, stages, costs=costs, radius=radius, top_k=top_k, method=method)
-    names = " + ".join([cfg.name for _, cfg in model.encoders] + [model.llm.name])
-    summary.update({
-        "models": {**{m: cfg.name for m, cfg in model.encoders}, "llm": model.llm.name},
-        "workload": _describe(info, typical),
-        "workload_source": info,
-        "typical_group": typical,
-        "cost_unit": "seconds" if profile else "FLOPs",
-        "title": f"plan-partition: {names}, {stages} stages, {len(chain)} layers, tp {tp}, {attention} attention",
-    })
+    workload = WorkloadSpec(lengths=lengths, manifest=manifest, group_llm_tokens=group_llm_tokens,
+                            group_vision_items=group_vision_items, group_vision_tokens=group_vision_tokens,
+                            group_audio_items=group_audio_items)
+    summary = plan_partition_summary(llm=llm, vision=vision, audio=audio, stages=stages, attention=attention, tp=tp,
+                                     workload=workload, profile=profile, method=method, radius=radius, top_k=top_k)
     emit(summary, as_json, render_partition)
-
-
-def _describe(info, typical) -> str:
-    parts = [f"{k.split('.')[0]} {v:,.0f} tokens" for k, v in typical.items() if k.endswith(".tokens")]
-    where = {"manifest": f"mean of {info.get('num_groups')} groups of {info.get('manifest')}",
-             "lengths": f"mean of {info.get('num_groups')} groups of consecutive samples up to "
-                        f"{info.get('group_llm_tokens')} LLM tokens",
-             "explicit": "one group given by options"}[info["source"]]
-    return f"typical group ({where}): " + ", ".join(parts)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import click
 
 from balancer_cli.cli._common import emit, handle_errors, json_option
-from balancer_cli.cli._plan_common import build_model_chain, load_workload, model_options, workload_options
-from balancer_cli.cli.cmd_plan_partition import _describe
-from balancer_cli.errors import UsageError
-from balancer_cli.planners.partition import bounds_from_cuts
-from balancer_cli.planners.recompute import plan_recompute
-from balancer_cli.planners.summary import partition_summary, recompute_summary, render_recompute
+from balancer_cli.cli._options import model_options, workload_options
+from balancer_cli.planners.entry import plan_recompute_summary
+from balancer_cli.planners.summary import render_recompute
+from balancer_cli.planners.workload import WorkloadSpec
+
+__all__ = ["command"]
 
 
 @click.command("plan-recompute")
@@ -41,31 +41,10 @@ def command(vision, audio, llm, stages, attention, tp, lengths, manifest, group_
       balancer plan-recompute --vision internvit-6b --llm internlm2-20b --stages 8 \\
           --gpu-memory-gb 80 --zero-stage 1 --dp 8 --manifest out/ --lengths lengths.parquet
     """
-    model, chain = build_model_chain(vision, audio, llm, attention, tp, stages)
-    typical, per_group, info = load_workload(model, lengths, manifest, group_llm_tokens, group_vision_items,
-                                             group_vision_tokens, group_audio_items)
-    if cuts:
-        try:
-            cut_list = [int(c) for c in cuts.split(",")]
-        except ValueError:
-            raise UsageError(f"--cuts {cuts!r} is not a comma-separated list of layer indices", fix="e.g. --cuts 23,45,72") from None
-        if len(cut_list) != stages - 1 or cut_list != sorted(set(cut_list)) or cut_list[0] <= 0 or cut_list[-1] >= len(chain):
-            raise UsageError(f"--cuts {cuts!r} must be {stages - 1} increasing indices in 1..{len(chain) - 1}",
-                             fix="take them from `balancer plan-partition --json` (stages[i].layers[0])")
-        bounds = bounds_from_cuts(cut_list, len(chain))
-    else:
-        bounds = tuple(tuple(s["layers"]) for s in partition_summary(chain, typical, stages)["stages"])
-    plan = plan_recompute(chain, bounds, typical, per_group, gpu_memory_gb=gpu_memory_gb, margin=margin,
-                          zero_stage=zero_stage, dp=dp, micro_batches=micro_batches or stages)
-    summary = recompute_summary(plan, chain)
-    names = " + ".join([cfg.name for _, cfg in model.encoders] + [model.llm.name])
-    summary.update({
-        "models": {**{m: cfg.name for m, cfg in model.encoders}, "llm": model.llm.name},
-        "workload": _describe(info, typical) + f"; memory for the heaviest of {info['num_groups']} groups",
-        "workload_source": info,
-        "settings": {"gpu_memory_gb": gpu_memory_gb, "margin": margin, "zero_stage": zero_stage, "dp": dp,
-                     "micro_batches": micro_batches or stages, "tp": tp, "attention": attention},
-        "title": (f"plan-recompute: {names}, {stages} stages, {gpu_memory_gb:g} GB/GPU, ZeRO-{zero_stage} dp {dp}, "
-                  f"tp {tp}, {micro_batches or stages} micro-batches, {attention} attention"),
-    })
+    workload = WorkloadSpec(lengths=lengths, manifest=manifest, group_llm_tokens=group_llm_tokens,
+                            group_vision_items=group_vision_items, group_vision_tokens=group_vision_tokens,
+                            group_audio_items=group_audio_items)
+    summary = plan_recompute_summary(llm=llm, vision=vision, audio=audio, stages=stages, attention=attention, tp=tp,
+                                     workload=workload, gpu_memory_gb=gpu_memory_gb, margin=margin,
+                                     zero_stage=zero_stage, dp=dp, micro_batches=micro_batches, cuts=cuts)
     emit(summary, as_json, render_recompute)

@@ -17,6 +17,7 @@ import click
 
 from balancer_cli.cli._common import emit, handle_errors, json_option
 from balancer_cli.errors import UsageError
+from balancer_cli.scan.inputs import FORMATS
 
 __all__ = ["command"]
 
@@ -83,7 +84,7 @@ def _render(summary: dict[str, Any]) -> str:
               help="Read field NAME (image, width, height, duration, conversations, messages, text, ...) "
                    "from the record's KEY.")
 @click.option("--format", "input_format", default=None,
-              type=click.Choice(["jsonl", "json", "internvl-meta", "parquet", "hf"]),
+              type=click.Choice(FORMATS),
               help="Force the input format (default: detected from content).")
 @click.option("--hf-builder", default=None, metavar="BUILDER",
               help="Load each INPUT (a local file, glob or folder) with datasets.load_dataset(BUILDER, "
@@ -123,8 +124,8 @@ def command(inputs: tuple[str, ...], output: str, model: str, tokenizer: str, te
     from tqdm import tqdm
 
     from balancer_cli.lengths import write_lengths
-    from balancer_cli.scan.engines.local import scan
     from balancer_cli.scan.measure import ScanConfig
+    from balancer_cli.scan.pipeline import scan
     from balancer_cli.scan.records import FIELD_NAMES
 
     overrides = dict(_parse_param(p) for p in params)

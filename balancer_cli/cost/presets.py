@@ -19,18 +19,19 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from balancer_cli.errors import InputError, UsageError
 
-__all__ = ["ModelConfig", "PRESETS", "get_model", "load_model_file", "preset_names"]
+__all__ = ["KINDS", "ModelConfig", "PRESETS", "get_model", "load_model_file", "preset_names"]
 
+#: Model kinds: the encoder modules with presets, then ``llm``.
 KINDS = ("vision", "audio", "llm")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ModelConfig:
     """Shape of one transformer model (an encoder or an LLM).
 
@@ -57,6 +58,16 @@ class ModelConfig:
         projector_hidden_size: inner width of the encoder's 2-layer MLP projector; 0 means the
             LLM's hidden size (InternVL ``mlp1``, LLaVA); Qwen2-VL's merger uses 4 x 1280 = 5120.
         source: where the numbers come from.
+
+    Raises:
+        UsageError: an unknown kind, a size that is not positive, heads that do not divide the
+            width, or ``merge < 1``.
+
+    Example:
+        >>> m = ModelConfig(name="tiny", kind="llm", num_layers=2, hidden_size=256, ffn_hidden_size=1024,
+        ...                 num_heads=4, num_kv_heads=2, gated_mlp=True, causal=True, vocab_size=1000)
+        >>> m.head_dim, m.kv_size
+        (64, 128)
     """
 
     name: str
@@ -80,8 +91,21 @@ class ModelConfig:
     projector_hidden_size: int = 0
     source: str = ""
 
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise UsageError(f"field 'kind' is {self.kind!r}", fix=f"use one of: {', '.join(KINDS)}")
+        for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_heads", "num_kv_heads"):
+            if getattr(self, name) <= 0:
+                raise UsageError(f"field {name!r} must be > 0", fix=f"set {name} to a positive integer")
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise UsageError(f"field 'num_heads' ({self.num_heads}) must divide hidden_size ({self.hidden_size}) "
+                             f"and be a multiple of num_kv_heads ({self.num_kv_heads})", fix="check the head counts")
+        if self.merge < 1:
+            raise UsageError("field 'merge' must be >= 1", fix="use 1 when the projector keeps every token")
+
     @property
     def head_dim(self) -> int:
+        """Width of one attention head: hidden_size / num_heads."""
         return self.hidden_size // self.num_heads
 
     @property
@@ -96,18 +120,21 @@ class ModelConfig:
 
 
 def _hf(repo: str) -> str:
+    """The ``config.json`` page of a Hugging Face hub model."""
     return f"https://huggingface.co/{repo}/blob/main/config.json"
 
 
-def _vit(name, layers, h, f, heads, patch, image, *, cls, merge, source, **kw) -> ModelConfig:
-    tokens = (image // patch) ** 2 + cls
-    return ModelConfig(name, "vision", layers, h, f, heads, heads, gated_mlp=False, causal=False, patch_size=patch,
-                       image_size=image, tokens_per_item=tokens, merge=merge, class_tokens=cls, source=source, **kw)
+def _vit(name, layers, h, f, heads, patch, image, *, cls, merge, source) -> ModelConfig:
+    """A fixed-size ViT (MHA, GELU MLP) over square ``image``-pixel items of ``patch``-pixel patches."""
+    return ModelConfig(name=name, kind="vision", num_layers=layers, hidden_size=h, ffn_hidden_size=f, num_heads=heads,
+                       num_kv_heads=heads, gated_mlp=False, causal=False, patch_size=patch, image_size=image,
+                       tokens_per_item=(image // patch) ** 2 + cls, merge=merge, class_tokens=cls, source=source)
 
 
 def _llm(name, layers, h, f, heads, kv, vocab, source) -> ModelConfig:
-    return ModelConfig(name, "llm", layers, h, f, heads, kv, gated_mlp=True, causal=True, vocab_size=vocab,
-                       source=source)
+    """A decoder LLM with SwiGLU MLPs and grouped-query attention."""
+    return ModelConfig(name=name, kind="llm", num_layers=layers, hidden_size=h, ffn_hidden_size=f, num_heads=heads,
+                       num_kv_heads=kv, gated_mlp=True, causal=True, vocab_size=vocab, source=source)
 
 
 #: Presets from public configs (see each ``source``).
@@ -120,15 +147,16 @@ PRESETS: dict[str, ModelConfig] = {m.name: m for m in (
          source=_hf("OpenGVLab/InternViT-6B-448px-V1-5")),
     # Qwen2-VL's ViT: depth 32, embed_dim 1280, mlp_ratio 4, 16 heads, 14 px patches over 2 frames,
     # 2x2 spatial merge; native resolution, so tokens per image vary (tokens_per_item 0).
-    ModelConfig("qwen2-vl-vit", "vision", 32, 1280, 5120, 16, 16, gated_mlp=False, causal=False, patch_size=14,
-                temporal_patch_size=2, merge=4, projector_hidden_size=5120,
-                source=_hf("Qwen/Qwen2-VL-7B-Instruct") + " (vision_config)"),
+    ModelConfig(name="qwen2-vl-vit", kind="vision", num_layers=32, hidden_size=1280, ffn_hidden_size=5120,
+                num_heads=16, num_kv_heads=16, gated_mlp=False, causal=False, patch_size=14, temporal_patch_size=2,
+                merge=4, projector_hidden_size=5120, source=_hf("Qwen/Qwen2-VL-7B-Instruct") + " (vision_config)"),
     _vit("siglip-so400m", 27, 1152, 4304, 16, 14, 384, cls=0, merge=1, source=_hf("google/siglip-so400m-patch14-384")),
     _vit("clip-vit-l-336", 24, 1024, 4096, 16, 14, 336, cls=1, merge=1, source=_hf("openai/clip-vit-large-patch14-336")),
     # Whisper large-v3 encoder: 128 mel bins, a 30 s clip is 3000 frames -> 1500 positions after the
     # stride-2 convolution (max_source_positions 1500).
-    ModelConfig("whisper-large-v3-encoder", "audio", 32, 1280, 5120, 20, 20, gated_mlp=False, causal=False,
-                in_channels=128, tokens_per_item=1500, source=_hf("openai/whisper-large-v3")),
+    ModelConfig(name="whisper-large-v3-encoder", kind="audio", num_layers=32, hidden_size=1280, ffn_hidden_size=5120,
+                num_heads=20, num_kv_heads=20, gated_mlp=False, causal=False, in_channels=128, tokens_per_item=1500,
+                source=_hf("openai/whisper-large-v3")),
     _llm("qwen2-7b", 28, 3584, 18944, 28, 4, 152064, _hf("Qwen/Qwen2-7B")),
     _llm("qwen2-72b", 80, 8192, 29568, 64, 8, 152064, _hf("Qwen/Qwen2-72B")),
     _llm("internlm2-20b", 48, 6144, 16384, 48, 8, 92544, _hf("internlm/internlm2-20b")),
@@ -143,7 +171,12 @@ _BOOL_FIELDS = {f.name for f in fields(ModelConfig) if f.type in ("bool", bool)}
 
 
 def preset_names(kind: str | None = None) -> list[str]:
-    """Preset names, optionally only those of one kind (``vision``, ``audio``, ``llm``)."""
+    """Preset names, optionally only those of one kind (``vision``, ``audio``, ``llm``).
+
+    Example:
+        >>> preset_names("audio")
+        ['whisper-large-v3-encoder']
+    """
     return [n for n, m in PRESETS.items() if kind is None or m.kind == kind]
 
 
@@ -158,6 +191,12 @@ def get_model(name_or_path: str | os.PathLike | ModelConfig, kind: str | None = 
     Raises:
         UsageError: unknown preset (the message lists the presets) or wrong kind.
         InputError: unreadable file or a missing/invalid field (names the file and field).
+
+    Example:
+        >>> get_model("qwen2-7b", kind="llm").num_kv_heads
+        4
+        >>> get_model("siglip-so400m", kind="vision").tokens_per_item
+        729
     """
     if isinstance(name_or_path, ModelConfig):
         model = name_or_path
@@ -195,6 +234,15 @@ def load_model_file(path: str | os.PathLike) -> ModelConfig:
 
     Raises:
         InputError: the file is missing, unparsable, or a field is missing, unknown or invalid.
+
+    Example:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "tiny.json"
+        >>> _ = path.write_text('{"kind": "llm", "num_layers": 2, "hidden_size": 256, "ffn_hidden_size": 512, '
+        ...                     '"num_heads": 4, "vocab_size": 100}')
+        >>> m = load_model_file(path)
+        >>> m.name, m.num_kv_heads, m.gated_mlp
+        ('tiny', 4, True)
     """
     import yaml  # lazy: only model files need it
 
@@ -216,6 +264,7 @@ def load_model_file(path: str | os.PathLike) -> ModelConfig:
 
 
 def _from_mapping(data: Mapping[str, Any], path: Path) -> ModelConfig:
+    """A :class:`ModelConfig` from a model file's mapping; every error names ``path``."""
     known = {f.name for f in fields(ModelConfig)}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -225,8 +274,6 @@ def _from_mapping(data: Mapping[str, Any], path: Path) -> ModelConfig:
     for name in required:
         if name not in data or data[name] is None:
             raise InputError(f"{path}: field {name!r} is missing", fix=f"add '{name}: <value>' to the file")
-    if kind not in KINDS:
-        raise InputError(f"{path}: field 'kind' is {kind!r}", fix=f"use one of: {', '.join(KINDS)}")
     values: dict[str, Any] = {"name": str(data.get("name") or path.stem), "kind": kind,
                               "num_kv_heads": data.get("num_heads"), "gated_mlp": kind == "llm",
                               "causal": kind == "llm"}
@@ -242,13 +289,7 @@ def _from_mapping(data: Mapping[str, Any], path: Path) -> ModelConfig:
                                  fix=f"set {name} to an integer")
         values[name] = value
     values["source"] = str(data.get("source", path))
-    model = ModelConfig(**values)
-    for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_heads", "num_kv_heads"):
-        if getattr(model, name) <= 0:
-            raise InputError(f"{path}: field {name!r} must be > 0", fix=f"set {name} to a positive integer")
-    if model.hidden_size % model.num_heads or model.num_heads % model.num_kv_heads:
-        raise InputError(f"{path}: field 'num_heads' ({model.num_heads}) must divide hidden_size ({model.hidden_size}) "
-                         f"and be a multiple of num_kv_heads ({model.num_kv_heads})", fix="check the head counts")
-    if model.merge < 1:
-        raise InputError(f"{path}: field 'merge' must be >= 1", fix="use 1 when the projector keeps every token")
-    return replace(model)
+    try:
+        return ModelConfig(**values)
+    except UsageError as error:  # the shape's own checks; a file's mistakes are input errors
+        raise InputError(f"{path}: {error.message}", fix=error.fix) from None

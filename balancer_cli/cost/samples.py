@@ -5,7 +5,7 @@
 real model, from the presets of :mod:`balancer_cli.cost.presets` and the formulas of
 :mod:`balancer_cli.cost.flops`: the matmul term per token plus the attention term per sequence (per
 image/tile for encoders, per sample for the LLM, whose samples are packed sub-sequences with
-variable-length attention).
+variable-length attention). :data:`COST_MODELS` maps each name to its implementation.
 
 How encoder workloads are read from the lengths table:
 
@@ -22,30 +22,33 @@ Example:
     >>> lt = make_lengths_table(np.array([300, 40]), {"vision": (np.array([1024, 0]), np.array([1, 0]))})
     >>> {m: c.tolist() for m, c in sample_costs(lt).items()}
     {'vision': [1024.0, 0.0], 'llm': [300.0, 40.0]}
-    >>> flops = sample_costs(lt, "flops", vision="internvit-300m", llm="qwen2-7b")
-    >>> [round(float(v) / 1e12, 2) for v in flops["vision"]], [round(float(v) / 1e12, 2) for v in flops["llm"]]
+    >>> costs = sample_costs(lt, "flops", vision="internvit-300m", llm="qwen2-7b")
+    >>> [round(float(v) / 1e12, 2) for v in costs["vision"]], [round(float(v) / 1e12, 2) for v in costs["llm"]]
     ([2.21, 0.0], [12.78, 1.7])
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from balancer_cli.cost import flops as F
+from balancer_cli.cost import flops
+from balancer_cli.cost.presets import PRESETS, ModelConfig, get_model
 from balancer_cli.errors import UsageError
 from balancer_cli.lengths import LLM, LengthsTable
-from balancer_cli.cost.presets import ModelConfig, get_model
 
 __all__ = ["COST_MODELS", "CostModel", "sample_costs", "module_features"]
 
-COST_MODELS = ("tokens", "flops")
+#: Encoder modules with a parameter of their own in :func:`sample_costs`, and the option that
+#: gives it on the commands (``pack``, ``search``, ``report``, ``plan-*``); any other encoder is
+#: given through ``encoders``, in Python only.
+_MODEL_OPTIONS = {"vision": "--vision-model", "audio": "--audio-model"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CostModel:
     """The models of one MLLM, by module: encoders (``vision``, ``audio``, ...) and the LLM.
 
@@ -55,6 +58,14 @@ class CostModel:
         attention: ``flash`` (FlashAttention-2, default) or ``eager``.
         tp: tensor-parallel size (with sequence parallelism); FLOPs and memory are per GPU.
         dropout: whether layers train with dropout (adds masks to the stored activations).
+
+    Raises:
+        UsageError: an unknown attention kind or ``tp < 1``.
+
+    Example:
+        >>> model = CostModel(llm=get_model("llama3-8b"), tp=2)
+        >>> model.llm.name, model.encoders, model.tp
+        ('llama3-8b', (), 2)
     """
 
     llm: ModelConfig
@@ -63,52 +74,78 @@ class CostModel:
     tp: int = 1
     dropout: bool = False
 
+    def __post_init__(self) -> None:
+        if self.attention not in flops.ATTENTION_KINDS:
+            raise UsageError(f"unknown {{attention}} {self.attention!r}",
+                             fix=f"use one of: {', '.join(flops.ATTENTION_KINDS)}")
+        if self.tp < 1:
+            raise UsageError(f"tensor-parallel size {self.tp} < 1", fix="pass {tp} 1 or more")
+
     @classmethod
-    def build(cls, llm: str | ModelConfig, encoders: Mapping[str, str | ModelConfig] | None = None, *,
+    def build(cls, llm: str | ModelConfig, encoders: Mapping[str, str | ModelConfig | None] | None = None, *,
               attention: str = "flash", tp: int = 1, dropout: bool = False) -> CostModel:
         """Resolve preset names or model files (see :func:`balancer_cli.cost.presets.get_model`).
 
+        Args:
+            llm: the LLM's preset, model file or shape.
+            encoders: ``{module: preset, model file or shape}``; modules given ``None`` are left out.
+            attention, tp, dropout: as the attributes.
+
         Raises:
             UsageError: unknown preset, wrong model kind, bad attention or tp.
+
+        Example:
+            >>> model = CostModel.build("qwen2-7b", {"vision": "qwen2-vl-vit", "audio": None})
+            >>> [(m, c.name) for m, c in model.encoders]
+            [('vision', 'qwen2-vl-vit')]
         """
-        if attention not in F.ATTENTION_KINDS:
-            raise UsageError(f"unknown attention {attention!r}", fix=f"use one of: {', '.join(F.ATTENTION_KINDS)}")
-        if tp < 1:
-            raise UsageError(f"tensor-parallel size {tp} < 1", fix="pass --tp 1 or more")
         resolved = tuple((m, get_model(spec, kind="vision")) for m, spec in (encoders or {}).items() if spec is not None)
-        return cls(get_model(llm, kind="llm"), resolved, attention, tp, dropout)
+        return cls(llm=get_model(llm, kind="llm"), encoders=resolved, attention=attention, tp=tp, dropout=dropout)
 
     def encoder(self, module: str) -> ModelConfig:
+        """The model of encoder ``module``.
+
+        Raises:
+            UsageError: no model was given for ``module``.
+
+        Example:
+            >>> CostModel.build("qwen2-7b", {"vision": "internvit-300m"}).encoder("vision").name
+            'internvit-300m'
+        """
         for name, config in self.encoders:
             if name == module:
                 return config
+        where = (f"pass {module}=<preset> (CLI: {_MODEL_OPTIONS[module]})" if module in _MODEL_OPTIONS
+                 else f"pass encoders={{'{module}': <preset>}} (no command-line option takes it)")
         raise UsageError(f"the lengths table has module {module!r} but no model was given for it",
-                         fix=f"pass {module}=<preset> (CLI: --{module}-model); presets: "
-                             + ", ".join(n for n in _encoder_presets()))
+                         fix=f"{where}; presets: " + ", ".join(n for n, m in PRESETS.items() if m.kind != LLM))
 
     def sample_flops(self, lengths: LengthsTable) -> dict[str, np.ndarray]:
-        """Training FLOPs per sample per GPU, ``{module: (N,) float64}``, encoders first, ``llm`` last."""
+        """Training FLOPs per sample per GPU, ``{module: (N,) float64}``, encoders first, ``llm`` last.
+
+        Example:
+            >>> import numpy as np
+            >>> from balancer_cli.lengths import make_lengths_table
+            >>> lt = make_lengths_table(np.array([300, 40]))
+            >>> [round(float(v) / 1e12, 2) for v in CostModel.build("qwen2-7b").sample_flops(lt)["llm"]]
+            [12.78, 1.7]
+        """
         out: dict[str, np.ndarray] = {}
-        train = 1.0 + F.BACKWARD_FACTOR
+        train = 1.0 + flops.BACKWARD_FACTOR
         for module in lengths.modules:
             enc = self.encoder(module)
             tokens, sumsq, llm_side = module_features(lengths, module, enc)
-            per_token, per_sumsq = F.layer_flops(enc, self.tp)
+            per_token, per_sumsq = flops.layer_flops(enc, self.tp)
             fwd = (enc.num_layers * (per_token * tokens + per_sumsq * sumsq)
-                   + F.stem_flops_per_token(enc) / self.tp * tokens
-                   + F.projector_flops_per_token(enc, self.llm) / self.tp * llm_side)
+                   + flops.stem_flops_per_token(enc) / self.tp * tokens
+                   + flops.projector_flops_per_token(enc, self.llm) / self.tp * llm_side)
             out[module] = train * fwd
         tokens, sumsq, _ = module_features(lengths, LLM, self.llm)
-        per_token, per_sumsq = F.layer_flops(self.llm, self.tp)
-        fwd = self.llm.num_layers * (per_token * tokens + per_sumsq * sumsq) + F.head_flops_per_token(self.llm, self.tp) * tokens
+        per_token, per_sumsq = flops.layer_flops(self.llm, self.tp)
+        fwd = (self.llm.num_layers * (per_token * tokens + per_sumsq * sumsq)
+               + flops.head_flops_per_token(self.llm, self.tp) * tokens)
         out[LLM] = train * fwd
         return out
-
-
-def _encoder_presets() -> list[str]:
-    from balancer_cli.cost.presets import PRESETS
-
-    return [n for n, m in PRESETS.items() if m.kind != "llm"]
 
 
 def module_features(lengths: LengthsTable, module: str, model: ModelConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -117,6 +154,13 @@ def module_features(lengths: LengthsTable, module: str, model: ModelConfig) -> t
     ``tokens``: tokens the model runs; ``sumsq``: sum of squared attention-sequence lengths;
     ``llm_side_tokens``: tokens the projector hands the LLM (for the LLM: its own tokens).
     Samples with an error count as zero.
+
+    Example:
+        >>> import numpy as np
+        >>> from balancer_cli.lengths import make_lengths_table
+        >>> lt = make_lengths_table(np.array([300, 40]), {"vision": (np.array([1024, 0]), np.array([1, 0]))})
+        >>> [a.tolist() for a in module_features(lt, "vision", get_model("internvit-300m"))]
+        [[1025.0, 0.0], [1050625.0, 0.0], [256.0, 0.0]]
     """
     ok = lengths.ok_mask()
     if module == LLM:
@@ -141,6 +185,26 @@ def module_features(lengths: LengthsTable, module: str, model: ModelConfig) -> t
     return tokens, sumsq, tokens / model.merge
 
 
+def _token_costs(lengths: LengthsTable, model: Callable[[], CostModel]) -> dict[str, np.ndarray]:
+    """The ``tokens`` cost model: tokens each module processes (needs no model)."""
+    costs = {m: lengths.tokens(m).astype("float64") for m in lengths.modules}
+    costs[LLM] = lengths.llm_tokens().astype("float64")
+    return costs
+
+
+def _flops_costs(lengths: LengthsTable, model: Callable[[], CostModel]) -> dict[str, np.ndarray]:
+    """The ``flops`` cost model: training FLOPs of the resolved models."""
+    return model().sample_flops(lengths)
+
+
+#: Cost model name -> implementation ``(lengths, model) -> {module: (N,) float64}``, where
+#: ``model()`` resolves the :class:`CostModel` of the call's presets (only when it is needed).
+COST_MODELS: dict[str, Callable[[LengthsTable, Callable[[], CostModel]], dict[str, np.ndarray]]] = {
+    "tokens": _token_costs,
+    "flops": _flops_costs,
+}
+
+
 def sample_costs(lengths: LengthsTable, cost_model: str = "tokens", *, vision: str | ModelConfig | None = None,
                  audio: str | ModelConfig | None = None, llm: str | ModelConfig | None = None,
                  encoders: Mapping[str, str | ModelConfig] | None = None, model: CostModel | None = None,
@@ -149,8 +213,8 @@ def sample_costs(lengths: LengthsTable, cost_model: str = "tokens", *, vision: s
 
     Args:
         lengths: the lengths table.
-        cost_model: ``tokens`` (cost = tokens the module processes) or ``flops`` (training FLOPs
-            of the given models).
+        cost_model: a name of :data:`COST_MODELS`: ``tokens`` (cost = tokens the module
+            processes) or ``flops`` (training FLOPs of the given models).
         vision, audio: encoder presets/model files for the ``vision``/``audio`` modules (flops).
         llm: the LLM preset/model file (flops; required).
         encoders: presets of other encoder modules, ``{module: preset}`` (flops).
@@ -159,16 +223,25 @@ def sample_costs(lengths: LengthsTable, cost_model: str = "tokens", *, vision: s
 
     Raises:
         UsageError: unknown cost model or preset, no LLM preset, or a module without a model.
+
+    Example:
+        >>> import numpy as np
+        >>> from balancer_cli.lengths import make_lengths_table
+        >>> lt = make_lengths_table(np.array([300, 40]))
+        >>> sample_costs(lt)["llm"].tolist()
+        [300.0, 40.0]
+        >>> [round(float(v) / 1e12, 2) for v in sample_costs(lt, "flops", llm="qwen2-7b")["llm"]]
+        [12.78, 1.7]
     """
     if cost_model not in COST_MODELS:
         raise UsageError(f"unknown cost model {cost_model!r}", fix=f"use one of: {', '.join(COST_MODELS)}")
-    if cost_model == "tokens":
-        costs = {m: lengths.tokens(m).astype("float64") for m in lengths.modules}
-        costs[LLM] = lengths.llm_tokens().astype("float64")
-        return costs
-    if model is None:
+
+    def resolve() -> CostModel:
+        if model is not None:
+            return model
         if llm is None:
             raise UsageError("the flops cost model needs an LLM preset", fix="pass --llm-model, e.g. --llm-model qwen2-7b")
         specs = {"vision": vision, "audio": audio, **dict(encoders or {})}
-        model = CostModel.build(llm, {m: s for m, s in specs.items() if s is not None}, attention=attention)
-    return model.sample_flops(lengths)
+        return CostModel.build(llm, specs, attention=attention)
+
+    return COST_MODELS[cost_model](lengths, resolve)

@@ -15,24 +15,29 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from balancer_cli.cost import flops as F
+from balancer_cli.cost import flops
 from balancer_cli.cost.samples import CostModel, module_features
 from balancer_cli.lengths import LLM, LengthsTable
 
-__all__ = ["Form", "Layer", "build_chain", "evaluate", "group_features", "features_at", "sequential_groups",
-           "explicit_features"]
+__all__ = ["Form", "Layer", "build_chain", "evaluate", "layer_costs", "layer_out_bytes", "group_features",
+           "mean_features", "sequential_groups", "explicit_features"]
 
 #: A linear form: ``((feature, coefficient), ...)``.
 Form = tuple
 
 
 def evaluate(form: Form, features: Mapping[str, object]):
-    """Value of a linear form on features (scalars or (G,) arrays; a missing feature counts 0)."""
+    """Value of a linear form on features (scalars or (G,) arrays; a missing feature counts 0).
+
+    Example:
+        >>> float(evaluate((("llm.tokens", 2.0), ("llm.sumsq", 0.5)), {"llm.tokens": 3}))
+        6.0
+    """
     total = 0.0
     for key, coef in form:
         if coef:
@@ -40,7 +45,7 @@ def evaluate(form: Form, features: Mapping[str, object]):
     return total
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Layer:
     """One cuttable unit of the pipeline.
 
@@ -53,6 +58,11 @@ class Layer:
         act: stored activation bytes per micro-batch for recompute ``none``/``selective``/``full``.
         extra: forward FLOPs a recompute mode adds, same order (``none`` adds 0).
         out: bytes a stage sends when the cut falls after this layer.
+
+    Example:
+        >>> layer = build_chain(CostModel.build("llama3-8b"))[1]
+        >>> layer.name, layer.kind, layer.recomputable
+        ('llm.layer.0', 'layer', True)
     """
 
     name: str
@@ -66,66 +76,116 @@ class Layer:
 
     @property
     def recomputable(self) -> bool:
+        """Only transformer layers have recompute modes; stems, projectors and the head do not."""
         return self.kind == "layer"
 
     def train_flops(self, features: Mapping[str, object]):
-        """Forward + backward FLOPs (backward = 2 x forward, [N21] in :mod:`balancer_cli.cost.flops`)."""
-        return (1.0 + F.BACKWARD_FACTOR) * evaluate(self.fwd, features)
+        """Forward + backward FLOPs (backward = 2 x forward, [N21] in :mod:`balancer_cli.cost.flops`).
+
+        Example:
+            >>> model = CostModel.build("llama3-8b")
+            >>> round(float(build_chain(model)[1].train_flops(explicit_features(model, 4096, {}))) / 1e12, 2)
+            5.77
+        """
+        return (1.0 + flops.BACKWARD_FACTOR) * evaluate(self.fwd, features)
 
 
 def build_chain(model: CostModel) -> list[Layer]:
     """The MLLM's layers in pipeline order: per encoder stem, layers, projector; LLM embedding,
-    layers, head. Per-GPU numbers (tensor parallel ``model.tp`` with sequence parallelism)."""
+    layers, head. Per-GPU numbers (tensor parallel ``model.tp`` with sequence parallelism).
+
+    Example:
+        >>> [layer.name for layer in build_chain(CostModel.build("llama3-8b"))][:2]
+        ['llm.embedding', 'llm.layer.0']
+    """
     tp, attn, drop = model.tp, model.attention, model.dropout
     chain: list[Layer] = []
     carried: Form = ()  # projected outputs of earlier encoders travel with later cuts
     llm = model.llm
     for module, enc in model.encoders:
         tok, sq, side = f"{module}.tokens", f"{module}.sumsq", f"{module}.side"
-        hidden_out = ((tok, F.BYTES * enc.hidden_size / tp),) + carried
-        stem_act = ((tok, F.stem_activation_bytes_per_token(enc) / tp),)
-        chain.append(Layer(f"{module}.stem", module, "stem", F.stem_params(enc) / tp,
-                           ((tok, F.stem_flops_per_token(enc) / tp),), (stem_act,) * 3, ((), (), ()), hidden_out))
+        hidden_out = ((tok, flops.BYTES * enc.hidden_size / tp),) + carried
+        stem_act = ((tok, flops.stem_activation_bytes_per_token(enc) / tp),)
+        chain.append(Layer(name=f"{module}.stem", module=module, kind="stem", params=flops.stem_params(enc) / tp,
+                           fwd=((tok, flops.stem_flops_per_token(enc) / tp),), act=(stem_act,) * 3, extra=_NO_EXTRA,
+                           out=hidden_out))
         chain += _layers(module, enc, tok, sq, hidden_out, attn, drop, tp)
-        proj_act = ((side, F.projector_activation_bytes_per_token(enc, llm) / tp),)
-        carried = carried + ((side, F.BYTES * llm.hidden_size / tp),)
-        chain.append(Layer(f"{module}.projector", module, "projector", F.projector_params(enc, llm) / tp,
-                           ((side, F.projector_flops_per_token(enc, llm) / tp),), (proj_act,) * 3, ((), (), ()), carried))
+        proj_act = ((side, flops.projector_activation_bytes_per_token(enc, llm) / tp),)
+        carried = carried + ((side, flops.BYTES * llm.hidden_size / tp),)
+        chain.append(Layer(name=f"{module}.projector", module=module, kind="projector",
+                           params=flops.projector_params(enc, llm) / tp,
+                           fwd=((side, flops.projector_flops_per_token(enc, llm) / tp),), act=(proj_act,) * 3,
+                           extra=_NO_EXTRA, out=carried))
     tok, sq = f"{LLM}.tokens", f"{LLM}.sumsq"
-    hidden_out = ((tok, F.BYTES * llm.hidden_size / tp),)
-    chain.append(Layer(f"{LLM}.embedding", LLM, "embedding", F.embedding_params(llm) / tp, (), ((), (), ()),
-                       ((), (), ()), hidden_out))
+    hidden_out = ((tok, flops.BYTES * llm.hidden_size / tp),)
+    chain.append(Layer(name=f"{LLM}.embedding", module=LLM, kind="embedding", params=flops.embedding_params(llm) / tp,
+                       fwd=(), act=((), (), ()), extra=_NO_EXTRA, out=hidden_out))
     chain += _layers(LLM, llm, tok, sq, hidden_out, attn, drop, tp)
-    head_act = ((tok, F.head_activation_bytes_per_token(llm, tp)),)
-    chain.append(Layer(f"{LLM}.head", LLM, "head", F.head_params(llm) / tp, ((tok, F.head_flops_per_token(llm, tp)),),
-                       (head_act,) * 3, ((), (), ()), ()))
+    head_act = ((tok, flops.head_activation_bytes_per_token(llm, tp)),)
+    chain.append(Layer(name=f"{LLM}.head", module=LLM, kind="head", params=flops.head_params(llm) / tp,
+                       fwd=((tok, flops.head_flops_per_token(llm, tp)),), act=(head_act,) * 3, extra=_NO_EXTRA, out=()))
     return chain
 
 
+#: Added FLOPs of the three recompute modes for a layer that is never recomputed.
+_NO_EXTRA: tuple[Form, Form, Form] = ((), (), ())
+
+
 def _layers(module, cfg, tok, sq, out, attn, drop, tp) -> list[Layer]:
-    acts = tuple(F.layer_activation_bytes(cfg, mode, attention=attn, dropout=drop, tp=tp) for mode in F.RECOMPUTE_MODES)
+    """The ``cfg.num_layers`` identical transformer layers of one module."""
+    acts = tuple(flops.layer_activation_bytes(cfg, mode, attention=attn, dropout=drop, tp=tp)
+                 for mode in flops.RECOMPUTE_MODES)
     act_forms = tuple(((tok, a.per_token), (sq, a.per_sumsq)) for a in acts)
-    extras = tuple(((tok, t), (sq, s)) for t, s in (F.recompute_flops(cfg, mode, attention=attn, tp=tp)
-                                                     for mode in F.RECOMPUTE_MODES))
-    per_token, per_sumsq = F.layer_flops(cfg, tp)
+    extras = tuple(((tok, t), (sq, s)) for t, s in (flops.recompute_flops(cfg, mode, attention=attn, tp=tp)
+                                                     for mode in flops.RECOMPUTE_MODES))
+    per_token, per_sumsq = flops.layer_flops(cfg, tp)
     fwd = ((tok, per_token), (sq, per_sumsq))
-    params = F.layer_params(cfg) / tp
-    return [Layer(f"{module}.layer.{i}", module, "layer", params, fwd, act_forms, extras, out)
+    params = flops.layer_params(cfg) / tp
+    return [Layer(name=f"{module}.layer.{i}", module=module, kind="layer", params=params, fwd=fwd, act=act_forms,
+                  extra=extras, out=out)
             for i in range(cfg.num_layers)]
 
 
-def group_features(model: CostModel, lengths: LengthsTable, group_of_sample: np.ndarray,
-                   num_groups: int | None = None) -> dict[str, np.ndarray]:
+def layer_costs(chain: Sequence[Layer], features: Mapping[str, object]) -> np.ndarray:
+    """Training FLOPs of each layer of ``chain`` for one group's ``features``, float64.
+
+    Example:
+        >>> model = CostModel.build("llama3-8b")
+        >>> costs = layer_costs(build_chain(model), explicit_features(model, 4096, {}))
+        >>> len(costs), float(costs[0])
+        (34, 0.0)
+    """
+    return np.asarray([layer.train_flops(features) for layer in chain], dtype=np.float64)
+
+
+def layer_out_bytes(chain: Sequence[Layer], features: Mapping[str, object]) -> np.ndarray:
+    """Bytes a stage sends when a cut falls after each layer of ``chain``, float64.
+
+    Example:
+        >>> model = CostModel.build("llama3-8b")
+        >>> layer_out_bytes(build_chain(model), explicit_features(model, 4096, {}))[[0, -1]].tolist()
+        [33554432.0, 0.0]
+    """
+    return np.array([float(evaluate(layer.out, features)) for layer in chain])
+
+
+def group_features(model: CostModel, lengths: LengthsTable, group_of_sample: np.ndarray) -> dict[str, np.ndarray]:
     """Workload features of every group: ``{"<module>.<feature>": (G,) float64}``.
 
     Args:
         model: the cost model (decides how encoder workloads are read).
         lengths: the lengths table.
-        group_of_sample: (N,) group index of each sample, -1 for samples in no group.
-        num_groups: G (default: max index + 1).
+        group_of_sample: (N,) group index of each sample, -1 for samples in no group; G is the
+            largest index + 1.
+
+    Example:
+        >>> from balancer_cli.lengths import make_lengths_table
+        >>> lt = make_lengths_table(np.array([100, 200, 300]))
+        >>> group_features(CostModel.build("llama3-8b"), lt, np.array([0, 0, 1]))["llm.tokens"].tolist()
+        [300.0, 300.0]
     """
     group_of_sample = np.asarray(group_of_sample, dtype=np.int64)
-    g = int(num_groups if num_groups is not None else group_of_sample.max(initial=-1) + 1)
+    g = int(group_of_sample.max(initial=-1) + 1)
     placed = group_of_sample >= 0
     feats: dict[str, np.ndarray] = {}
     modules = [(m, model.encoder(m)) for m in lengths.modules] + [(LLM, model.llm)]
@@ -135,11 +195,14 @@ def group_features(model: CostModel, lengths: LengthsTable, group_of_sample: np.
     return feats
 
 
-def features_at(features: Mapping[str, np.ndarray], index) -> dict[str, float]:
-    """One group's features (``index`` an int) or the mean group's (``index="mean"``)."""
-    if index == "mean":
-        return {k: float(np.mean(v)) for k, v in features.items()}
-    return {k: float(v[index]) for k, v in features.items()}
+def mean_features(features: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """The mean group's features: the typical group the planners time stages with.
+
+    Example:
+        >>> mean_features({"llm.tokens": np.array([1000.0, 3000.0])})
+        {'llm.tokens': 2000.0}
+    """
+    return {k: float(np.mean(v)) for k, v in features.items()}
 
 
 def sequential_groups(llm_tokens: np.ndarray, ok: np.ndarray, group_llm_tokens: int) -> np.ndarray:
@@ -165,7 +228,17 @@ def explicit_features(model: CostModel, llm_tokens: int, items: Mapping[str, int
                       item_tokens: Mapping[str, int] | None = None) -> dict[str, float]:
     """Features of one group given by hand: the LLM as one sequence of ``llm_tokens``; each
     encoder ``items`` items of ``tokens_per_item`` (or ``item_tokens[m]`` for native-resolution
-    encoders)."""
+    encoders).
+
+    Raises:
+        ValueError: a native-resolution encoder has items but no ``item_tokens``.
+
+    Example:
+        >>> model = CostModel.build("qwen2-7b", {"vision": "internvit-300m"})
+        >>> feats = explicit_features(model, 1000, {"vision": 2})   # 2 tiles of 1025 tokens, 256 LLM tokens each
+        >>> feats["llm.sumsq"], feats["vision.tokens"], feats["vision.side"]
+        (1000000.0, 2050.0, 512.0)
+    """
     feats = {f"{LLM}.tokens": float(llm_tokens), f"{LLM}.sumsq": float(llm_tokens) ** 2, f"{LLM}.side": float(llm_tokens)}
     for module, cfg in model.encoders:
         n = float(items.get(module, 0))

@@ -17,6 +17,10 @@ DeepSpeed: ``PipelineModule`` builds stage i from ``self.parts[i]:self.parts[i +
 ``type:regex``) cannot express explicit boundaries, so the snippet overrides
 ``_partition_layers`` with the planned ``parts``.
 
+:data:`EXTERNAL_FLAGS` lists every flag of another tool that balancer_cli quotes anywhere (these
+outputs, and error fixes elsewhere in the package), so a test can tell them from typos of the
+``balancer`` commands' own options.
+
 Example:
     >>> megatron_partition_args([{"llm": 20}, {"llm": 22}, {"llm": 22}, {"llm": 16}], has_head=True)[:3]
     ['--pipeline-model-parallel-size 4', '--decoder-first-pipeline-num-layers 20', '--decoder-last-pipeline-num-layers 16']
@@ -28,11 +32,36 @@ from collections.abc import Mapping, Sequence
 
 from balancer_cli.lengths import LLM
 
-__all__ = ["stage_layer_counts", "megatron_partition_args", "deepspeed_parts_snippet", "megatron_recompute_args"]
+__all__ = ["EXTERNAL_FLAGS", "stage_layer_counts", "megatron_partition_args", "deepspeed_parts_snippet",
+           "megatron_recompute_args"]
+
+#: Every flag of another tool that a module of balancer_cli quotes (in output, messages or docs).
+#: A flag quoted in the package is either an option of a ``balancer`` command or one of these.
+EXTERNAL_FLAGS: frozenset[str] = frozenset({
+    # Megatron-LM (Megatron-Core) pipeline and recompute arguments, printed by the planners
+    "--pipeline-model-parallel-size",
+    "--decoder-first-pipeline-num-layers",
+    "--decoder-last-pipeline-num-layers",
+    "--pipeline-model-parallel-layout",
+    "--encoder-pipeline-model-parallel-size",
+    "--recompute-granularity",
+    "--recompute-method",
+    "--recompute-num-layers",
+    # `ray start --head`: the fix when scan's Ray engine finds no cluster (scan/engines/ray.py)
+    "--head",
+    # `huggingface-cli download --repo-type dataset NAME --local-dir DIR` (scan/hf_datasets.py)
+    "--repo-type",
+    "--local-dir",
+})
 
 
 def stage_layer_counts(names_per_stage: Sequence[Sequence[str]]) -> list[dict[str, int]]:
-    """Transformer layers per module in each stage (``{"vision": 14, "llm": 3}``)."""
+    """Transformer layers per module in each stage (``{"vision": 14, "llm": 3}``).
+
+    Example:
+        >>> stage_layer_counts([["vision.stem", "vision.layer.0", "llm.layer.0"], ["llm.layer.1", "llm.head"]])
+        [{'vision': 1, 'llm': 1}, {'llm': 1}]
+    """
     counts = []
     for names in names_per_stage:
         stage: dict[str, int] = {}
@@ -50,6 +79,14 @@ def megatron_partition_args(counts: Sequence[Mapping[str, int]], *, has_head: bo
 
     Returns argument lines first, then ``# ...`` comment lines explaining the encoder placement.
     ``embedding_stage``: the stage holding the LLM's input embedding (``E`` in the layout).
+
+    Example:
+        >>> for line in megatron_partition_args([{"vision": 24}, {"llm": 16}, {"llm": 16}], embedding_stage=1):
+        ...     print(line)
+        --pipeline-model-parallel-size 2
+        --encoder-pipeline-model-parallel-size 1
+        --pipeline-model-parallel-layout "E,t*16|t*16,L"  # Megatron-Core >= 0.13 (decoder stages)
+        # encoder alone on the first 1 stage(s) (Megatron-Core 0.9-0.12 LLaVA)
     """
     p = len(counts)
     llm = [int(c.get(LLM, 0)) for c in counts]
@@ -93,7 +130,12 @@ def megatron_partition_args(counts: Sequence[Mapping[str, int]], *, has_head: bo
 
 
 def deepspeed_parts_snippet(bounds: Sequence[tuple[int, int]]) -> list[str]:
-    """Python lines subclassing ``deepspeed.pipe.PipelineModule`` with the planned ``parts``."""
+    """Python lines subclassing ``deepspeed.pipe.PipelineModule`` with the planned ``parts``.
+
+    Example:
+        >>> deepspeed_parts_snippet(((0, 9), (10, 33)))[2]
+        '    PARTS = [0, 10, 34]'
+    """
     parts = [b[0] for b in bounds] + [bounds[-1][1] + 1]
     return [
         "# LayerSpec list in the chain order of the plan (one spec per planned layer)",
@@ -109,7 +151,12 @@ def deepspeed_parts_snippet(bounds: Sequence[tuple[int, int]]) -> list[str]:
 
 def megatron_recompute_args(full: Mapping[str, int], selective: Mapping[str, int], layers: Mapping[str, int]) -> str:
     """Megatron recompute flags for one stage given per-module counts of fully / selectively
-    recomputed layers and of all layers in the stage."""
+    recomputed layers and of all layers in the stage.
+
+    Example:
+        >>> megatron_recompute_args({"llm": 4}, {}, {"llm": 16})
+        '--recompute-granularity full --recompute-method block --recompute-num-layers 4'
+    """
     parts = []
     for module in layers:
         nf, ns = int(full.get(module, 0)), int(selective.get(module, 0))

@@ -43,17 +43,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from balancer_cli.cost import flops as F
+from balancer_cli.cost import flops
 from balancer_cli.errors import PlanError
 from balancer_cli.planners.chain import Layer, evaluate
 
-__all__ = ["StagePlan", "RecomputePlan", "plan_recompute", "stage_memory", "GB"]
+__all__ = ["GB", "NONE", "SELECTIVE", "FULL", "StagePlan", "RecomputePlan", "plan_recompute", "stage_memory"]
 
+#: Bytes of one GB (memory sizes are decimal, as GPU data sheets give them).
 GB = 1e9
+#: Indices of the recompute modes in :data:`balancer_cli.cost.flops.RECOMPUTE_MODES`.
 NONE, SELECTIVE, FULL = 0, 1, 2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class StagePlan:
     """One stage's recompute plan.
 
@@ -84,6 +86,7 @@ class StagePlan:
 
     @property
     def num_recomputed(self) -> int:
+        """Layers of the stage recomputed at all (selective or full)."""
         return sum(m != "none" for m in self.modes)
 
     @property
@@ -92,11 +95,19 @@ class StagePlan:
         return self.extra_flops / self.base_flops if self.base_flops else 0.0
 
     def recompute_layers(self) -> dict[str, list[str]]:
-        """``{"full": [...], "selective": [...]}`` layer names."""
+        """``{"full": [...], "selective": [...]}`` layer names.
+
+        Example:
+            >>> stage = StagePlan(stage=0, layers=(0, 2), modes=("full", "none", "selective"), names=("a", "b", "c"),
+            ...                   inflight=1, state_bytes=0.0, activation_bytes=0.0, work_bytes=0.0, peak_bytes=0.0,
+            ...                   base_flops=1.0, extra_flops=0.5)
+            >>> stage.recompute_layers(), stage.num_recomputed, stage.overhead
+            ({'full': ['a'], 'selective': ['c']}, 2, 0.5)
+        """
         return {mode: [n for n, m in zip(self.names, self.modes) if m == mode] for mode in ("full", "selective")}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RecomputePlan:
     """Per-stage plans plus the budget they were fit to.
 
@@ -114,7 +125,25 @@ class RecomputePlan:
 
 def stage_memory(layers: Sequence[Layer], modes: Sequence[int], features: Mapping[str, object], *,
                  inflight: int, bytes_per_param: float) -> tuple[float, float, float]:
-    """``(state, activation, work)`` bytes of a stage for the given features (arrays give arrays)."""
+    """``(state, activation, work)`` bytes of a stage for the given features (arrays give arrays).
+
+    Args:
+        layers: the stage's layers.
+        modes: recompute mode index per layer (:data:`NONE`, :data:`SELECTIVE`, :data:`FULL`).
+        features: one group's features, or (G,) arrays of every group's.
+        inflight: micro-batches whose activations the stage holds at its peak.
+        bytes_per_param: weights + gradients + optimizer states per parameter.
+
+    Example:
+        >>> from balancer_cli.cost.samples import CostModel
+        >>> from balancer_cli.planners.chain import build_chain, explicit_features
+        >>> model = CostModel.build("llama3-8b")
+        >>> layers = build_chain(model)[1:3]
+        >>> state, act, work = stage_memory(layers, [FULL, NONE], explicit_features(model, 4096, {}), inflight=2,
+        ...                                 bytes_per_param=16)
+        >>> round(state / GB, 2), round(float(act) / GB, 2), round(float(work) / GB, 2)
+        (6.98, 1.44, 0.69)
+    """
     state = bytes_per_param * sum(layer.params for layer in layers)
     stored = sum(evaluate(layer.act[mode], features) for layer, mode in zip(layers, modes))
     work = 0.0
@@ -188,11 +217,21 @@ def plan_recompute(chain: Sequence[Layer], bounds: Sequence[tuple[int, int]], ty
 
     Raises:
         PlanError: some stage does not fit even with full recomputation of all its layers.
+
+    Example:
+        >>> from balancer_cli.cost.samples import CostModel
+        >>> from balancer_cli.planners.chain import build_chain, explicit_features
+        >>> model = CostModel.build("llama3-8b")
+        >>> feats = explicit_features(model, 8192, {})
+        >>> plan = plan_recompute(build_chain(model), ((0, 16), (17, 33)), feats, feats, gpu_memory_gb=60,
+        ...                       micro_batches=8, zero_stage=1, dp=8)
+        >>> [s.num_recomputed for s in plan.stages], round(plan.budget_bytes / GB, 1)
+        ([6, 0], 54.0)
     """
     if not 0 <= margin < 1:
         raise ValueError(f"margin {margin} not in [0, 1)")
     budget = (1.0 - margin) * gpu_memory_gb * GB
-    per_param = F.state_bytes_per_param(zero_stage, dp)
+    per_param = flops.state_bytes_per_param(zero_stage, dp)
     num_stages = len(bounds)
     plans: list[StagePlan] = []
     failures: list[str] = []
@@ -211,25 +250,28 @@ def plan_recompute(chain: Sequence[Layer], bounds: Sequence[tuple[int, int]], ty
         state, act, work = stage_memory(layers, modes, _pick(heavy, g), inflight=inflight, bytes_per_param=per_param)
         base = float(sum(layer.train_flops(typical) for layer in layers))
         extra = float(sum(evaluate(layer.extra[m], typical) for layer, m in zip(layers, modes)))
-        plans.append(StagePlan(i, (first, last), tuple(F.RECOMPUTE_MODES[m] for m in modes),
-                               tuple(layer.name for layer in layers), inflight, float(state), float(act),
-                               float(work), float(peak), base, extra))
+        plans.append(StagePlan(stage=i, layers=(first, last), modes=tuple(flops.RECOMPUTE_MODES[m] for m in modes),
+                               names=tuple(layer.name for layer in layers), inflight=inflight, state_bytes=float(state),
+                               activation_bytes=float(act), work_bytes=float(work), peak_bytes=float(peak),
+                               base_flops=base, extra_flops=extra))
     if failures:
         raise PlanError(f"no recompute plan fits {gpu_memory_gb:g} GB per GPU (budget {budget / GB:.1f} GB after "
                         f"the {margin:.0%} margin): " + "; ".join(failures),
-                        fix="add pipeline stages or tensor parallelism, raise --zero-stage/--dp, or use larger GPUs")
+                        fix="add pipeline stages or tensor parallelism, raise {zero_stage}/{dp}, or use larger GPUs")
     slow = max(p.base_flops for p in plans)
     slow_with = max(p.base_flops + p.extra_flops for p in plans)
-    return RecomputePlan(tuple(plans), budget, slow_with / slow - 1.0 if slow else 0.0)
+    return RecomputePlan(stages=tuple(plans), budget_bytes=budget, step_overhead=slow_with / slow - 1.0 if slow else 0.0)
 
 
 def _pick(features: Mapping[str, object], g: int | None) -> dict[str, float]:
+    """Group ``g``'s features (all of them when the features are scalars: ``g`` is None)."""
     if g is None:
         return {k: float(v) for k, v in features.items()}
     return {k: float(np.asarray(v).reshape(-1)[g]) if np.ndim(v) else float(v) for k, v in features.items()}
 
 
 def _peak(layers, modes, heavy, inflight, per_param) -> tuple[float, int | None]:
+    """The stage's peak bytes over the groups of ``heavy``, and the group that reaches it."""
     state, act, work = stage_memory(layers, modes, heavy, inflight=inflight, bytes_per_param=per_param)
     total = np.atleast_1d(state + act + work)
     g = int(np.argmax(total))

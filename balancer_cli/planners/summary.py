@@ -1,5 +1,9 @@
 """JSON summaries and text renderings of partition and recompute plans (pure).
 
+The summaries are what ``plan-partition --json`` and ``plan-recompute --json`` print (plus the
+models, workload and title that :mod:`balancer_cli.planners.entry` adds); the renderings are
+their text form.
+
 Example:
     >>> from balancer_cli.cost.samples import CostModel
     >>> from balancer_cli.planners.chain import build_chain, explicit_features
@@ -18,16 +22,17 @@ from typing import Any
 import numpy as np
 
 from balancer_cli.lengths import LLM
-from balancer_cli.planners.chain import Layer, evaluate
+from balancer_cli.planners.chain import Layer, layer_costs, layer_out_bytes
 from balancer_cli.planners.flags import (deepspeed_parts_snippet, megatron_partition_args, megatron_recompute_args,
                                          stage_layer_counts)
-from balancer_cli.planners.partition import Partition, _make, first_stage_partition, plan_partition
+from balancer_cli.planners.partition import Partition, first_stage_partition, make_partition, plan_partition
 from balancer_cli.planners.recompute import GB, RecomputePlan
 
 __all__ = ["partition_summary", "render_partition", "recompute_summary", "render_recompute"]
 
 
 def _stages(part: Partition, chain: Sequence[Layer]) -> list[dict[str, Any]]:
+    """The JSON ``stages`` of a partition: layer range, end layers, cost, cut bytes, layer counts."""
     out = []
     for (a, b), cost, cut in zip(part.bounds, part.stage_costs, part.cut_bytes):
         names = [layer.name for layer in chain[a:b + 1]]
@@ -37,6 +42,7 @@ def _stages(part: Partition, chain: Sequence[Layer]) -> list[dict[str, Any]]:
 
 
 def _brief(part: Partition, chain: Sequence[Layer]) -> dict[str, Any]:
+    """A partition compared with the chosen one: its stages and ranking keys."""
     return {"stages": _stages(part, chain), "max_cost": part.max_cost, "variance": part.variance,
             "comm_bytes": part.comm_bytes}
 
@@ -51,20 +57,29 @@ def partition_summary(chain: Sequence[Layer], typical: Mapping[str, float], stag
     ``largest_stage``, ``optimum``, ``equal_split``, ``megatron_default``, ``bmp`` (anchor,
     radius, ranked candidates), ``gap_to_optimum``, ``gain_vs_equal``, ``gain_vs_megatron_default``,
     ``megatron_args``, ``deepspeed``.
+
+    Example:
+        >>> from balancer_cli.cost.samples import CostModel
+        >>> from balancer_cli.planners.chain import build_chain, explicit_features
+        >>> model = CostModel.build("llama3-8b")
+        >>> s = partition_summary(build_chain(model), explicit_features(model, 4096, {}), 4)
+        >>> [st["layers"] for st in s["stages"]], s["megatron_args"][0]
+        ([[0, 8], [9, 17], [18, 26], [27, 33]], '--pipeline-model-parallel-size 4')
     """
-    layer_costs = np.asarray(costs if costs is not None else [layer.train_flops(typical) for layer in chain], dtype=np.float64)
-    out_bytes = np.array([float(evaluate(layer.out, typical)) for layer in chain])
-    plan = plan_partition(layer_costs, out_bytes, stages, radius=radius, top_k=top_k, method=method)
+    cost = np.asarray(costs, dtype=np.float64) if costs is not None else layer_costs(chain, typical)
+    out_bytes = layer_out_bytes(chain, typical)
+    plan = plan_partition(cost, out_bytes, stages, radius=radius, top_k=top_k, method=method)
     llm_layers = [i for i, layer in enumerate(chain) if layer.module == LLM and layer.kind == "layer"]
     default = None
     if len(llm_layers) >= stages:
-        default = _make(first_stage_partition(llm_layers[0], len(llm_layers), len(chain), stages), layer_costs, out_bytes)
+        default = make_partition(first_stage_partition(llm_layers[0], len(llm_layers), len(chain), stages), cost,
+                                 out_bytes)
     counts = [s["layer_counts"] for s in _stages(plan.chosen, chain)]
     return {
         "method": method,
         "num_stages": stages,
         "layers": [{"index": i, "name": layer.name, "module": layer.module, "cost": float(c), "out_bytes": float(o),
-                    "params": float(layer.params)} for i, (layer, c, o) in enumerate(zip(chain, layer_costs, out_bytes))],
+                    "params": float(layer.params)} for i, (layer, c, o) in enumerate(zip(chain, cost, out_bytes))],
         "stages": _stages(plan.chosen, chain),
         "largest_stage": plan.chosen.max_cost,
         "optimum": _brief(plan.optimum, chain),
@@ -82,16 +97,27 @@ def partition_summary(chain: Sequence[Layer], typical: Mapping[str, float], stag
 
 
 def _stage_of(part: Partition, chain: Sequence[Layer], name: str) -> int:
+    """The stage of ``part`` holding the layer called ``name`` (the first layer's when none is)."""
     index = next((i for i, layer in enumerate(chain) if layer.name == name), 0)
     return next(s for s, (a, b) in enumerate(part.bounds) if a <= index <= b)
 
 
 def _fmt_cost(value: float, unit: str) -> str:
+    """A stage cost in TFLOP, or in ms when the costs are measured seconds."""
     return f"{value / 1e12:,.1f} TFLOP" if unit == "FLOPs" else f"{value * 1e3:,.2f} ms"
 
 
 def render_partition(s: Mapping[str, Any]) -> str:
-    """Human-readable rendering of :func:`partition_summary` (plus ``title``/``workload``/``cost_unit``)."""
+    """Human-readable rendering of :func:`partition_summary` (plus ``title``/``workload``/``cost_unit``).
+
+    Example:
+        >>> from balancer_cli.cost.samples import CostModel
+        >>> from balancer_cli.planners.chain import build_chain, explicit_features
+        >>> model = CostModel.build("llama3-8b")
+        >>> text = render_partition(partition_summary(build_chain(model), explicit_features(model, 4096, {}), 2))
+        >>> print(text.splitlines()[4])
+        BMP (chosen)                  99.5 TFLOP       +0.0%
+    """
     unit = s.get("cost_unit", "FLOPs")
     lines = [s.get("title", "plan-partition"), s.get("workload", ""), ""]
     best = s["largest_stage"]
@@ -112,12 +138,25 @@ def render_partition(s: Mapping[str, Any]) -> str:
                      f"{st['cost'] / total:>8.1%}{st['cut_bytes'] / 1e6:>10.1f}")
     lines += ["", "Megatron-LM:"] + [f"  {a}" for a in s["megatron_args"]]
     lines += ["", "DeepSpeed:"] + [f"  {a}" for a in s["deepspeed"]]
-    return "\n".join(line for line in lines)
+    return "\n".join(lines)
 
 
 def recompute_summary(plan: RecomputePlan, chain: Sequence[Layer]) -> dict[str, Any]:
     """JSON summary: ``stages`` (``layers``, ``recompute_layers`` {full, selective}, ``recompute_counts``,
-    ``memory_gb``, its parts, ``inflight``, ``overhead``, ``megatron``), budget and step overhead."""
+    ``memory_gb``, its parts, ``inflight``, ``overhead``, ``megatron``), budget and step overhead.
+
+    Example:
+        >>> from balancer_cli.cost.samples import CostModel
+        >>> from balancer_cli.planners.chain import build_chain, explicit_features
+        >>> from balancer_cli.planners.recompute import plan_recompute
+        >>> model = CostModel.build("llama3-8b")
+        >>> chain, feats = build_chain(model), explicit_features(model, 8192, {})
+        >>> plan = plan_recompute(chain, ((0, 16), (17, 33)), feats, feats, gpu_memory_gb=60, micro_batches=8,
+        ...                       zero_stage=1, dp=8)
+        >>> s = recompute_summary(plan, chain)
+        >>> s["recomputed_layers"], s["stages"][0]["megatron"]
+        (6, '--recompute-granularity full --recompute-method block --recompute-num-layers 6')
+    """
     stages = []
     for st in plan.stages:
         layers_in = {}
@@ -142,6 +181,19 @@ def recompute_summary(plan: RecomputePlan, chain: Sequence[Layer]) -> dict[str, 
 
 
 def render_recompute(s: Mapping[str, Any]) -> str:
+    """Human-readable rendering of :func:`recompute_summary` (plus ``title``/``workload``).
+
+    Example:
+        >>> from balancer_cli.cost.samples import CostModel
+        >>> from balancer_cli.planners.chain import build_chain, explicit_features
+        >>> from balancer_cli.planners.recompute import plan_recompute
+        >>> model = CostModel.build("llama3-8b")
+        >>> chain, feats = build_chain(model), explicit_features(model, 8192, {})
+        >>> plan = plan_recompute(chain, ((0, 16), (17, 33)), feats, feats, gpu_memory_gb=80, micro_batches=8,
+        ...                       zero_stage=1, dp=8)
+        >>> print(render_recompute(recompute_summary(plan, chain)).splitlines()[-1])
+          stage 1: (no recomputation)
+    """
     lines = [s.get("title", "plan-recompute"), s.get("workload", ""),
              f"budget {s['budget_gb']:.1f} GB per GPU after the margin; predicted step-time overhead {s['step_overhead']:+.1%}", "",
              f"{'stage':<6}{'layers':<9}{'in-flight':>10}{'states GB':>11}{'acts GB':>9}{'peak GB':>9}{'overhead':>10}  recompute"]

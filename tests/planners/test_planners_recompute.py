@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from balancer_cli.cost import flops as F
+from balancer_cli.cost import flops
 from balancer_cli.cost.samples import CostModel
 from balancer_cli.errors import PlanError
 from balancer_cli.cost.presets import ModelConfig
@@ -17,13 +17,15 @@ from balancer_cli.planners.chain import build_chain, evaluate, explicit_features
 from balancer_cli.planners.recompute import GB, plan_recompute, stage_memory
 from balancer_cli.planners.summary import partition_summary, recompute_summary
 
-TINY_LLM = ModelConfig("tiny", "llm", 3, 256, 1024, 4, 2, gated_mlp=True, causal=True, vocab_size=1000)
-TINY_VIT = ModelConfig("tinyvit", "vision", 2, 128, 512, 4, 4, gated_mlp=False, causal=False, patch_size=14,
-                       image_size=224, tokens_per_item=256, merge=4)
+TINY_LLM = ModelConfig(name="tiny", kind="llm", num_layers=3, hidden_size=256, ffn_hidden_size=1024, num_heads=4,
+                       num_kv_heads=2, gated_mlp=True, causal=True, vocab_size=1000)
+TINY_VIT = ModelConfig(name="tinyvit", kind="vision", num_layers=2, hidden_size=128, ffn_hidden_size=512, num_heads=4,
+                       num_kv_heads=4, gated_mlp=False, causal=False, patch_size=14, image_size=224,
+                       tokens_per_item=256, merge=4)
 
 
 def tiny():
-    model = CostModel(TINY_LLM, (("vision", TINY_VIT),), attention="eager")
+    model = CostModel(llm=TINY_LLM, encoders=(("vision", TINY_VIT),), attention="eager")
     chain = build_chain(model)
     return model, chain, explicit_features(model, 2048, {"vision": 4})
 
@@ -51,7 +53,7 @@ def brute_force(chain, bounds, feats, budget, inflight_of, per_param):
 def test_knapsack_matches_brute_force_on_a_tiny_model(gb):
     model, chain, feats = tiny()
     bounds = ((0, 5), (6, len(chain) - 1))
-    per_param = F.state_bytes_per_param(0, 1)
+    per_param = flops.state_bytes_per_param(0, 1)
     expected = brute_force(chain, bounds, feats, 0.9 * gb * GB, lambda i: min(2 - i, 4), per_param)
     if None in expected:
         with pytest.raises(PlanError, match="needs"):
