@@ -8,7 +8,7 @@ them like any exception.
 Library errors name *parameters*, never command-line flags: a parameter is written as
 ``{world_size}`` in the message or fix. ``str(error)`` shows the parameter's name
 (``world_size``), which is what a Python caller passed; the CLI calls :meth:`BalancerError.for_flags`
-with its command's own ``{parameter: --flag}`` map, so the same error reads ``--dp`` there. A
+with its command's own map of parameter to flag, so the same error reads ``--dp`` there. A
 per-module entry is ``{caps[vision]}``: ``caps[vision]`` in Python, ``--max-vision-items`` (or
 ``--cap vision``) on the command line. No message can so point a user at a flag that does not exist.
 

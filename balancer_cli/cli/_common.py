@@ -37,7 +37,7 @@ _CAP_OPTION = re.compile(r"max_([a-z][a-z0-9]*)_(?:items|tokens)")
 
 
 def command_flags(command: click.Command | None) -> dict[str, str]:
-    """``{parameter: --flag}`` of a click command: how its options spell the library's parameters.
+    """``{parameter: flag}`` of a click command: how its options spell the library's parameters.
 
     Example:
         >>> @click.command()

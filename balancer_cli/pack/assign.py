@@ -112,7 +112,7 @@ def assign_groups(
     if G < per_step:
         raise InputError(
             f"{G} groups cannot fill one step of {R} ranks x {M} micro-batches ({per_step} groups)",
-            fix="lower --world-size or --micro-batches, or lower the caps so that more groups form",
+            fix="lower {world_size} or {micro_batches}, or lower the caps so that more groups form",
         )
     if G % per_step:
         raise InputError(
@@ -213,7 +213,7 @@ def split_to_multiple(packing: Packing, weight_N: np.ndarray, multiple: int) -> 
         raise InputError(
             f"cannot reach a multiple of {multiple} groups from {G}: only {len(multi)} groups hold "
             f"two or more samples, {need} splits needed",
-            fix="lower --world-size or --micro-batches, or pack more samples",
+            fix="lower {world_size} or {micro_batches}, or pack more samples",
         )
     splits = {int(g): int(sizes[g] // 2) for g in multi}
     new_offsets = []

@@ -184,11 +184,11 @@ def search_thresholds(
     if load.ndim != 2 or len(load) == 0:
         raise InputError("no samples to search thresholds on", fix="check the lengths table with `balancer scan`")
     if algorithm not in ("balanced", "isf"):
-        raise UsageError(f"unknown algorithm {algorithm!r}", fix="use balanced or isf")
+        raise UsageError(f"unknown {{algorithm}} {algorithm!r}", fix="use balanced or isf")
     max_caps = np.asarray(max_caps_K, dtype=np.int64).reshape(-1)
     if len(max_caps) != load.shape[1] or (max_caps < 1).any():
-        raise UsageError(f"max caps {max_caps.tolist()} must be one positive value per module ({load.shape[1]})",
-                         fix="give --max-llm-tokens and --max-items per encoder")
+        raise UsageError(f"{{max_caps_K}} {max_caps.tolist()} must be one positive value per module "
+                         f"({load.shape[1]})", fix="give one positive limit per module, encoders first, llm last")
     if grid < 1:
         raise UsageError(f"grid must be >= 1, got {grid}", fix="use --grid 5")
     R, M = int(world_size), int(micro_batches)
@@ -224,7 +224,7 @@ def search_thresholds(
     if not candidates:
         raise InputError(
             f"no candidate yields {R * M} groups on a {n}-sample subsample",
-            fix="lower --world-size or --micro-batches, or raise --sample-size",
+            fix="lower {world_size} or {micro_batches}, or raise {sample_size}",
         )
     candidates.sort(key=lambda c: (c.objective, c.caps_K, c.bounds_K))
     best = candidates[0]
