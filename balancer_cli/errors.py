@@ -33,6 +33,7 @@ __all__ = [
     "SampleError",
     "ManifestError",
     "PlanError",
+    "PARAMETERS",
 ]
 
 
@@ -74,8 +75,27 @@ class BalancerError(Exception):
 _PARAMETER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?:\[([A-Za-z_][A-Za-z0-9_-]*)\])?\}")
 
 
+#: The parameters library messages may name. Only these are spelled out: a ``{w}`` that comes from
+#: a user's data (a record value, a file name) stays as it is. A test finds every ``{name}`` the
+#: package writes into an error and checks it is listed here.
+PARAMETERS = frozenset({
+    # pack (PackConfig, search, placement, packers)
+    "world_size", "micro_batches", "algorithm", "caps", "bounds", "iterations", "oversize", "epochs", "seed",
+    "cost_model", "target_group_size", "batch_size", "max_caps_K", "sample_size",
+    # the file-to-file entry points
+    "out", "lengths_files",
+    # cost models and planners
+    "attention", "tp", "stages", "dp", "zero_stage", "cuts", "manifest", "lengths",
+    "group_llm_tokens", "group_vision_items", "group_vision_tokens", "group_audio_items",
+    # replay
+    "rank", "epoch", "step",
+})
+
+
 def _spell(match: re.Match, flags: Mapping[str, str]) -> str:
     name, key = match.group(1), match.group(2)
+    if name not in PARAMETERS and name not in flags:
+        return match.group(0)  # not a parameter: literal text, e.g. from a user's data
     if key is None:
         return flags.get(name, name)
     keyed = f"{name}[{key}]"

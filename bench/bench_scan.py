@@ -29,7 +29,7 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from balancer_cli.scan.engines.local import default_jobs, scan
+from balancer_cli.scan.pipeline import default_jobs, scan
 from balancer_cli.scan.measure import ScanConfig
 
 COCO = ROOT.parent / "shared" / "data" / "coco-val2017" / "captions_val2017.json"

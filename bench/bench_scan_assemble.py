@@ -1,7 +1,7 @@
 """Driver-side cost of a huge scan: assembling and writing N samples from per-block tables.
 
 Whatever the engine, the driver ends a scan by concatenating the measured blocks in order
-(:func:`balancer_cli.scan.engines.local.assemble`) and writing one lengths table. This measures that step
+(:func:`balancer_cli.scan.pipeline.assemble`) and writing one lengths table. This measures that step
 alone on synthetic block tables (the schema ``measure_block`` returns, one image per sample), so the
 driver of a 100M-sample cluster scan can be sized: run it under ``/usr/bin/time -v`` for peak memory.
 
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from balancer_cli.lengths import write_lengths  # noqa: E402
-from balancer_cli.scan.engines.local import assemble  # noqa: E402
+from balancer_cli.scan.pipeline import assemble  # noqa: E402
 from balancer_cli.scan.measure import MODULES, block_schema  # noqa: E402
 
 

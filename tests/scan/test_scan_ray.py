@@ -15,14 +15,14 @@ import pytest
 
 from balancer_cli.errors import InputError, SampleError, UsageError
 from balancer_cli.lengths import write_lengths
-from balancer_cli.scan.engines import local as engine_module
-from balancer_cli.scan.engines.local import scan
+from balancer_cli.scan import measure as measure_module
+from balancer_cli.scan.pipeline import scan
 from balancer_cli.scan.engines.ray import RayOptions, import_ray, parts_dir_for
 from balancer_cli.scan.measure import ScanConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK_SIZE = 16
-_real_measure_job = engine_module.measure_job
+_real_measure_job = measure_module.measure_job
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +151,7 @@ def test_interrupted_run_resumes_without_redoing_finished_blocks(ray_session, da
     out = tmp_path / "lengths.parquet"
     parts = parts_dir_for(out)
     # "Crash" every block from sample 64 on (4 of 9 blocks done), without retries.
-    monkeypatch.setattr(engine_module, "measure_job", _fail_from(64))
+    monkeypatch.setattr(measure_module, "measure_job", _fail_from(64))
     with pytest.raises(InputError) as info:
         _scan(dataset, "ray", parts, retries=0)
     message = str(info.value)
@@ -164,7 +164,7 @@ def test_interrupted_run_resumes_without_redoing_finished_blocks(ray_session, da
     lost.unlink()
     del done[lost.name]
 
-    monkeypatch.setattr(engine_module, "measure_job", _real_measure_job)
+    monkeypatch.setattr(measure_module, "measure_job", _real_measure_job)
     result = _scan(dataset, "ray", parts)
     write_lengths(result.lengths, out)
     assert out.read_bytes() == local_file.read_bytes()
@@ -184,7 +184,7 @@ def _fail_once(marker_dir: str, first_sample: int):
 
 
 def test_block_failing_once_is_retried(ray_session, dataset, local_file, tmp_path, monkeypatch):
-    monkeypatch.setattr(engine_module, "measure_job", _fail_once(str(tmp_path), 32))
+    monkeypatch.setattr(measure_module, "measure_job", _fail_once(str(tmp_path), 32))
     out = tmp_path / "lengths.parquet"
     result = _scan(dataset, "ray", parts_dir_for(out), retries=2)
     write_lengths(result.lengths, out)

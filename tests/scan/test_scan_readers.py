@@ -12,14 +12,11 @@ import pytest
 from PIL import Image
 
 from balancer_cli.errors import InputError, UsageError
-from balancer_cli.scan.engines.local import scan
+from balancer_cli.scan.pipeline import scan
 from balancer_cli.scan.measure import ScanConfig
-from balancer_cli.scan.readers import (
-    detect_format,
-    expand_inputs,
-    iter_blocks,
-    read_block,
-)
+from balancer_cli.scan.blocks import iter_blocks
+from balancer_cli.scan.inputs import detect_format, expand_inputs
+from balancer_cli.scan.readers import read_block
 from balancer_cli.scan.records import RecordError, parse_record
 from balancer_cli.scan.rules.registry import get_rule
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from balancer_cli.scan.engines.local import scan
+from balancer_cli.scan.pipeline import scan
 from balancer_cli.scan.measure import ScanConfig
 from balancer_cli.scan.rules.registry import get_rule
 

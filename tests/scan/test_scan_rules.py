@@ -15,15 +15,9 @@ import numpy as np
 import pytest
 
 from balancer_cli.errors import SampleError, UsageError
-from balancer_cli.scan.rules.registry import (
-    PRESETS,
-    MediaCount,
-    count_images,
-    MediaRejected,
-    get_rule,
-    rule_from_processor_config,
-    video_frames,
-)
+from balancer_cli.scan.rules.base import MediaCount, MediaRejected, count_images
+from balancer_cli.scan.rules.qwen import qwen_sampled_frames
+from balancer_cli.scan.rules.registry import PRESETS, get_rule, rule_from_processor_config
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -171,7 +165,8 @@ def test_qwen_video_matches_reference_sampling_and_budget():
 
 def test_qwen_video_budget_and_sampling():
     rule = get_rule("qwen2-vl")
-    assert video_frames(755.0) == 768 and video_frames(1.0) == 4 and video_frames(10.3) == 20
+    assert (qwen_sampled_frames(0, 755.0) == 768 and qwen_sampled_frames(0, 1.0) == 4
+            and qwen_sampled_frames(0, 10.3) == 20)
     assert rule.sampled_frames(0, None, 12.5) == 24
     long_hd = rule.count_video(0, 1920, 1080, duration_s=600.0)   # 768 frames -> per-frame cap
     short_hd = rule.count_video(0, 1920, 1080, duration_s=10.0)   # 20 frames -> 768*28*28 cap
@@ -516,13 +511,9 @@ def test_docstring_examples():
     import doctest
 
     from balancer_cli.scan import image_header
-    from balancer_cli.scan.rules import base as vision_base
-    from balancer_cli.scan.rules import llava as vision_llava
-    from balancer_cli.scan.rules import qwen as vision_qwen
-    from balancer_cli.scan.rules import registry as vision_rules
-    from balancer_cli.scan.rules import tiles as vision_tiles
+    from balancer_cli.scan.rules import base, llava, qwen, registry, tiles
 
-    for module in (vision_base, vision_qwen, vision_tiles, vision_llava, vision_rules, image_header):
+    for module in (base, qwen, tiles, llava, registry, image_header):
         failed, attempted = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert attempted > 0 and failed == 0, module.__name__
 

@@ -9,7 +9,7 @@ import jinja2
 import pytest
 
 from balancer_cli.errors import UsageError
-from balancer_cli.scan.engines.local import scan
+from balancer_cli.scan.pipeline import scan
 from balancer_cli.scan.measure import ScanConfig
 from balancer_cli.scan.templates import MEDIA_IMAGE, MEDIA_VIDEO, TEMPLATES, render
 from balancer_cli.scan.text import load_tokenizer, resolve_tokenizer

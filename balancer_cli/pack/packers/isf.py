@@ -116,7 +116,7 @@ def pack_isf(
         raise UsageError(f"{len(bounds)} acceptance bounds for {len(caps)} modules", fix="give one bound per module")
     if (bounds > caps).any() or (bounds < 0).any():
         raise UsageError(f"acceptance bounds {bounds.tolist()} must lie in [0, cap] (caps {caps.tolist()})",
-                         fix="lower each acceptance bound ({bound}) to at most its cap: Q'v <= Qv, Q't <= Qt")
+                         fix="lower each acceptance bound ({bounds}) to at most its cap: Q'v <= Qv, Q't <= Qt")
     if iterations < 1:
         raise UsageError(f"{{iterations}} must be >= 1, got {iterations}", fix="use {iterations} 50 (the default)")
     split = split_oversize(load, caps, policy=oversize, sample_ids=ids, module_names=module_names)

@@ -2,7 +2,7 @@
 
 The local engine and this one differ only in *where* ``measure_block`` runs. Both take the same
 block descriptions (``iter_blocks``), call the same ``measure_block`` and hand the per-block tables,
-in block order, to the same :func:`~balancer_cli.scan.engines.local.assemble`, so both write the same
+in block order, to the same :func:`~balancer_cli.scan.pipeline.assemble`, so both write the same
 lengths file, byte for byte. Here:
 
 1. The driver lists the blocks and claims ``OUT.parts/`` for this run (``manifest.json`` holds the
@@ -52,7 +52,8 @@ from balancer_cli import __version__
 from balancer_cli.errors import InputError, SampleError, UsageError
 from balancer_cli._fsutil import atomic_path, bytes_fingerprint
 
-__all__ = ["RayOptions", "parts_dir_for", "run_key", "block_key", "import_ray", "run_blocks", "remove_parts"]
+__all__ = ["SHARD_KEY", "RayOptions", "parts_dir_for", "run_key", "block_key", "import_ray", "run_blocks",
+           "remove_parts"]
 
 #: Schema metadata key of a shard: JSON with the run key, block key and block index.
 SHARD_KEY = b"balancer_shard"
@@ -60,7 +61,7 @@ _MANIFEST = "manifest.json"
 _INSTALL_FIX = "install the extra: pip install 'balancer_cli[ray]'"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RayOptions:
     """Where the Ray scan keeps its shards, which cluster it uses, how hard it retries.
 
@@ -86,7 +87,12 @@ class RayOptions:
 
 
 def parts_dir_for(out_path: str | os.PathLike) -> Path:
-    """The work directory of a Ray scan writing ``out_path``: ``<out_path>.parts`` beside it."""
+    """The work directory of a Ray scan writing ``out_path``: ``<out_path>.parts`` beside it.
+
+    Example:
+        >>> parts_dir_for("out/lengths.parquet").name
+        'lengths.parquet.parts'
+    """
     out = Path(out_path)
     return out.with_name(out.name + ".parts")
 
@@ -114,7 +120,14 @@ def run_key(config: Any, blocks: Sequence[Any]) -> str:
 
 
 def block_key(block: Any) -> str:
-    """Fingerprint of one block description (its ``repr``: file, format, range, first sample)."""
+    """Fingerprint of one block description (its ``repr``: file, format, range, first sample).
+
+    Example:
+        >>> from balancer_cli.scan.blocks import RecordBlock
+        >>> block = RecordBlock(path="d.jsonl", format="jsonl", source="d", first_sample=0, num_records=1, stop=9)
+        >>> block_key(block) == block_key(RecordBlock(**{**vars(block), "first_sample": 1}))
+        False
+    """
     return bytes_fingerprint(repr(block).encode())
 
 
@@ -302,7 +315,7 @@ def run_blocks(blocks: Iterable[Any], config: Any, jobs: int | None = None, opti
                measure: Callable[[Any, Any], Any] | None = None) -> Iterator[tuple[Any, pa.Table]]:
     """Measure ``blocks`` on Ray; yield ``(block, table)`` in block order, like the local engine.
 
-    The ``run_blocks`` of the pluggable-engine contract of :func:`balancer_cli.scan.engines.local.scan`.
+    The ``run_blocks`` of the engine contract of :mod:`balancer_cli.scan.engines`.
 
     Args:
         blocks: block descriptions in sample order (``iter_blocks``).
@@ -310,7 +323,7 @@ def run_blocks(blocks: Iterable[Any], config: Any, jobs: int | None = None, opti
         jobs: CPUs of the local cluster when ``options`` does not say (ignored with an address).
         options: shards directory, cluster and retries.
         measure: ``measure(block, config)`` returning a table, or a bad sample's parts under
-            ``--strict``; default :func:`~balancer_cli.scan.engines.local.measure_job`.
+            ``--strict``; default :func:`~balancer_cli.scan.measure.measure_job`.
 
     Raises:
         UsageError: Ray is not installed.
@@ -321,7 +334,7 @@ def run_blocks(blocks: Iterable[Any], config: Any, jobs: int | None = None, opti
     if options is None:
         options = RayOptions(num_cpus=jobs or None)
     if measure is None:
-        from balancer_cli.scan.engines.local import measure_job as measure
+        from balancer_cli.scan.measure import measure_job as measure
     blocks = list(blocks)
     temporary = options.parts_dir is None
     parts_dir = Path(tempfile.mkdtemp(prefix="balancer-scan-")) if temporary else Path(options.parts_dir)
@@ -338,7 +351,7 @@ def run_blocks(blocks: Iterable[Any], config: Any, jobs: int | None = None, opti
         while position < len(blocks) and position in finished:
             strict_error = _path(parts_dir, position, "sample_error")
             if strict_error.is_file():
-                from balancer_cli.scan.engines.local import unwrap_job
+                from balancer_cli.scan.measure import unwrap_job
 
                 unwrap_job(tuple(json.loads(strict_error.read_text())))  # raises the SampleError
             yield blocks[position], _read_shard(_path(parts_dir, position, "parquet"))

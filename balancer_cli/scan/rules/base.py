@@ -1,8 +1,10 @@
 """Shared types of the vision-token rules: :class:`MediaCount`, :class:`MediaRejected`, the protocol.
 
-Every model family's rule is a frozen dataclass whose ``count_image`` / ``count_video`` are pure
-functions of the media size (no pixels are read): they reproduce what the released processors
-produce, so a scan over millions of samples costs one header read per image.
+Every model family's rule is a frozen dataclass implementing :class:`VisionRule`, whose
+``count_image`` / ``count_video`` are pure functions of the media size (no pixels are read): they
+reproduce what the released processors produce, so a scan over millions of samples costs one
+header read per image. :func:`count_images` counts the images of one sample (some families treat
+a sample with several images differently).
 
 Example:
     >>> c = MediaCount(encoder_tokens=2048, items=2, llm_tokens=514, seqlens=(1024, 1024))
@@ -12,12 +14,14 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from balancer_cli.errors import SampleError
 
-__all__ = ["MediaCount", "MediaRejected", "VisionRule", "check_size", "frames_from_metadata"]
+__all__ = ["MediaCount", "MediaRejected", "VisionRule", "check_size", "config_section", "count_images",
+           "frames_from_metadata"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,7 @@ class MediaRejected(SampleError):
 
 @runtime_checkable
 class VisionRule(Protocol):
-    """One model family's exact vision-token rule (implemented by frozen dataclasses)."""
+    """One model family's exact vision-token rule (implemented by frozen dataclasses that subclass it)."""
 
     name: str
     image_token: str
@@ -74,11 +78,57 @@ class VisionRule(Protocol):
         """Tokens of one video (raises :class:`MediaRejected`), see :func:`frames_from_metadata`."""
         ...
 
+    def for_images(self, num_images: int) -> VisionRule:
+        """The rule as it applies to each image of a sample with ``num_images`` images (default: itself)."""
+        return self
+
+
+def count_images(rule: VisionRule, sizes: Sequence[tuple[int, int]]) -> list[MediaCount]:
+    """Counts of all ``(width, height)`` images of ONE sample, in order.
+
+    Use this rather than calling ``count_image`` per image: LLaVA-OneVision processes a sample
+    with several images differently (each image one 384 px crop, no anyres), and InternVL with
+    ``multi_image_budget=True`` splits its tile budget among the images (``rule.for_images``).
+
+    Example:
+        >>> from balancer_cli.scan.rules.llava import LlavaOnevisionRule
+        >>> from balancer_cli.scan.rules.tiles import InternVLRule
+        >>> rule = LlavaOnevisionRule()
+        >>> [c.llm_tokens for c in count_images(rule, [(640, 480)])]
+        [2929]
+        >>> [c.llm_tokens for c in count_images(rule, [(640, 480), (640, 480)])]
+        [730, 730]
+        >>> budget = InternVLRule(multi_image_budget=True)   # InternVL's fine-tuning code
+        >>> [c.items for c in count_images(budget, [(1920, 1080)] * 3)]   # max_num 12 // 3 = 4
+        [3, 3, 3]
+    """
+    rule = rule.for_images(len(sizes))
+    return [rule.count_image(w, h) for w, h in sizes]
+
 
 def check_size(name: str, width: int, height: int) -> None:
-    """Raise :class:`MediaRejected` unless ``width`` and ``height`` are positive integers."""
+    """Raise :class:`MediaRejected` unless ``width`` and ``height`` are positive integers.
+
+    Example:
+        >>> try:
+        ...     check_size("qwen2-vl", 0, 10)
+        ... except MediaRejected as exc:
+        ...     print(exc.kind, exc)
+        rejected_by_model qwen2-vl: invalid media size 0x10 (width and height must be >= 1)
+    """
     if int(width) != width or int(height) != height or width < 1 or height < 1:
         raise MediaRejected(f"{name}: invalid media size {width}x{height} (width and height must be >= 1)")
+
+
+def config_section(config: dict[str, Any], key: str) -> dict[str, Any]:
+    """``config[key]`` of a processor config when it is an object, else ``{}``.
+
+    Example:
+        >>> config_section({"size": {"height": 448}, "crop_size": 336}, "size"), config_section({}, "crop_size")
+        ({'height': 448}, {})
+    """
+    value = config.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 def frames_from_metadata(num_frames: int, fps: float | None, duration_s: float | None

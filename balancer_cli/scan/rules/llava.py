@@ -15,13 +15,16 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
-from balancer_cli.scan.rules.base import MediaCount, MediaRejected, check_size
+from balancer_cli.errors import UsageError
+from balancer_cli.scan.rules.base import MediaCount, MediaRejected, VisionRule, check_size, config_section
 
-__all__ = ["LlavaRule", "LlavaNextRule", "LlavaOnevisionRule", "select_best_resolution",
-           "unpadded_features"]
+__all__ = ["LlavaRule", "LlavaNextRule", "LlavaOnevisionRule", "llava_processor_params", "parse_pinpoints",
+           "select_best_resolution", "unpadded_features"]
 
 LLAVA_NEXT_PINPOINTS = ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))
 ONEVISION_PINPOINTS = tuple((h, w) for h in range(384, 2305, 384) for w in range(384, 2305, 384))
@@ -72,7 +75,7 @@ def unpadded_features(height: int, width: int, patches: int, scale_h: int, scale
 
 
 @dataclass(frozen=True)
-class LlavaRule:
+class LlavaRule(VisionRule):
     """LLaVA-1.5 (llava-hf/llava-1.5-*-hf): one 336 px CLIP-L/14 crop, 576 tokens, no video."""
 
     name: str = "llava-1.5"
@@ -95,7 +98,7 @@ class LlavaRule:
 
 
 @dataclass(frozen=True)
-class LlavaNextRule:
+class LlavaNextRule(VisionRule):
     """LLaVA-NeXT / LLaVA-1.6 (llava-hf/llava-v1.6-*-hf): 336 px base + crops on 5 pinpoints.
 
     ``llm_tokens`` = unpadded crop features + one newline per feature row + 576 base features
@@ -141,7 +144,7 @@ class LlavaNextRule:
 
 
 @dataclass(frozen=True)
-class LlavaOnevisionRule:
+class LlavaOnevisionRule(VisionRule):
     """LLaVA-OneVision (llava-hf/llava-onevision-qwen2-*-ov-hf): SigLIP 384 px, anyres_max_9.
 
     Single image: base (729) + unpadded, ``anyres_max_9``-limited crop features + newlines.
@@ -160,6 +163,10 @@ class LlavaOnevisionRule:
     video_frames: int = 32
     image_token: str = "<image>"
     video_token: str = "<video>"
+
+    def for_images(self, num_images: int) -> LlavaOnevisionRule:
+        """With several images in the sample, every image is one crop (``multi_image=True``)."""
+        return dataclasses.replace(self, multi_image=True) if num_images > 1 and not self.multi_image else self
 
     def count_image(self, width: int, height: int) -> MediaCount:
         """Tokens of one image (see the class docstring for ``multi_image``)."""
@@ -185,3 +192,44 @@ class LlavaOnevisionRule:
         pooled = math.ceil(side / 2) ** 2
         n = self.video_frames
         return MediaCount(n * side * side, n, n * pooled + 1, (side * side,) * n)
+
+
+def parse_pinpoints(value: Any) -> tuple[tuple[int, int], ...]:
+    """``image_grid_pinpoints`` (a list of ``[height, width]``) as the rules' tuple of pairs.
+
+    Example:
+        >>> parse_pinpoints([[336, 672], [672, 336]])
+        ((336, 672), (672, 336))
+    """
+    try:
+        pairs = tuple((int(h), int(w)) for h, w in value)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"image_grid_pinpoints={value!r} must be a list of [height, width] pairs") from exc
+    if not pairs or min(min(p) for p in pairs) < 1:
+        raise UsageError(f"image_grid_pinpoints={value!r} must hold positive [height, width] pairs")
+    return pairs
+
+
+def llava_processor_params(config: dict[str, Any], video: dict[str, Any]) -> dict[str, Any]:
+    """LLaVA-family parameters of a processor config (each preset keeps those its rule has).
+
+    Example:
+        >>> llava_processor_params({"crop_size": {"height": 384}, "vision_aspect_ratio": "anyres_max_9"}, {})
+        {'image_size': 384, 'max_crops': 9}
+    """
+    out: dict[str, Any] = {}
+    crop = config_section(config, "crop_size")
+    size = config_section(config, "size")
+    side = crop.get("height") or size.get("height") or size.get("shortest_edge")
+    if side:
+        out["image_size"] = int(side)
+    if config.get("patch_size") is not None:
+        out["patch_size"] = int(config["patch_size"])
+    if config.get("image_grid_pinpoints"):
+        out["pinpoints"] = config["image_grid_pinpoints"]
+    aspect = config.get("vision_aspect_ratio")
+    if isinstance(aspect, str) and aspect.startswith("anyres_max_"):
+        out["max_crops"] = int(aspect[len("anyres_max_"):])
+    if video.get("num_frames"):
+        out["video_frames"] = int(video["num_frames"])
+    return out

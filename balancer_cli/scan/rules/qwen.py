@@ -16,10 +16,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
-from balancer_cli.scan.rules.base import MediaCount, MediaRejected, check_size, frames_from_metadata
+from balancer_cli.scan.rules.base import (
+    MediaCount,
+    MediaRejected,
+    VisionRule,
+    check_size,
+    config_section,
+    frames_from_metadata,
+)
 
-__all__ = ["QwenVLRule", "smart_resize", "qwen_sampled_frames"]
+__all__ = ["QwenVLRule", "qwen_processor_params", "qwen_sampled_frames", "smart_resize"]
 
 MAX_ASPECT_RATIO = 200
 
@@ -75,7 +83,7 @@ def qwen_sampled_frames(total_frames: int, duration_s: float, fps: float = 2.0, 
 
 
 @dataclass(frozen=True)
-class QwenVLRule:
+class QwenVLRule(VisionRule):
     """Qwen2-VL / Qwen2.5-VL (identical counting; Qwen2.5-VL's window attention does not change it).
 
     Defaults are the released ``preprocessor_config.json`` of Qwen2-VL-*-Instruct and
@@ -154,3 +162,35 @@ class QwenVLRule:
         grid_t = -(-frames // self.temporal_patch_size)  # the processor repeats the last frame
         per_t = (h // self.patch_size) * (w // self.patch_size)
         return MediaCount(grid_t * per_t, grid_t, grid_t * per_t // self.merge_size**2, (per_t,) * grid_t)
+
+
+def qwen_processor_params(config: dict[str, Any], video: dict[str, Any]) -> dict[str, Any]:
+    """:class:`QwenVLRule` parameters of a ``preprocessor_config.json`` (and its video config).
+
+    Example:
+        >>> qwen_processor_params({"min_pixels": 3136, "size": {"longest_edge": 1003520}}, {"fps": 1})
+        {'min_pixels': 3136, 'max_pixels': 1003520, 'fps': 1.0}
+    """
+    out: dict[str, Any] = {}
+    size = config_section(config, "size")
+    for key in ("min_pixels", "max_pixels"):
+        if config.get(key) is not None:
+            out[key] = int(config[key])
+    if "min_pixels" not in out and size.get("shortest_edge"):
+        out["min_pixels"] = int(size["shortest_edge"])
+    if "max_pixels" not in out and size.get("longest_edge"):
+        out["max_pixels"] = int(size["longest_edge"])
+    for key in ("patch_size", "merge_size", "temporal_patch_size"):
+        if config.get(key) is not None:
+            out[key] = int(config[key])
+    video_size = config_section(video, "size")
+    video_min = video.get("min_pixels") or video_size.get("shortest_edge")
+    video_max = video.get("max_pixels") or video_size.get("longest_edge")
+    if video_min:
+        out["video_min_pixels"] = int(video_min)
+    if video_max:
+        out["video_max_pixels"] = int(video_max)
+    for key, kind in (("fps", float), ("min_frames", int), ("max_frames", int), ("max_video_tokens", int)):
+        if video.get(key) is not None:
+            out[key] = kind(video[key])
+    return out

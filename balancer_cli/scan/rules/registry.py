@@ -1,10 +1,13 @@
-"""Exact vision-token rules per model family, by preset name.
+"""The vision-rule presets: one released model configuration per name, with overridable parameters.
 
-``get_rule("qwen2-vl")`` returns a frozen rule whose ``count_image(width, height)`` /
-``count_video(...)`` give the :class:`MediaCount` the released processor produces for that size
+``get_rule("qwen2-vl")`` returns a frozen rule (:class:`~balancer_cli.scan.rules.base.VisionRule`)
+whose ``count_image(width, height)`` / ``count_video(...)`` give the
+:class:`~balancer_cli.scan.rules.base.MediaCount` the released processor produces for that size
 (encoder patches, items, LLM placeholder tokens, per-item sequence lengths), computed from the
 size alone. Parameters can be overridden by keyword (``get_rule("internvl", max_tiles=6)``) or read
-from a local ``preprocessor_config.json`` (:func:`rule_from_processor_config`).
+from a local ``preprocessor_config.json`` (:func:`rule_from_processor_config`). The families'
+rules and their processor-config readers live in :mod:`~balancer_cli.scan.rules.qwen`,
+:mod:`~balancer_cli.scan.rules.llava` and :mod:`~balancer_cli.scan.rules.tiles`.
 
 Example:
     >>> get_rule("qwen2-vl").count_image(1920, 1080).llm_tokens
@@ -17,28 +20,31 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from balancer_cli.errors import InputError, UsageError
-from balancer_cli.scan.rules.base import MediaCount, MediaRejected, VisionRule
-from balancer_cli.scan.rules.qwen import QwenVLRule, qwen_sampled_frames
-from balancer_cli.scan.rules.llava import LlavaNextRule, LlavaOnevisionRule, LlavaRule
-from balancer_cli.scan.rules.tiles import Idefics3Rule, InternVLRule
+from balancer_cli.scan.rules.base import VisionRule
+from balancer_cli.scan.rules.llava import (
+    LlavaNextRule,
+    LlavaOnevisionRule,
+    LlavaRule,
+    llava_processor_params,
+    parse_pinpoints,
+)
+from balancer_cli.scan.rules.qwen import QwenVLRule, qwen_processor_params
+from balancer_cli.scan.rules.tiles import (
+    Idefics3Rule,
+    InternVLRule,
+    idefics3_processor_params,
+    internvl_processor_params,
+)
 
-__all__ = [
-    "MediaCount",
-    "MediaRejected",
-    "VisionRule",
-    "PRESETS",
-    "get_rule",
-    "rule_from_processor_config",
-    "video_frames",
-    "count_images",
-]
+__all__ = ["PRESETS", "get_rule", "rule_from_processor_config"]
 
 #: preset name -> factory of the released configuration.
-PRESETS: dict[str, Callable[..., Any]] = {
+PRESETS: dict[str, Callable[..., VisionRule]] = {
     "qwen2-vl": lambda **kw: QwenVLRule(name="qwen2-vl", **kw),
     "qwen2.5-vl": lambda **kw: QwenVLRule(name="qwen2.5-vl", **kw),
     "internvl": lambda **kw: InternVLRule(name="internvl", **kw),
@@ -60,9 +66,20 @@ _ALIASES = {
     "max_image_size": "image_size", "tile_size": "image_size", "image_seq_len": "tokens_per_tile",
 }
 
+#: Fields whose override is converted first (a JSON list of pairs -> the rule's tuple of pairs).
+_CONVERTERS: dict[str, Callable[[Any], Any]] = {"pinpoints": parse_pinpoints}
+
 
 def _fields(rule: Any) -> list[str]:
     return [f.name for f in dataclasses.fields(rule) if f.name != "name"]
+
+
+def _preset_key(name: str) -> str:
+    """The :data:`PRESETS` key of ``name`` (case-insensitive); raises UsageError for an unknown preset."""
+    key = name.strip().lower()
+    if key not in PRESETS:
+        raise UsageError(f"unknown vision preset {name!r}", fix=f"use one of: {', '.join(PRESETS)}")
+    return key
 
 
 def get_rule(name: str, **overrides: Any) -> VisionRule:
@@ -81,10 +98,7 @@ def get_rule(name: str, **overrides: Any) -> VisionRule:
         >>> get_rule("qwen2.5-vl", max_pixels=1003520).count_image(1920, 1080).llm_tokens
         1222
     """
-    key = name.strip().lower()
-    if key not in PRESETS:
-        raise UsageError(f"unknown vision preset {name!r}",
-                         fix=f"use one of: {', '.join(PRESETS)}")
+    key = _preset_key(name)
     default = PRESETS[key]()
     known = _fields(default)
     kwargs: dict[str, Any] = {}
@@ -94,8 +108,8 @@ def get_rule(name: str, **overrides: Any) -> VisionRule:
             raise UsageError(f"vision preset {key!r} has no parameter {raw!r}",
                              fix=f"use one of: {', '.join(known)}")
         expected = type(getattr(default, field))
-        if field == "pinpoints":
-            value = _pinpoints(value)
+        if field in _CONVERTERS:
+            value = _CONVERTERS[field](value)
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
@@ -126,168 +140,21 @@ def _check_values(key: str, rule: Any) -> None:
                              f"{high}={getattr(rule, high)}")
 
 
-def _pinpoints(value: Any) -> tuple[tuple[int, int], ...]:
-    try:
-        pairs = tuple((int(h), int(w)) for h, w in value)
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"image_grid_pinpoints={value!r} must be a list of [height, width] pairs") from exc
-    if not pairs or min(min(p) for p in pairs) < 1:
-        raise UsageError(f"image_grid_pinpoints={value!r} must hold positive [height, width] pairs")
-    return pairs
-
-
-def count_images(rule: VisionRule, sizes: list[tuple[int, int]]) -> list[MediaCount]:
-    """Counts of all ``(width, height)`` images of ONE sample, in order.
-
-    Use this rather than calling ``count_image`` per image: LLaVA-OneVision processes a sample
-    with several images differently (each image one 384 px crop, no anyres), and InternVL with
-    ``multi_image_budget=True`` splits its tile budget among the images.
-
-    Example:
-        >>> rule = get_rule("llava-onevision")
-        >>> [c.llm_tokens for c in count_images(rule, [(640, 480)])]
-        [2929]
-        >>> [c.llm_tokens for c in count_images(rule, [(640, 480), (640, 480)])]
-        [730, 730]
-        >>> budget = get_rule("internvl", multi_image_budget=True)   # InternVL's fine-tuning code
-        >>> [c.items for c in count_images(budget, [(1920, 1080)] * 3)]   # max_num 12 // 3 = 4
-        [3, 3, 3]
-    """
-    if len(sizes) > 1 and isinstance(rule, LlavaOnevisionRule) and not rule.multi_image:
-        rule = dataclasses.replace(rule, multi_image=True)
-    if len(sizes) > 1 and isinstance(rule, InternVLRule) and rule.multi_image_budget:
-        rule = dataclasses.replace(rule, max_tiles=max(1, rule.max_tiles // len(sizes)))
-    return [rule.count_image(w, h) for w, h in sizes]
-
-
-def video_frames(duration_s: float, fps: float = 2.0, *, total_frames: int = 0, min_frames: int = 4,
-                 max_frames: int = 768, frame_factor: int = 2) -> int:
-    """Frames sampled at ``fps`` from a ``duration_s`` video (Qwen2-VL / qwen-vl-utils policy).
-
-    At least ``min_frames``, at most ``max_frames`` and the file's ``total_frames`` (0: unknown),
-    rounded down to a multiple of ``frame_factor`` (the temporal patch). Families with a fixed frame
-    count (InternVL ``num_segments``, LLaVA-OneVision ``num_frames``) ignore the duration.
-
-    Example:
-        >>> video_frames(120.0)        # 2 fps
-        240
-        >>> video_frames(755.0)        # capped
-        768
-    """
-    return qwen_sampled_frames(total_frames, duration_s, fps, min_frames, max_frames, frame_factor)
-
-
-def _size_edges(size: Any) -> dict[str, Any]:
-    return size if isinstance(size, dict) else {}
-
-
-def _qwen_config(cfg: dict[str, Any], video: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    size = _size_edges(cfg.get("size"))
-    for ours, keys in (("min_pixels", ("min_pixels",)), ("max_pixels", ("max_pixels",))):
-        if cfg.get(keys[0]) is not None:
-            out[ours] = int(cfg[keys[0]])
-    if "min_pixels" not in out and size.get("shortest_edge"):
-        out["min_pixels"] = int(size["shortest_edge"])
-    if "max_pixels" not in out and size.get("longest_edge"):
-        out["max_pixels"] = int(size["longest_edge"])
-    for key in ("patch_size", "merge_size", "temporal_patch_size"):
-        if cfg.get(key) is not None:
-            out[key] = int(cfg[key])
-    vsize = _size_edges(video.get("size"))
-    vmin = video.get("min_pixels") or vsize.get("shortest_edge")
-    vmax = video.get("max_pixels") or vsize.get("longest_edge")
-    if vmin:
-        out["video_min_pixels"] = int(vmin)
-    if vmax:
-        out["video_max_pixels"] = int(vmax)
-    for key, typ in (("fps", float), ("min_frames", int), ("max_frames", int), ("max_video_tokens", int)):
-        if video.get(key) is not None:
-            out[key] = typ(video[key])
-    return out
-
-
-def _internvl_config(cfg: dict[str, Any], video: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for raw in ("max_dynamic_patch", "max_patches", "max_num", "min_dynamic_patch", "min_patches",
-                "min_num", "force_image_size", "use_thumbnail", "downsample_ratio", "patch_size"):
-        if cfg.get(raw) is not None:
-            field = _ALIASES.get(raw, raw)
-            out[field] = cfg[raw] if field == "use_thumbnail" else (
-                float(cfg[raw]) if field == "downsample_ratio" else int(cfg[raw]))
-    if cfg.get("crop_to_patches") is False:
-        out["max_tiles"] = 1
-    size = _size_edges(cfg.get("size"))
-    if size.get("height"):
-        out["image_size"] = int(size["height"])
-    vision = _size_edges(cfg.get("vision_config"))
-    if vision.get("image_size") and "image_size" not in out:
-        out["image_size"] = int(vision["image_size"])
-    if vision.get("patch_size") and "patch_size" not in out:
-        out["patch_size"] = int(vision["patch_size"])
-    if video.get("num_frames"):
-        out["video_frames"] = int(video["num_frames"])
-    return out
-
-
-def _llava_config(cfg: dict[str, Any], video: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    crop = _size_edges(cfg.get("crop_size"))
-    size = _size_edges(cfg.get("size"))
-    side = crop.get("height") or size.get("height") or size.get("shortest_edge")
-    if side:
-        out["image_size"] = int(side)
-    if cfg.get("patch_size") is not None:
-        out["patch_size"] = int(cfg["patch_size"])
-    if cfg.get("image_grid_pinpoints"):
-        out["pinpoints"] = cfg["image_grid_pinpoints"]
-    aspect = cfg.get("vision_aspect_ratio")
-    if isinstance(aspect, str) and aspect.startswith("anyres_max_"):
-        out["max_crops"] = int(aspect[len("anyres_max_"):])
-    if video.get("num_frames"):
-        out["video_frames"] = int(video["num_frames"])
-    return out
-
-
-def _idefics3_config(cfg: dict[str, Any], video: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    tile = _size_edges(cfg.get("max_image_size")).get("longest_edge")
-    if tile:
-        out["image_size"] = int(tile)
-    longest = _size_edges(cfg.get("size")).get("longest_edge")
-    if longest:
-        out["longest_edge"] = int(longest)
-    if cfg.get("do_image_splitting") is not None:
-        out["do_image_splitting"] = bool(cfg["do_image_splitting"])
-    vision = _size_edges(cfg.get("vision_config"))
-    if vision.get("patch_size"):
-        out["patch_size"] = int(vision["patch_size"])
-    if cfg.get("scale_factor"):
-        out["scale_factor"] = int(cfg["scale_factor"])
-    if cfg.get("image_seq_len"):
-        out["tokens_per_tile"] = int(cfg["image_seq_len"])
-    sampling = _size_edges(cfg.get("video_sampling")) or video
-    if sampling.get("fps"):
-        out["fps"] = float(sampling["fps"])
-    if sampling.get("max_frames"):
-        out["max_frames"] = int(sampling["max_frames"])
-    return out
-
-
 def _only(keys: tuple[str, ...], reader: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
     def read(cfg: dict[str, Any], video: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in reader(cfg, video).items() if k in keys}
     return read
 
 
+#: preset name -> the rule parameters of a processor config (each keeps only the fields its rule has).
 _CONFIG_READERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]] = {
-    "qwen2-vl": _qwen_config, "qwen2.5-vl": _qwen_config, "internvl": _internvl_config,
-    "llava-1.5": _only(("image_size", "patch_size"), _llava_config),
-    "llava-next": _only(("image_size", "patch_size", "pinpoints", "max_crops"), _llava_config),
-    "llava-onevision": _llava_config,
+    "qwen2-vl": qwen_processor_params, "qwen2.5-vl": qwen_processor_params, "internvl": internvl_processor_params,
+    "llava-1.5": _only(("image_size", "patch_size"), llava_processor_params),
+    "llava-next": _only(("image_size", "patch_size", "pinpoints", "max_crops"), llava_processor_params),
+    "llava-onevision": llava_processor_params,
     "idefics3": _only(("image_size", "longest_edge", "do_image_splitting", "patch_size", "scale_factor",
-                       "tokens_per_tile"), _idefics3_config),
-    "smolvlm": _idefics3_config,
+                       "tokens_per_tile"), idefics3_processor_params),
+    "smolvlm": idefics3_processor_params,
 }
 
 
@@ -317,9 +184,7 @@ def rule_from_processor_config(name: str, path: str | Path) -> VisionRule:
         >>> rule_from_processor_config("qwen2-vl", p).max_pixels
         1003520
     """
-    key = name.strip().lower()
-    if key not in PRESETS:
-        raise UsageError(f"unknown vision preset {name!r}", fix=f"use one of: {', '.join(PRESETS)}")
+    key = _preset_key(name)
     path = Path(path)
     cfg: dict[str, Any] = {}
     video: dict[str, Any] = {}

@@ -15,16 +15,25 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 import math
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
-from balancer_cli.scan.rules.base import MediaCount, MediaRejected, check_size, frames_from_metadata
+from balancer_cli.scan.rules.base import (
+    MediaCount,
+    MediaRejected,
+    VisionRule,
+    check_size,
+    config_section,
+    frames_from_metadata,
+)
 
-__all__ = ["InternVLRule", "Idefics3Rule", "tile_grids", "closest_tile_grid", "idefics3_grid",
-           "smolvlm_sampled_frames"]
+__all__ = ["InternVLRule", "Idefics3Rule", "closest_tile_grid", "idefics3_grid", "idefics3_processor_params",
+           "internvl_processor_params", "smolvlm_sampled_frames", "tile_grids"]
 
 
 @lru_cache(maxsize=64)
@@ -68,7 +77,7 @@ def closest_tile_grid(width: int, height: int, tile_size: int, min_tiles: int, m
 
 
 @dataclass(frozen=True)
-class InternVLRule:
+class InternVLRule(VisionRule):
     """InternVL 1.5 / 2 / 2.5 / 3 (released ``max_dynamic_patch=12``, 448 px, 256 tokens per tile).
 
     ``llm_tokens`` = ``256 * tiles + 2`` (the processor's ``<img>`` and ``</img>``). Videos: every
@@ -80,7 +89,8 @@ class InternVLRule:
     ``multi_image_budget=True`` reproduces InternVL's own fine-tuning code
     (``internvl_chat_finetune.py``), which splits the tile budget among a sample's images
     (``max_num = max(1, max_dynamic_patch // num_images)``); transformers' processor gives every
-    image the full budget (the default). Apply it through ``vision_rules.count_images``.
+    image the full budget (the default). Apply it through
+    :func:`~balancer_cli.scan.rules.base.count_images`.
     """
 
     name: str = "internvl"
@@ -104,6 +114,12 @@ class InternVLRule:
     def tokens_per_tile(self) -> int:
         """LLM tokens of one tile after pixel shuffle (256)."""
         return int(self.patches_per_tile * self.downsample_ratio**2)
+
+    def for_images(self, num_images: int) -> InternVLRule:
+        """With ``multi_image_budget``, each of ``num_images`` images gets ``max_tiles // num_images`` tiles."""
+        if num_images > 1 and self.multi_image_budget:
+            return dataclasses.replace(self, max_tiles=max(1, self.max_tiles // num_images))
+        return self
 
     def num_tiles(self, width: int, height: int) -> int:
         """Tiles of an image, the thumbnail included."""
@@ -209,7 +225,7 @@ def smolvlm_sampled_frames(total_frames: int, source_fps: float | None, duration
 
 
 @dataclass(frozen=True)
-class Idefics3Rule:
+class Idefics3Rule(VisionRule):
     """Idefics3 (HuggingFaceM4/Idefics3-8B-Llama3) and SmolVLM / SmolVLM2 (``smolvlm`` preset).
 
     ``idefics3``: 364 px tiles, longest edge 1456, SigLIP patch 14, pixel shuffle 2 -> 169 tokens
@@ -279,3 +295,69 @@ class Idefics3Rule:
             raise MediaRejected(f"{self.name}: video of {num_frames} frames samples no frame")
         per = self.patches_per_tile
         return MediaCount(frames * per, frames, frames * (self.image_seq_len + 3), (per,) * frames)
+
+
+#: InternVL config keys -> :class:`InternVLRule` fields, in the order they are read (a later key wins).
+_INTERNVL_KEYS = (("max_dynamic_patch", "max_tiles"), ("max_patches", "max_tiles"), ("max_num", "max_tiles"),
+                  ("min_dynamic_patch", "min_tiles"), ("min_patches", "min_tiles"), ("min_num", "min_tiles"),
+                  ("force_image_size", "image_size"), ("use_thumbnail", "use_thumbnail"),
+                  ("downsample_ratio", "downsample_ratio"), ("patch_size", "patch_size"))
+
+
+def internvl_processor_params(config: dict[str, Any], video: dict[str, Any]) -> dict[str, Any]:
+    """:class:`InternVLRule` parameters of InternVL's ``config.json`` or a ``GotOcr2`` processor config.
+
+    Example:
+        >>> internvl_processor_params({"max_dynamic_patch": 6, "force_image_size": 448}, {})
+        {'max_tiles': 6, 'image_size': 448}
+    """
+    out: dict[str, Any] = {}
+    for key, field in _INTERNVL_KEYS:
+        if config.get(key) is not None:
+            value = config[key]
+            out[field] = value if field == "use_thumbnail" else (
+                float(value) if field == "downsample_ratio" else int(value))
+    if config.get("crop_to_patches") is False:
+        out["max_tiles"] = 1
+    size = config_section(config, "size")
+    if size.get("height"):
+        out["image_size"] = int(size["height"])
+    vision = config_section(config, "vision_config")
+    if vision.get("image_size") and "image_size" not in out:
+        out["image_size"] = int(vision["image_size"])
+    if vision.get("patch_size") and "patch_size" not in out:
+        out["patch_size"] = int(vision["patch_size"])
+    if video.get("num_frames"):
+        out["video_frames"] = int(video["num_frames"])
+    return out
+
+
+def idefics3_processor_params(config: dict[str, Any], video: dict[str, Any]) -> dict[str, Any]:
+    """:class:`Idefics3Rule` parameters of an Idefics3 / SmolVLM model folder's merged configs.
+
+    Example:
+        >>> idefics3_processor_params({"max_image_size": {"longest_edge": 384}, "scale_factor": 3}, {})
+        {'image_size': 384, 'scale_factor': 3}
+    """
+    out: dict[str, Any] = {}
+    tile = config_section(config, "max_image_size").get("longest_edge")
+    if tile:
+        out["image_size"] = int(tile)
+    longest = config_section(config, "size").get("longest_edge")
+    if longest:
+        out["longest_edge"] = int(longest)
+    if config.get("do_image_splitting") is not None:
+        out["do_image_splitting"] = bool(config["do_image_splitting"])
+    vision = config_section(config, "vision_config")
+    if vision.get("patch_size"):
+        out["patch_size"] = int(vision["patch_size"])
+    if config.get("scale_factor"):
+        out["scale_factor"] = int(config["scale_factor"])
+    if config.get("image_seq_len"):
+        out["tokens_per_tile"] = int(config["image_seq_len"])
+    sampling = config_section(config, "video_sampling") or video
+    if sampling.get("fps"):
+        out["fps"] = float(sampling["fps"])
+    if sampling.get("max_frames"):
+        out["max_frames"] = int(sampling["max_frames"])
+    return out

@@ -1,0 +1,227 @@
+"""The inputs of ``balancer scan``: format detection and the expansion of meta files into :class:`InputSpec` s.
+
+Formats (:func:`detect_format` reads the content, not the name; ``format=`` forces one):
+
+- ``jsonl``: one JSON object per line; blank lines are skipped (they are not samples).
+- ``json``: a JSON list of records (decoded incrementally; the main process parses the list once to
+  find record boundaries, so a syntax error anywhere makes the whole file unreadable).
+- ``internvl-meta``: InternVL's meta JSON ``{name: {"root", "annotation", "repeat_time", ...}}``:
+  each dataset's annotation file is scanned with ``root`` as its image root and the dataset name as
+  its source, ``repeat_time`` times (a fraction keeps the first ``int(n * repeat_time)`` records);
+  a per-dataset ``max_dynamic_patch`` overrides the rule's ``max_tiles`` for that dataset.
+- ``parquet``: rows of a Parquet file (only the columns the scan understands are read).
+- ``hf``: a ``datasets.Dataset.save_to_disk`` folder (a ``DatasetDict`` folder takes ``split``,
+  default ``train``), or a ``datasets`` cache ``.arrow`` file (what ``load_dataset`` over local
+  files writes).
+
+Example:
+    >>> import json, pathlib, tempfile
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "d.jsonl"
+    >>> _ = p.write_text(json.dumps({"text": "a"}) + "\\n")
+    >>> [(s.format, s.source) for s in expand_inputs([str(p)])]
+    [('jsonl', 'd.jsonl')]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from balancer_cli.errors import InputError, UsageError
+from balancer_cli.scan.hf_datasets import check_builder_input
+
+__all__ = ["FORMATS", "RECORD_FORMATS", "InputSpec", "detect_format", "expand_inputs", "open_input"]
+
+#: Formats ``format=`` (``--format``) accepts, in the order error messages list them.
+FORMATS = ("jsonl", "json", "internvl-meta", "parquet", "hf")
+#: Formats that hold records: a meta file lists other inputs, which are read in their own format.
+RECORD_FORMATS = tuple(name for name in FORMATS if name != "internvl-meta")
+#: Leading bytes -> format, checked before the name (a Parquet file is Parquet whatever its name).
+_MAGIC = {b"PAR1": "parquet"}
+#: File suffix -> format, for files whose first bytes do not say (Arrow IPC streams).
+_SUFFIXES = {".arrow": "hf"}
+_WHITESPACE = " \t\r\n"
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputSpec:
+    """One concrete input after expanding meta files: what to read and how to name its samples.
+
+    Attributes:
+        path: the file, folder or (with ``builder``) glob as given.
+        format: one of :data:`RECORD_FORMATS`.
+        source: the ``source`` column value of its samples.
+        image_root: folder relative image paths resolve against (and may not escape).
+        repeat: InternVL ``repeat_time`` (a fraction below 1 keeps the first records).
+        rule_overrides: vision-rule parameters for this input only (InternVL meta).
+        split: the ``DatasetDict`` split (``hf`` only).
+        builder: the ``datasets.load_dataset`` builder of ``path`` (``hf`` over local files only).
+    """
+
+    path: str
+    format: str
+    source: str
+    image_root: str
+    repeat: float = 1.0
+    rule_overrides: tuple[tuple[str, Any], ...] = ()
+    split: str | None = None
+    builder: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.format not in RECORD_FORMATS:
+            raise ValueError(f"InputSpec.format {self.format!r} is not one of {RECORD_FORMATS}")
+        if not self.repeat > 0:
+            raise ValueError(f"InputSpec.repeat {self.repeat!r} must be positive")
+
+
+def open_input(path: str, *, text: bool = False) -> IO:
+    """Open an input file for reading (UTF-8 text or bytes), or raise the InputError that names it.
+
+    Example:
+        >>> open_input("/no/such/file.jsonl")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        balancer_cli.errors.InputError: /no/such/file.jsonl: cannot read input (No such file or directory); fix: ...
+    """
+    try:
+        return open(path, encoding="utf-8") if text else open(path, "rb")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read input ({exc.strerror or exc})",
+                         fix="check the path and its permissions") from None
+
+
+def detect_format(path: str) -> str:
+    """Detect an input's format from its content (not its name); raises InputError if unknown.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "x.json"
+        >>> _ = p.write_text('[{"text": "hi"}]')
+        >>> detect_format(str(p))
+        'json'
+    """
+    target = Path(path)
+    if target.is_dir():
+        if (target / "dataset_dict.json").is_file() or (target / "state.json").is_file():
+            return "hf"
+        raise InputError(f"{path}: a folder that is not a `datasets` save_to_disk folder",
+                         fix="pass the data files themselves (JSONL, JSON, Parquet) or a save_to_disk folder")
+    if not target.exists():
+        raise InputError(f"{path}: no such file", fix="check the path")
+    with open_input(path) as handle:
+        head = handle.read(1 << 16)
+    for magic, name in _MAGIC.items():
+        if head.startswith(magic):
+            return name
+    if target.suffix in _SUFFIXES:
+        return _SUFFIXES[target.suffix]
+    text = head.decode("utf-8", errors="replace").lstrip(_WHITESPACE + "\ufeff")
+    if not text:
+        raise InputError(f"{path}: the input file is empty", fix="pass a file with at least one record")
+    if text[0] == "[":
+        return "json"
+    if text[0] == "{":
+        first_line = text.split("\n", 1)[0]
+        try:
+            obj = json.loads(first_line)
+        except json.JSONDecodeError:
+            obj = _load_small_json(target)  # a pretty-printed object: only meta files are objects
+        return "internvl-meta" if _is_meta(obj) else "jsonl"
+    raise InputError(f"{path}: cannot detect the input format (starts with {text[:20]!r})",
+                     fix="pass JSONL, a JSON list, an InternVL meta JSON, Parquet, or a datasets folder "
+                         "(or force one with --format " + "|".join(FORMATS) + ")")
+
+
+def _load_small_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: neither JSONL nor a valid JSON document ({exc})",
+                         fix="fix the JSON, or write one record per line (JSONL)") from None
+
+
+def _is_meta(obj: Any) -> bool:
+    return (isinstance(obj, dict) and bool(obj)
+            and all(isinstance(v, dict) and "annotation" in v for v in obj.values()))
+
+
+def _meta_inputs(path: str, image_root: str | None, split: str | None) -> list[InputSpec]:
+    meta = _load_small_json(Path(path))
+    if not _is_meta(meta):
+        raise InputError(f"{path}: not an InternVL meta JSON ({{name: {{'root', 'annotation', ...}}}})",
+                         fix="drop --format internvl-meta, or fix the file")
+    base = Path(path).parent
+    specs = []
+    for name, entry in meta.items():
+        annotation = _relative_to(str(entry["annotation"]), base)
+        root = image_root or _relative_to(str(entry.get("root", "")), base)
+        repeat = entry.get("repeat_time", 1)
+        if isinstance(repeat, bool) or not isinstance(repeat, (int, float)) or repeat <= 0:
+            raise InputError(f"{path}: dataset {name!r} has repeat_time={repeat!r}",
+                             fix="repeat_time must be a positive number")
+        overrides = (("max_tiles", int(entry["max_dynamic_patch"])),) if "max_dynamic_patch" in entry else ()
+        fmt = detect_format(annotation)
+        if fmt == "internvl-meta":
+            raise InputError(f"{path}: dataset {name!r} points at another meta file", fix="flatten the meta file")
+        specs.append(InputSpec(path=annotation, format=fmt, source=str(name), image_root=root,
+                               repeat=float(repeat), rule_overrides=overrides, split=split))
+    return specs
+
+
+def _relative_to(value: str, base: Path) -> str:
+    # InternVL resolves meta paths against the working directory; fall back to the meta's folder.
+    if not value or os.path.isabs(value) or os.path.exists(value):
+        return value or "."
+    return str(base / value)
+
+
+def _builder_spec(path: str, builder: str, image_root: str | None, split: str | None) -> InputSpec:
+    check_builder_input(path, builder)
+    folder = Path(path) if Path(path).is_dir() else Path(path).parent
+    name = Path(path).name or str(folder)
+    return InputSpec(path=path, format="hf", source=name, image_root=image_root or str(folder), split=split,
+                     builder=builder)
+
+
+def expand_inputs(paths: Sequence[str], *, image_root: str | None = None, format: str | None = None,
+                  split: str | None = None, builder: str | None = None) -> list[InputSpec]:
+    """Detect each input's format and expand meta files into their annotation files, in order.
+
+    Relative image paths resolve against ``image_root``, else the InternVL ``root``, else the
+    input file's folder. With ``builder`` (one of
+    :data:`~balancer_cli.scan.hf_datasets.HF_BUILDERS`) every input is a local file, glob or folder
+    loaded by ``datasets.load_dataset(builder, ...)``.
+
+    Example:
+        >>> expand_inputs([])
+        Traceback (most recent call last):
+        ...
+        balancer_cli.errors.UsageError: no input given; fix: pass one or more dataset files: balancer scan DATA.jsonl ...
+    """
+    if not paths:
+        raise UsageError("no input given", fix="pass one or more dataset files: balancer scan DATA.jsonl ...")
+    if format is not None and format not in FORMATS:
+        raise UsageError(f"unknown --format {format!r}", fix="use one of: " + ", ".join(FORMATS))
+    if builder is not None:
+        if format is not None:
+            raise UsageError("--format and --hf-builder cannot be combined",
+                             fix="--hf-builder already says how to read the inputs; drop --format")
+        return [_builder_spec(str(path), builder, image_root, split) for path in paths]
+    specs: list[InputSpec] = []
+    for path in paths:
+        if format is None:
+            fmt = detect_format(path)  # raises for a missing path
+        elif os.path.exists(path):
+            fmt = format
+        else:
+            raise InputError(f"{path}: no such file", fix="check the path")
+        if fmt == "internvl-meta":
+            specs += _meta_inputs(path, image_root, split)
+            continue
+        root = image_root or str(Path(path).parent if not Path(path).is_dir() else Path(path))
+        specs.append(InputSpec(path=path, format=fmt, source=Path(path).name, image_root=root, split=split))
+    return specs
