@@ -5,11 +5,11 @@ from __future__ import annotations
 import click
 
 from balancer_cli.cli._common import emit, handle_errors, json_option, progress
-from balancer_cli.cli._options import cost_model_options
-from balancer_cli.cli._pack_options import (
+from balancer_cli.cli._options import (
     baselines_option,
     cap_options,
     caps_from_options,
+    cost_model_options,
     cost_presets,
     parse_baselines,
     parse_pairs,

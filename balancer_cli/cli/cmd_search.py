@@ -5,8 +5,14 @@ from __future__ import annotations
 import click
 
 from balancer_cli.cli._common import emit, handle_errors, json_option, progress
-from balancer_cli.cli._options import cost_model_options
-from balancer_cli.cli._pack_options import cap_options, caps_from_options, cost_presets, quiet_option, step_shape_options
+from balancer_cli.cli._options import (
+    cap_options,
+    caps_from_options,
+    cost_model_options,
+    cost_presets,
+    quiet_option,
+    step_shape_options,
+)
 from balancer_cli.cli._render import render_search
 from balancer_cli.pack.packers import registry
 

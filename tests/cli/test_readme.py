@@ -21,15 +21,31 @@ README = (ROOT / "README.md").read_text()
 TIMING = re.compile(r"\(\d+(?:\.\d+)? s, [\d,.]+ samples/s\)")
 
 
+def _blocks() -> list[tuple[str, str]]:
+    """``(language, text)`` of every fenced code block of the README, in order."""
+    blocks, language, lines = [], None, []
+    for line in README.splitlines():
+        if line.startswith("```"):
+            if language is None:
+                language, lines = line[3:].strip(), []
+            else:
+                blocks.append((language, "\n".join(lines)))
+                language = None
+        elif language is not None:
+            lines.append(line)
+    return blocks
+
+
 def _first_commands() -> list[str]:
-    block = re.search(r"```bash\n(.*?)```", README, re.S).group(1)
-    return block.strip().splitlines()
+    return next(text for language, text in _blocks() if language == "bash").strip().splitlines()
 
 
 def _transcripts() -> dict[str, str]:
     """``{command: its output}`` of every ``$ balancer ...`` line in the README's plain code blocks."""
     found = {}
-    for block in re.findall(r"```\n(.*?)```", README, re.S):
+    for language, block in _blocks():
+        if language:
+            continue
         parts = re.split(r"^\$ (balancer .*)$", block, flags=re.M)
         for command, output in zip(parts[1::2], parts[2::2]):
             found[command.strip()] = output.strip("\n")
