@@ -1,4 +1,5 @@
-"""Library entry points of the file-to-file commands: what ``balancer pack`` and ``balancer report`` do.
+"""Library entry points of the file-to-file commands: what ``balancer scan``, ``search``, ``pack`` and
+``report`` do.
 
 The CLI parses options and calls one of these; Python users call them the same way. Each reads
 its inputs, runs the pure core (:mod:`balancer_cli.pack.pipeline`, :mod:`balancer_cli.report.build`)
@@ -30,7 +31,7 @@ from balancer_cli.manifest import open_manifest, write_manifest
 from balancer_cli.pack.config import PackConfig
 from balancer_cli.pack.packers import registry
 
-__all__ = ["pack_to_dir", "report_dir", "search_to_files", "PACK_PHASES", "SEARCH_PHASES"]
+__all__ = ["scan_to_file", "pack_to_dir", "report_dir", "search_to_files", "PACK_PHASES", "SEARCH_PHASES"]
 
 #: Called after each phase of a long run (for a progress bar): read, pack, write, report.
 OnPhase = Callable[[str], None]
@@ -46,6 +47,59 @@ def _release_arrow_memory() -> None:
     import pyarrow as pa
 
     pa.default_memory_pool().release_unused()
+
+
+def scan_to_file(inputs: Sequence[str | os.PathLike], output: str | os.PathLike, config: Any, *,
+                 engine: str = "local", ray_address: str | None = None, keep_parts: bool = False,
+                 jobs: int | None = None, progress: Callable[[int], None] | None = None,
+                 notify: Callable[[str], None] | None = None, **scan_options: Any) -> dict[str, Any]:
+    """Measure every sample of ``inputs`` and write the lengths table to ``output`` (atomically).
+
+    Args:
+        inputs: dataset files / folders, concatenated in order.
+        output: the lengths Parquet file to write.
+        config: a :class:`~balancer_cli.scan.measure.ScanConfig` (model, tokenizer, template, ...).
+        engine: ``local`` or ``ray``; the output is byte-identical.
+        ray_address: ``ray``: an existing cluster (default: a local one of ``jobs`` CPUs).
+        keep_parts: ``ray``: keep the per-block shards (``OUTPUT.parts/``) afterwards; an
+            interrupted ray scan resumes from them when rerun.
+        jobs: worker processes or CPUs (default: all cores).
+        progress: called with the samples of each finished block.
+        notify: called with one line when a ray scan resumes.
+        scan_options: ``block_size``, ``image_root``, ``format``, ``split``, ``hf_builder`` of
+            :func:`~balancer_cli.scan.pipeline.scan`.
+
+    Returns:
+        The scan summary plus ``output``, ``seconds`` and ``samples_per_s``.
+
+    Raises:
+        UsageError: ``ray_address`` or ``keep_parts`` without the ray engine.
+    """
+    import time
+
+    from balancer_cli.errors import UsageError
+    from balancer_cli.lengths import write_lengths
+    from balancer_cli.scan.pipeline import scan
+
+    engine_options = None
+    if engine == "ray":
+        from balancer_cli.scan.engines.ray import RayOptions, parts_dir_for
+
+        engine_options = RayOptions(parts_dir=str(parts_dir_for(output)), address=ray_address, num_cpus=jobs or None,
+                                    keep_parts=keep_parts, notify=notify)
+    elif keep_parts or ray_address:
+        raise UsageError("{ray_address} and {keep_parts} apply to the ray engine only", fix="add {engine} ray")
+    started = time.perf_counter()
+    result = scan([str(p) for p in inputs], config, jobs=jobs, engine=engine, progress=progress,
+                  engine_options=engine_options, **scan_options)
+    write_lengths(result.lengths, output)
+    if engine_options is not None:
+        from balancer_cli.scan.engines.ray import remove_parts
+
+        remove_parts(engine_options)
+    seconds = time.perf_counter() - started
+    return {**result.summary, "output": str(output), "seconds": round(seconds, 3),
+            "samples_per_s": round(result.summary["samples"] / max(seconds, 1e-9), 1)}
 
 
 def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLike, config: PackConfig, *,

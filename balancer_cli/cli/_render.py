@@ -15,10 +15,30 @@ from typing import Any
 
 from balancer_cli.lengths import LLM
 
-__all__ = ["NAMED_ENCODERS", "render_pack", "render_search", "render_caps_hint"]
+__all__ = ["NAMED_ENCODERS", "render_scan", "render_pack", "render_search", "render_caps_hint"]
 
 #: Encoders with a dedicated ``--max-<m>-items`` option; any other module uses ``--cap m=V``.
 NAMED_ENCODERS = ("vision", "audio", "video")
+
+
+# -- scan -------------------------------------------------------------------------------------
+
+def render_scan(summary: Mapping[str, Any]) -> str:
+    """``scan``: samples, errors by kind, tokens per module, presets, the first error of each kind."""
+    lines = [f"scanned {summary['samples']:,} samples from {len(summary['sources'])} input(s) -> "
+             f"{summary['output']} ({summary['seconds']:.1f} s, {summary['samples_per_s']:,.0f} samples/s)"]
+    errors = summary["errors"]
+    n_errors = sum(errors.values())
+    detail = ", ".join(f"{kind} {n}" for kind, n in errors.items())
+    lines.append(f"  measured {summary['measured']:,}; errors {n_errors:,}" + (f" ({detail})" if detail else ""))
+    parts = [f"llm_tokens {summary['llm_tokens']:,}"]
+    for module, stats in summary["modules"].items():
+        parts.append(f"{module}_tokens {stats['tokens']:,} in {stats['items']:,} items")
+    lines.append("  " + " | ".join(parts))
+    lines.append(f"  model {summary['model']} | tokenizer {summary['tokenizer']} | template {summary['template']}")
+    for kind, text in summary["first_error_by_kind"].items():
+        lines.append(f"  first {kind}: {text[len(kind) + 2:]}")
+    return "\n".join(lines)
 
 
 # -- pack and report ---------------------------------------------------------------------------

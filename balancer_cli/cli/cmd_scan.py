@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from typing import Any
 
 import click
 
 from balancer_cli.cli._common import emit, handle_errors, json_option
+from balancer_cli.cli._render import render_scan
 from balancer_cli.errors import UsageError
 from balancer_cli.scan.inputs import FORMATS
 
@@ -41,23 +41,6 @@ def _parse_size(text: str) -> tuple[int, int]:
     if width < 1 or height < 1:
         raise UsageError(f"--video-size {text!r} must be positive")
     return width, height
-
-
-def _render(summary: dict[str, Any]) -> str:
-    lines = [f"scanned {summary['samples']:,} samples from {len(summary['sources'])} input(s) -> "
-             f"{summary['output']} ({summary['seconds']:.1f} s, {summary['samples_per_s']:,.0f} samples/s)"]
-    errors = summary["errors"]
-    n_errors = sum(errors.values())
-    detail = ", ".join(f"{kind} {n}" for kind, n in errors.items())
-    lines.append(f"  measured {summary['measured']:,}; errors {n_errors:,}" + (f" ({detail})" if detail else ""))
-    parts = [f"llm_tokens {summary['llm_tokens']:,}"]
-    for module, stats in summary["modules"].items():
-        parts.append(f"{module}_tokens {stats['tokens']:,} in {stats['items']:,} items")
-    lines.append("  " + " | ".join(parts))
-    lines.append(f"  model {summary['model']} | tokenizer {summary['tokenizer']} | template {summary['template']}")
-    for kind, text in summary["first_error_by_kind"].items():
-        lines.append(f"  first {kind}: {text[len(kind) + 2:]}")
-    return "\n".join(lines)
 
 
 @click.command("scan")
@@ -123,9 +106,8 @@ def command(inputs: tuple[str, ...], output: str, model: str, tokenizer: str, te
     """
     from tqdm import tqdm
 
-    from balancer_cli.lengths import write_lengths
+    from balancer_cli.run import scan_to_file
     from balancer_cli.scan.measure import ScanConfig
-    from balancer_cli.scan.pipeline import scan
     from balancer_cli.scan.records import FIELD_NAMES
 
     overrides = dict(_parse_param(p) for p in params)
@@ -143,31 +125,16 @@ def command(inputs: tuple[str, ...], output: str, model: str, tokenizer: str, te
     config = ScanConfig(model=model.lower(), model_params=tuple(sorted(overrides.items())),
                         processor_config=processor_config, tokenizer=tokenizer, template=template, strict=strict,
                         video_size=_parse_size(video_size), fields=tuple(sorted(mapping.items())))
-    engine_options = None
-    if engine == "ray":
-        from balancer_cli.scan.engines.ray import RayOptions, parts_dir_for
-
-        # An interrupted ray scan resumes from OUTPUT.parts/ when the same command is rerun.
-        engine_options = RayOptions(parts_dir=str(parts_dir_for(output)), address=ray_address,
-                                    num_cpus=jobs or None, keep_parts=keep_parts,
-                                    notify=None if quiet else lambda line: click.echo(line, err=True))
-    elif keep_parts or (ray_address and click.get_current_context().get_parameter_source("ray_address")
-                        == click.core.ParameterSource.COMMANDLINE):  # a RAY_ADDRESS in the environment is fine
-        raise UsageError("--ray-address and --keep-parts apply to --engine ray only", fix="add --engine ray")
-    started = time.perf_counter()
+    if engine != "ray" and ray_address and (click.get_current_context().get_parameter_source("ray_address")
+                                            != click.core.ParameterSource.COMMANDLINE):
+        ray_address = None  # a RAY_ADDRESS in the environment is fine for the local engine
     bar = tqdm(unit=" samples", desc="scan", disable=quiet or not sys.stderr.isatty(), file=sys.stderr)
     try:
-        result = scan(list(inputs), config, jobs=jobs, engine=engine, block_size=block_size, image_root=image_root,
-                      format=input_format, split=split, hf_builder=hf_builder, progress=bar.update,
-                      engine_options=engine_options)
+        summary = scan_to_file(inputs, output, config, engine=engine, ray_address=ray_address, keep_parts=keep_parts,
+                               jobs=jobs, progress=bar.update,
+                               notify=None if quiet else lambda line: click.echo(line, err=True),
+                               block_size=block_size, image_root=image_root, format=input_format, split=split,
+                               hf_builder=hf_builder)
     finally:
         bar.close()
-    write_lengths(result.lengths, output)
-    if engine_options is not None:
-        from balancer_cli.scan.engines.ray import remove_parts
-
-        remove_parts(engine_options)
-    seconds = time.perf_counter() - started
-    summary = {**result.summary, "output": output, "seconds": round(seconds, 3),
-               "samples_per_s": round(result.summary["samples"] / max(seconds, 1e-9), 1)}
-    emit(summary, as_json, _render)
+    emit(summary, as_json, render_scan)
