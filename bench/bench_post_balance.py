@@ -114,26 +114,26 @@ def keep_in_place(bins, home, num_ranks):
 
 # ---- one step ---------------------------------------------------------------------------------
 
-def evaluate(dest_MN, costs_NM, home, sizes, num_ranks, per_phase):
+def evaluate(dest_KN, cost_NK, home, sizes, num_ranks, per_phase):
     """max/mean and max/LB per phase; samples and bytes moved."""
     out = {}
     total_max = 0.0
     for m, name in enumerate(MODULES):
-        load = phase_loads(costs_NM[:, m], dest_MN[m], num_ranks)
-        lb = max(costs_NM[:, m].sum() / num_ranks, costs_NM[:, m].max())
+        load = phase_loads(cost_NK[:, m], dest_KN[m], num_ranks)
+        lb = max(cost_NK[:, m].sum() / num_ranks, cost_NK[:, m].max())
         out[name] = {"max_over_mean": load.max() / load.mean(), "max_over_lb": load.max() / lb}
         total_max += load.max()
     out["step_time"] = total_max
     in_bytes, out_bytes, text_bytes, raw_bytes = sizes
     if per_phase:
         # encoder inputs: data rank -> phase rank; outputs: phase rank -> LLM-phase rank
-        moved = (dest_MN != home[None, :]).any(axis=0)
+        moved = (dest_KN != home[None, :]).any(axis=0)
         out["moved"] = int(moved.sum())
-        out["bytes"] = float(((dest_MN[:2] != home[None, :]) * in_bytes).sum()
-                             + ((dest_MN[:2] != dest_MN[2][None, :]) * out_bytes).sum()
-                             + ((dest_MN[2] != home) * text_bytes).sum())
+        out["bytes"] = float(((dest_KN[:2] != home[None, :]) * in_bytes).sum()
+                             + ((dest_KN[:2] != dest_KN[2][None, :]) * out_bytes).sum()
+                             + ((dest_KN[2] != home) * text_bytes).sum())
     else:
-        moved = dest_MN[2] != home
+        moved = dest_KN[2] != home
         out["moved"] = int(moved.sum())
         out["bytes"] = float((moved * raw_bytes).sum())
     return out
@@ -145,7 +145,7 @@ def run_step(rng, lengths, num_ranks, per_rank):
     tiles, llm = lengths["tiles"][pick], lengths["llm"][pick]
     audio = synth_audio_tokens(n, rng)
     llm_total = llm + audio // 2  # audio placeholders in the LLM sequence (2x pooled)
-    costs_NM = costs_of(tiles, audio, llm_total)
+    cost_NK = costs_of(tiles, audio, llm_total)
     sizes = sample_bytes(tiles, audio, llm_total)
     home = np.repeat(np.arange(num_ranks), per_rank)
     results, times = {}, {}
@@ -153,18 +153,18 @@ def run_step(rng, lengths, num_ranks, per_rank):
     def single(bins):  # one assignment for every phase
         return np.tile(keep_in_place(bins, home, num_ranks), (3, 1))
 
-    results["before"] = evaluate(np.tile(home, (3, 1)), costs_NM, home, sizes, num_ranks, False)
+    results["before"] = evaluate(np.tile(home, (3, 1)), cost_NK, home, sizes, num_ranks, False)
     results["verl KK (equal size, LLM len)"] = evaluate(
-        single(karmarkar_karp_equal_size(llm_total.astype(float), num_ranks)), costs_NM, home, sizes, num_ranks, False)
+        single(karmarkar_karp_equal_size(llm_total.astype(float), num_ranks)), cost_NK, home, sizes, num_ranks, False)
     results["VeOmni LPT (sum len^2)"] = evaluate(
-        single(lpt(llm_total.astype(float) ** 2, num_ranks)), costs_NM, home, sizes, num_ranks, False)
+        single(lpt(llm_total.astype(float) ** 2, num_ranks)), cost_NK, home, sizes, num_ranks, False)
     t, cpu = time.perf_counter(), time.process_time()
-    lpt_dest = np.stack([home if m == 2 else keep_in_place(lpt(costs_NM[:, m], num_ranks), home, num_ranks)
+    lpt_dest = np.stack([home if m == 2 else keep_in_place(lpt(cost_NK[:, m], num_ranks), home, num_ranks)
                          for m in range(3)])
     times["lpt"] = time.perf_counter() - t
     times["lpt cpu"] = time.process_time() - cpu
-    results["LPT per phase + keep-in-place"] = evaluate(lpt_dest, costs_NM, home, sizes, num_ranks, True)
-    costs_by_rank = list(costs_NM.reshape(num_ranks, per_rank, 3))
+    results["LPT per phase + keep-in-place"] = evaluate(lpt_dest, cost_NK, home, sizes, num_ranks, True)
+    costs_by_rank = list(cost_NK.reshape(num_ranks, per_rank, 3))
     for label, rpn, llm, tol in (("post-balance (flat)", None, False, 0.0), ("post-balance (8/node)", 8, False, 0.0),
                                  ("post-balance (8/node, 5% tolerance)", 8, False, 0.05),
                                  ("post-balance (8/node, +LLM)", 8, True, 0.0)):
@@ -172,9 +172,9 @@ def run_step(rng, lengths, num_ranks, per_rank):
         plan = plan_post_balance(costs_by_rank, rpn, modules=MODULES, balance_llm=llm, move_tolerance=tol)
         times[label] = time.perf_counter() - t
         times[label + " cpu"] = time.process_time() - cpu
-        results[label] = evaluate(plan.dest_MN, costs_NM, home, sizes, num_ranks, True)
+        results[label] = evaluate(plan.dest_KN, cost_NK, home, sizes, num_ranks, True)
         if rpn:
-            results[label]["moved_cross_node"] = int((plan.dest_MN // rpn != home // rpn).any(axis=0).sum())
+            results[label]["moved_cross_node"] = int((plan.dest_KN // rpn != home // rpn).any(axis=0).sum())
     return results, times
 
 

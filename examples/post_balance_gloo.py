@@ -33,8 +33,8 @@ def worker(rank: int, init_file: str) -> None:
     pick = np.random.default_rng(rank).choice(lengths.num_samples, PER_RANK, replace=False)
     tiles, llm = lengths.items("vision")[pick], lengths.llm_tokens()[pick]
     # cost per tile: 1025 tokens, linear + attention term; the LLM phase stays home
-    costs_nM = np.column_stack([tiles * (1025 + 1025 ** 2 / 6144), llm + llm ** 2 / 24576.0])
-    plan = plan_from_local_costs(costs_nM, modules=("vision", "llm"))
+    cost_nK = np.column_stack([tiles * (1025 + 1025 ** 2 / 6144), llm + llm ** 2 / 24576.0])
+    plan = plan_from_local_costs(cost_nK, modules=("vision", "llm"))
 
     torch.manual_seed(0)
     vit = torch.nn.Linear(DIM, DIM)

@@ -1,13 +1,16 @@
-"""Helpers for the runtime tests: random manifests written with ``write_manifest`` and rank simulation."""
+"""Helpers for the replay and runtime tests (no torch): random manifests written with ``write_manifest``
+and every rank of a replay simulated in one process."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from balancer_cli.lengths import LengthsTable, make_lengths_table, write_lengths
 from balancer_cli.manifest import ManifestRows, write_manifest
+from balancer_cli.replay.cursor import ManifestReplay
 
 
 def random_lengths(num_samples: int, seed: int = 0, loss_tokens: bool = False) -> LengthsTable:
@@ -18,8 +21,6 @@ def random_lengths(num_samples: int, seed: int = 0, loss_tokens: bool = False) -
     lt = make_lengths_table(llm, {"vision": (items * 256, items)})
     if loss_tokens:
         loss = (llm * rng.uniform(0.2, 0.9, num_samples)).astype(np.int32)
-        import pyarrow as pa
-
         lt = LengthsTable(lt.table.append_column("loss_tokens", pa.array(loss)), lt.metadata, lt.fingerprint)
     return lt
 
@@ -71,11 +72,6 @@ def pack_random(
 
 
 def simulate(manifest: Path, world_size: int, epoch: int = 0, **kwargs) -> list[list[list[int]]]:
-    """Every rank's batches of one epoch, each rank computed by its own sampler."""
-    from balancer_cli.runtime import ManifestBatchSampler
-
-    out = []
-    for rank in range(world_size):
-        sampler = ManifestBatchSampler(manifest, rank=rank, world_size=world_size, epoch=epoch, **kwargs)
-        out.append(list(sampler))
-    return out
+    """Every rank's batches of one epoch, each rank computed by its own replay."""
+    return [list(ManifestReplay(manifest, rank=rank, world_size=world_size, epoch=epoch, **kwargs))
+            for rank in range(world_size)]

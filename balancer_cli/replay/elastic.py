@@ -13,8 +13,7 @@ costs and ``R'`` (so every rank computes the same plan on its own, without colle
    packer's caps unless it is one sample: cuts respect the caps, and a step that cannot is
    re-planned for every rank by splitting packed groups (the former whole-group plan).
 
-(:func:`adjust_group_count` and :func:`assign_groups`, the former whole-group plan, stay as
-building blocks.)
+(The whole-group plan is :mod:`balancer_cli.replay.group_plan`.)
 
 A step with fewer than ``G'`` samples cannot give every rank ``k`` non-empty batches; such a step
 is merged with the steps after it (a **run**) until the run has at least ``G'`` samples; a short
@@ -31,7 +30,6 @@ Example:
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,15 +39,7 @@ import numpy as np
 from balancer_cli.errors import ManifestError
 from balancer_cli.replay.replan import plan_window
 
-__all__ = [
-    "ElasticReport",
-    "batches_per_rank",
-    "adjust_group_count",
-    "assign_groups",
-    "plan_step",
-    "form_runs",
-    "dist_ratio",
-]
+__all__ = ["ElasticReport", "batches_per_rank", "plan_step", "form_runs"]
 
 
 def batches_per_rank(manifest_world_size: int, micro_batches: int, world_size: int) -> int:
@@ -64,127 +54,30 @@ def batches_per_rank(manifest_world_size: int, micro_batches: int, world_size: i
     return max(1, math.ceil(manifest_world_size * micro_batches / world_size))
 
 
-def _split_point(costs: list) -> int:
-    """Cut index in 1..n-1 that makes the two halves' costs closest (first one on ties)."""
-    total, best, best_gap, acc = sum(costs), 1, None, 0.0
-    for cut, c in enumerate(costs[:-1], start=1):
-        acc += c
-        gap = abs(2.0 * acc - total)
-        if best_gap is None or gap < best_gap:
-            best, best_gap = cut, gap
-    return best
-
-
-def _group_costs(groups: Sequence[np.ndarray], sample_cost: np.ndarray) -> list:
-    """Per-group summed cost as Python floats, with one gather for the whole step."""
-    sizes = [len(g) for g in groups]
-    if not groups or sum(sizes) == 0:
-        return [0.0] * len(groups)
-    flat = np.asarray(sample_cost[np.concatenate(groups)], dtype=np.float64)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    return np.add.reduceat(flat, starts).tolist()
-
-
-def adjust_group_count(
-    groups: Sequence[np.ndarray], sample_cost: np.ndarray, target: int
-) -> tuple[list[np.ndarray], int, int]:
-    """Split or merge groups until there are exactly ``target`` of them.
-
-    Args:
-        groups: non-empty (n_g,) int64 arrays of sample indices, in manifest order.
-        sample_cost: (N,) per-sample cost indexed by sample.
-        target: number of groups wanted; at most the total number of samples.
-
-    Returns:
-        ``(groups, splits, merges)``: the new groups in manifest order (a split group's halves stay
-        in place; a merged group sits where its first part was), and how many splits and merges.
-
-    Example:
-        >>> g, s, m = adjust_group_count([np.array([0, 1]), np.array([2])], np.array([1., 1., 5.]), 3)
-        >>> [x.tolist() for x in g], s, m
-        ([[0], [1], [2]], 1, 0)
-    """
-    total = sum(len(g) for g in groups)
-    if target > total:
-        raise ManifestError(f"cannot make {target} non-empty batches from {total} samples")
-    # Each group carries a sort key (its manifest position, then split halves), so the output
-    # order is deterministic and follows the manifest.
-    keyed = [((i,), np.asarray(g, dtype=np.int64)) for i, g in enumerate(groups)]
-    splits = merges = 0
-    costs = _group_costs(groups, sample_cost)
-    if len(keyed) < target:
-        heap = [(-c, key, g) for c, (key, g) in zip(costs, keyed) if len(g) > 1]
-        done = [(key, g) for key, g in keyed if len(g) <= 1]
-        heapq.heapify(heap)
-        while len(heap) + len(done) < target:
-            _, key, g = heapq.heappop(heap)
-            member_costs = np.asarray(sample_cost[g], dtype=np.float64).tolist()
-            cut = _split_point(member_costs)
-            for half_key, half, half_cost in (((*key, 0), g[:cut], sum(member_costs[:cut])),
-                                              ((*key, 1), g[cut:], sum(member_costs[cut:]))):
-                if len(half) > 1:
-                    heapq.heappush(heap, (-half_cost, half_key, half))
-                else:
-                    done.append((half_key, half))
-            splits += 1
-        keyed = done + [(key, g) for _, key, g in heap]
-    elif len(keyed) > target:
-        heap = [(c, key, g) for c, (key, g) in zip(costs, keyed)]
-        heapq.heapify(heap)
-        while len(heap) > target:
-            cost_a, key_a, a = heapq.heappop(heap)
-            cost_b, key_b, b = heapq.heappop(heap)
-            (key_a, a), (key_b, b) = sorted([(key_a, a), (key_b, b)], key=lambda kv: kv[0])
-            heapq.heappush(heap, (cost_a + cost_b, key_a, np.concatenate([a, b])))
-            merges += 1
-        keyed = [(key, g) for _, key, g in heap]
-    keyed.sort(key=lambda kv: kv[0])
-    return [g for _, g in keyed], splits, merges
-
-
-def assign_groups(group_costs: np.ndarray, world_size: int, batches_per_rank: int) -> list[list[int]]:
-    """LPT assignment of ``world_size * batches_per_rank`` groups, exactly ``batches_per_rank`` per rank.
-
-    Returns:
-        Per rank, the group indices it gets, ascending (manifest order).
-
-    Example:
-        >>> assign_groups(np.array([5., 1., 4., 2.]), 2, 2)
-        [[0, 1], [2, 3]]
-    """
-    if len(group_costs) != world_size * batches_per_rank:
-        raise ValueError(f"{len(group_costs)} groups for {world_size} x {batches_per_rank} batches")
-    cost_list = np.asarray(group_costs, dtype=np.float64).tolist()
-    order = sorted(range(len(cost_list)), key=lambda g: (-cost_list[g], g))
-    heap = [(0.0, rank) for rank in range(world_size)]
-    taken: list[list[int]] = [[] for _ in range(world_size)]
-    for g in order:
-        load, rank = heapq.heappop(heap)
-        taken[rank].append(g)
-        if len(taken[rank]) < batches_per_rank:
-            heapq.heappush(heap, (load + cost_list[g], rank))
-    return [sorted(t) for t in taken]
-
-
 def plan_step(
     groups: Sequence[np.ndarray], sample_cost: np.ndarray, world_size: int, batches_per_rank: int,
-    load_Nk: np.ndarray | None = None, caps_K: np.ndarray | None = None,
+    load_NK: np.ndarray | None = None, caps_K: np.ndarray | None = None,
 ) -> list[list[np.ndarray]]:
     """Plan one step (or run) for ``world_size`` ranks: per rank, its batches in order.
 
-    Balanced per module at sample granularity by :mod:`balancer_cli.replay.replan` (contiguous
-    spans of the step's samples, cut at balanced cost, then cut into batches at group boundaries).
+    Balanced per module at sample granularity by :func:`balancer_cli.replay.replan.plan_window`
+    (LPT over the step's samples, then each rank's samples cut into batches of nearly equal cost).
     Gives every rank ``min(batches_per_rank, samples // world_size)`` batches (the smaller value
     only for an epoch too short to fill them).
 
     Args:
         groups: the step's groups in manifest order.
-        sample_cost: (N,) cost, or (N, m) cost of each module, indexed by sample.
-        load_Nk, caps_K: per-sample capped quantities and the packer's caps; with both, no batch
+        sample_cost: (N,) cost, or (N, K) cost of each module, indexed by sample.
+        load_NK, caps_K: per-sample capped quantities and the packer's caps; with both, no batch
             exceeds a cap unless it is one sample (see :func:`balancer_cli.replay.replan.plan_window`).
 
     Raises:
         ManifestError: the step has fewer samples than ranks.
+
+    Example:
+        >>> groups = [np.array([0, 1, 2, 3]), np.array([4]), np.array([5, 6])]
+        >>> [[b.tolist() for b in batches] for batches in plan_step(groups, np.ones(7), 2, 2)]
+        [[[0, 2], [4, 6]], [[1], [3, 5]]]
     """
     sizes = [len(g) for g in groups]
     total = sum(sizes)
@@ -195,8 +88,8 @@ def plan_step(
     samples = np.concatenate([np.asarray(g, dtype=np.int64) for g in groups])
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     cost = np.asarray(sample_cost, dtype=np.float64)
-    cost_Nm = cost[:, None] if cost.ndim == 1 else cost
-    return plan_window([samples], [offsets], cost_Nm, world_size, np.array([k]), load_Nk, caps_K)[0]
+    cost_NK = cost[:, None] if cost.ndim == 1 else cost
+    return plan_window([samples], [offsets], cost_NK, world_size, np.array([k]), load_NK, caps_K)[0]
 
 
 def form_runs(step_samples: np.ndarray, min_samples: int, head_samples: int = 0) -> np.ndarray:
@@ -237,14 +130,7 @@ def form_runs(step_samples: np.ndarray, min_samples: int, head_samples: int = 0)
     return np.asarray(bounds, dtype=np.int64)
 
 
-def dist_ratio(loads_R: np.ndarray) -> float:
-    """OmniBal's Dist Ratio of one step: ``sum_r (max - T_r) / (max * R)`` (0 is perfect)."""
-    loads = np.asarray(loads_R, dtype=np.float64)
-    top = loads.max(initial=0.0)
-    return float((top - loads).sum() / (top * len(loads))) if top > 0 else 0.0
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ElasticReport:
     """What elastic replay changed, for the log.
 
@@ -256,6 +142,13 @@ class ElasticReport:
         merges_per_step: batches per step short of the packed groups (``R*M - k*R'``, never with this ``k``).
         dist_ratio_packed, dist_ratio_replayed: mean Dist Ratio of the first planned steps.
         resumed_mid_step: a step interrupted at another world size was re-planned.
+
+    Example:
+        >>> ElasticReport(manifest_world_size=4, world_size=3, micro_batches=2, batches_per_rank=3,
+        ...               steps_packed=10, steps_replayed=10, splits_per_step=1, merges_per_step=0,
+        ...               dist_ratio_packed=0.0, dist_ratio_replayed=0.01, resumed_mid_step=False).describe()
+        ... # doctest: +ELLIPSIS
+        'manifest packed for 4 ranks x 2 micro-batches, replaying on 3 ranks x 3 batches per step; ...'
     """
 
     manifest_world_size: int

@@ -41,6 +41,16 @@ def manifest_fingerprint(manifest: ManifestFile) -> str:
     """Fingerprint of a manifest: its metadata (parameters, lengths fingerprint, metrics) and size.
 
     Cheap (no data read); stored in sampler states so a resume against another manifest fails.
+
+    Example:
+        >>> import tempfile
+        >>> from balancer_cli.manifest import ManifestRows, write_manifest
+        >>> out, one = tempfile.mkdtemp(), np.zeros(1, int)
+        >>> _ = write_manifest(out, ManifestRows(step=one, rank=one, micro=one, sample=one), dropped_sample=one[:0],
+        ...                    dropped_reason=[], meta={"world_size": 1, "micro_batches": 1, "num_samples": 1, "seed": 0})
+        >>> fingerprint = manifest_fingerprint(open_manifest(out))
+        >>> len(fingerprint), fingerprint == ManifestReader(out).fingerprint
+        (32, True)
     """
     meta = json.dumps(dict(manifest.meta), sort_keys=True).encode()
     rows = manifest._file.metadata.num_rows  # noqa: SLF001 (the footer is already in memory)

@@ -19,7 +19,7 @@ A step (or run of steps) of a manifest packed for ``R`` ranks is re-planned for 
    puts a batch over a cap is replaced by a cap-aware one; a step where some rank cannot fit
    ``k`` batches under the caps falls back, for every rank, to the whole-group plan.
 
-Every step is computed on its own rows of padded ``(U, L)`` arrays with sequential per-row sums,
+Every step is computed on its own rows of padded ``(U, n)`` arrays with sequential per-row sums,
 so a step's plan is bit-identical whether it is planned alone (resume) or inside a window of
 steps (iteration), and on every rank. Per step, with one module, LPT keeps every rank within one
 sample of the mean: ``max_r load_r <= mean + max sample``; with unit cost the per-rank sample
@@ -40,112 +40,118 @@ from collections.abc import Sequence
 import numpy as np
 
 from balancer_cli.replay.elastic_kernels import lpt_swap
+from balancer_cli.replay.group_plan import adjust_group_count, assign_groups
 
 __all__ = ["assign_ranks", "plan_window", "plan_window_rank"]
 
 _SWAP_ROUNDS = 16
 
 
-def _normalized_costs(samples_U: Sequence[np.ndarray], cost_Nm: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """(U, L, m) per-sample cost of each module over its step total (0 past a step's end) and
+def _normalized_costs(samples_U: Sequence[np.ndarray], cost_NK: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(U, n, K) per-sample cost of each module over its step total (0 past a step's end) and
     (U,) step sizes."""
     U = len(samples_U)
     sizes = np.fromiter((len(s) for s in samples_U), dtype=np.int64, count=U)
-    L = int(sizes.max(initial=0))
-    m = 1 if cost_Nm is None else cost_Nm.shape[1]
-    cost = np.zeros((U, L, m), dtype=np.float64)
-    valid = np.arange(L)[None, :] < sizes[:, None]
-    if cost_Nm is None:
+    n = int(sizes.max(initial=0))
+    K = 1 if cost_NK is None else cost_NK.shape[1]
+    cost = np.zeros((U, n, K), dtype=np.float64)
+    valid = np.arange(n)[None, :] < sizes[:, None]
+    if cost_NK is None:
         cost[valid] = 1.0
     elif U:
-        cost[valid] = cost_Nm[np.concatenate(list(samples_U))]
+        cost[valid] = cost_NK[np.concatenate(list(samples_U))]
     # Sequential sums along a row (cumsum) so a step's numbers do not depend on the window's
     # padding (pairwise summation would regroup with the row length).
-    total = np.cumsum(cost, axis=1)[:, -1, :] if L else np.zeros((U, m))
+    total = np.cumsum(cost, axis=1)[:, -1, :] if n else np.zeros((U, K))
     cost *= np.divide(1.0, total, out=np.zeros_like(total), where=total > 0)[:, None, :]
     return cost, sizes
 
 
-def assign_ranks(cost_ULm: np.ndarray, sizes_U: np.ndarray, world_size: int, swap_rounds: int = _SWAP_ROUNDS) -> np.ndarray:
-    """(U, L) rank of every sample of every step (-1 past a step's end).
+def assign_ranks(cost_UnK: np.ndarray, sizes_U: np.ndarray, world_size: int, swap_rounds: int = _SWAP_ROUNDS) -> np.ndarray:
+    """(U, n) rank of every sample of every step (-1 past a step's end).
 
     Per step: LPT by summed normalized cost, heaviest first (manifest position on ties) to the
     least loaded rank (lowest on ties), so ``max_r load_r <= mean + max sample``; then, with two
     or more modules, up to ``swap_rounds`` swaps lower the peak module load (see
     :func:`balancer_cli.replay.elastic_kernels.lpt_swap`). Callers enforce ``k`` samples per
     rank with :func:`_ensure_counts`.
+
+    Example:
+        >>> cost_UnK = np.array([[[0.5], [0.25], [0.25]]])  # one step of 3 samples, one module
+        >>> assign_ranks(cost_UnK, np.array([3]), world_size=2).tolist()
+        [[0, 1, 1]]
     """
-    U, L, m = cost_ULm.shape
+    U, n, K = cost_UnK.shape
     sizes = np.asarray(sizes_U, dtype=np.int64)
-    valid = np.arange(L)[None, :] < sizes[:, None]
-    weight = cost_ULm.sum(axis=2)
+    valid = np.arange(n)[None, :] < sizes[:, None]
+    weight = cost_UnK.sum(axis=2)
     order = np.argsort(np.where(valid, -weight, np.inf), axis=1, kind="stable").astype(np.int64)
-    rank_of = np.full((U, L), -1, dtype=np.int64)
-    lpt_swap(np.ascontiguousarray(cost_ULm), sizes, order, int(world_size), int(swap_rounds if m > 1 else 0), rank_of)
+    rank_of = np.full((U, n), -1, dtype=np.int64)
+    lpt_swap(np.ascontiguousarray(cost_UnK), sizes, order, int(world_size), int(swap_rounds if K > 1 else 0), rank_of)
     return rank_of
 
 
-def _ensure_counts(rank_of_UL: np.ndarray, weight_UL: np.ndarray, world_size: int, batches_U: np.ndarray) -> None:
+def _ensure_counts(rank_of_Un: np.ndarray, weight_Un: np.ndarray, world_size: int, batches_U: np.ndarray) -> None:
     """Give every rank at least ``k`` samples: a rank short of them takes the lightest sample of
     the rank with the most, until none is short (rare: heavy samples can leave a rank short)."""
     k = np.asarray(batches_U, dtype=np.int64)
-    counts = np.stack([(rank_of_UL == r).sum(axis=1) for r in range(world_size)], axis=1)
+    counts = np.stack([(rank_of_Un == r).sum(axis=1) for r in range(world_size)], axis=1)
     for u in np.flatnonzero((counts < k[:, None]).any(axis=1)).tolist():
         c = counts[u].copy()
         while c.min() < k[u]:
             short, rich = int(np.argmin(c)), int(np.argmax(c))
-            mine = np.flatnonzero(rank_of_UL[u] == rich)
-            rank_of_UL[u, mine[np.argmin(weight_UL[u, mine])]] = short
+            mine = np.flatnonzero(rank_of_Un[u] == rich)
+            rank_of_Un[u, mine[np.argmin(weight_Un[u, mine])]] = short
             c[short] += 1
             c[rich] -= 1
 
 
-def _rank_batches(rank_of_UL: np.ndarray, weight_UL: np.ndarray, rank: int,
+def _rank_batches(rank_of_Un: np.ndarray, weight_Un: np.ndarray, rank: int,
                   batches_U: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One rank's samples as positions (manifest order per step) and its batches.
 
     Returns:
-        ``(unit_U, pos, cuts)``: per selected sample its step and position, and the (B+1,) cuts
-        into them, ``batches_U[u]`` batches per step of nearly equal cost (at least one sample each).
+        ``(unit_U, pos, cuts)``: per selected sample its step and position, and the ``sum(batches_U) + 1``
+        cuts into them, ``batches_U[u]`` batches per step of nearly equal cost (at least one sample each).
     """
-    unit, pos = np.nonzero(rank_of_UL == rank)  # row-major: steps in order, positions ascending
-    U = rank_of_UL.shape[0]
+    unit, pos = np.nonzero(rank_of_Un == rank)  # row-major: steps in order, positions ascending
+    U = rank_of_Un.shape[0]
     k = np.asarray(batches_U, dtype=np.int64)
     counts = np.bincount(unit, minlength=U)
     starts = np.concatenate([[0], np.cumsum(counts)])
-    C = int(counts.max(initial=0))
-    w = np.zeros((U, C), dtype=np.float64)
+    n = int(counts.max(initial=0))  # the most samples the rank has in a step
+    w = np.zeros((U, n), dtype=np.float64)
     slot = np.arange(len(unit)) - starts[unit]
-    w[unit, slot] = weight_UL[unit, pos]
-    cum = np.zeros((U, C + 1), dtype=np.float64)
+    w[unit, slot] = weight_Un[unit, pos]
+    cum = np.zeros((U, n + 1), dtype=np.float64)
     np.cumsum(w, axis=1, out=cum[:, 1:])
-    K = int(k.max(initial=1))
-    frac = np.arange(1, K, dtype=np.float64)[None, :] / k[:, None]  # (U, K-1), >= 1 past k-1
+    L = int(k.max(initial=1))
+    frac = np.arange(1, L, dtype=np.float64)[None, :] / k[:, None]  # (U, L-1), >= 1 past k-1
     target = cum[:, -1:] * frac
-    first = (cum[:, None, :] < target[:, :, None]).sum(axis=2)  # (U, K-1)
-    below = np.take_along_axis(cum, np.clip(first - 1, 0, C)[:, :], axis=1)
-    above = np.take_along_axis(cum, np.clip(first, 0, C), axis=1)
+    first = (cum[:, None, :] < target[:, :, None]).sum(axis=2)  # (U, L-1)
+    below = np.take_along_axis(cum, np.clip(first - 1, 0, n)[:, :], axis=1)
+    above = np.take_along_axis(cum, np.clip(first, 0, n), axis=1)
     near = np.where(np.abs(below - target) <= np.abs(above - target), first - 1, first)
-    j = np.arange(1, K, dtype=np.int64)[None, :]
+    j = np.arange(1, L, dtype=np.int64)[None, :]
     slack = np.clip(near - j, 0, (counts - k)[:, None])
-    inner = np.maximum.accumulate(slack, axis=1) + j  # (U, K-1): at least one sample per batch
+    inner = np.maximum.accumulate(slack, axis=1) + j  # (U, L-1): at least one sample per batch
     keep = j < k[:, None]
-    cuts_U = np.concatenate([np.zeros((U, 1), np.int64), np.where(keep, inner, -1), counts[:, None]], axis=1)
-    cuts_U[:, 1:] = np.where(cuts_U[:, 1:] >= 0, cuts_U[:, 1:] + starts[:-1, None], -1)
-    cuts = cuts_U[:, 1:][cuts_U[:, 1:] >= 0]
+    cuts_UL = np.concatenate([np.zeros((U, 1), np.int64), np.where(keep, inner, -1), counts[:, None]], axis=1)
+    cuts_UL[:, 1:] = np.where(cuts_UL[:, 1:] >= 0, cuts_UL[:, 1:] + starts[:-1, None], -1)
+    cuts = cuts_UL[:, 1:][cuts_UL[:, 1:] >= 0]
     return unit, pos, np.concatenate([[0], cuts]).astype(np.int64)
 
 
-def _assign(samples_U, cost_Nm, world_size, batches_U):
-    cost, sizes = _normalized_costs(samples_U, cost_Nm)
+def _assign(samples_U, cost_NK, world_size, batches_U):
+    cost, sizes = _normalized_costs(samples_U, cost_NK)
     weight = cost.sum(axis=2)
     rank_of = assign_ranks(cost, sizes, world_size)
     _ensure_counts(rank_of, weight, world_size, batches_U)
     return weight, rank_of, sizes
 
 
-def plan_window(samples_U: Sequence[np.ndarray], offsets_U: Sequence[np.ndarray], cost_Nm: np.ndarray | None,
-                world_size: int, batches_U: np.ndarray, load_Nk: np.ndarray | None = None,
+def plan_window(samples_U: Sequence[np.ndarray], offsets_U: Sequence[np.ndarray], cost_NK: np.ndarray | None,
+                world_size: int, batches_U: np.ndarray, load_NK: np.ndarray | None = None,
                 caps_K: np.ndarray | None = None) -> list[list[list[np.ndarray]]]:
     """Plan ``U`` steps for every rank: ``plan[u][rank]`` is that rank's ``batches_U[u]`` batches.
 
@@ -153,19 +159,28 @@ def plan_window(samples_U: Sequence[np.ndarray], offsets_U: Sequence[np.ndarray]
         samples_U: per step, its (n_u,) int64 samples in manifest order.
         offsets_U: per step, its group offsets into ``samples_U[u]`` (``[0, .., n_u]``); used only
             by the cap-safe fallback.
-        cost_Nm: (N, m) per-sample cost of each module, indexed by sample; ``None`` for unit cost.
+        cost_NK: (N, K) per-sample cost of each module, indexed by sample; ``None`` for unit cost.
         world_size: ``R'``; batches_U: (U,) batches per rank of each step (``k * R' <= n_u``).
-        load_Nk, caps_K: (N, K) per-sample capped quantities (encoder items, LLM tokens) and the
+        load_NK, caps_K: (N, K) per-sample capped quantities (encoder items, LLM tokens) and the
             packer's (K,) caps. With both, no batch exceeds a cap unless it is one sample: a
             rank's equal-cost cut that breaks a cap is replaced by a cap-aware cut, and when some
             rank of a step cannot fit its samples in ``k`` batches under the caps, the whole step
             (every rank) takes the whole-group plan (packed groups split, never merged when the
             step has at most ``k * R'`` groups). Every rank computes every rank's cut, so the
             decision is the same on all ranks. Without them, batches are cut by cost only.
+
+    Example:
+        >>> samples = [np.arange(4)]; offsets = [np.array([0, 1, 2, 3, 4])]
+        >>> load_NK, caps_K = np.array([[100], [100], [200], [800]]), np.array([900])
+        >>> [[b.tolist() for b in batches] for batches in plan_window(samples, offsets, None, 1, np.array([2]))[0]]
+        [[[0, 1], [2, 3]]]
+        >>> [[b.tolist() for b in batches]
+        ...  for batches in plan_window(samples, offsets, None, 1, np.array([2]), load_NK, caps_K)[0]]
+        [[[0, 1, 2], [3]]]
     """
-    weight, rank_of, _ = _assign(samples_U, cost_Nm, world_size, batches_U)
-    if load_Nk is not None and caps_K is not None:
-        pos_plan = _capped_plan(samples_U, offsets_U, weight, rank_of, world_size, batches_U, load_Nk,
+    weight, rank_of, _ = _assign(samples_U, cost_NK, world_size, batches_U)
+    if load_NK is not None and caps_K is not None:
+        pos_plan = _capped_plan(samples_U, offsets_U, weight, rank_of, world_size, batches_U, load_NK,
                                 np.asarray(caps_K, dtype=np.int64))
         return [[[samples_U[u][p] for p in batches] for batches in step] for u, step in enumerate(pos_plan)]
     plan: list[list[list[np.ndarray]]] = [[] for _ in samples_U]
@@ -179,19 +194,25 @@ def plan_window(samples_U: Sequence[np.ndarray], offsets_U: Sequence[np.ndarray]
     return plan
 
 
-def plan_window_rank(samples_U: Sequence[np.ndarray], offsets_U: Sequence[np.ndarray], cost_Nm: np.ndarray | None,
-                     world_size: int, batches_U: np.ndarray, rank: int, load_Nk: np.ndarray | None = None,
+def plan_window_rank(samples_U: Sequence[np.ndarray], offsets_U: Sequence[np.ndarray], cost_NK: np.ndarray | None,
+                     world_size: int, batches_U: np.ndarray, rank: int, load_NK: np.ndarray | None = None,
                      caps_K: np.ndarray | None = None) -> tuple[list[int], list[int]]:
     """One rank's batches of ``U`` steps, flat: ``(samples, bounds)`` with batch ``i`` at
     ``samples[bounds[i]:bounds[i+1]]``; the same batches as :func:`plan_window` (with caps, every
-    rank's cut is computed so the fallback decision is shared)."""
-    if load_Nk is not None and caps_K is not None:
-        plan = plan_window(samples_U, offsets_U, cost_Nm, world_size, batches_U, load_Nk, caps_K)
+    rank's cut is computed so the fallback decision is shared).
+
+    Example:
+        >>> samples = [np.arange(8)]; offsets = [np.array([0, 2, 4, 6, 8])]
+        >>> plan_window_rank(samples, offsets, np.ones((8, 1)), 3, np.array([2]), rank=1)
+        ([1, 4, 7], [0, 1, 3])
+    """
+    if load_NK is not None and caps_K is not None:
+        plan = plan_window(samples_U, offsets_U, cost_NK, world_size, batches_U, load_NK, caps_K)
         mine = [b for step in plan for b in step[rank]]
         bounds = np.concatenate([[0], np.cumsum([len(b) for b in mine])]).astype(np.int64)
         flat = np.concatenate(mine) if mine else np.empty(0, np.int64)
         return flat.tolist(), bounds.tolist()
-    weight, rank_of, sizes = _assign(samples_U, cost_Nm, world_size, batches_U)
+    weight, rank_of, sizes = _assign(samples_U, cost_NK, world_size, batches_U)
     unit, pos, cuts = _rank_batches(rank_of, weight, rank, batches_U)
     base = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     flat = np.concatenate(list(samples_U))[base[unit] + pos] if len(unit) else np.empty(0, np.int64)
@@ -249,39 +270,36 @@ def _capped_rank_cuts(load_nK: np.ndarray, w_n: np.ndarray, caps_K: np.ndarray, 
     return out
 
 
-def _group_fallback(offsets: np.ndarray, weight_L: np.ndarray, world_size: int, k: int) -> list[list[np.ndarray]]:
+def _group_fallback(offsets: np.ndarray, weight_n: np.ndarray, world_size: int, k: int) -> list[list[np.ndarray]]:
     """The whole-group plan (positions): packed groups split (never merged when they number at
     most ``k * R'``) to ``k * R'`` batches, ``k`` per rank by LPT."""
-    # Imported here: elastic imports this module.
-    from balancer_cli.replay.elastic import adjust_group_count, assign_groups
-
     groups = [np.arange(a, b, dtype=np.int64) for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
-    batches, _, _ = adjust_group_count(groups, weight_L, k * world_size)
-    costs = np.array([float(np.cumsum(weight_L[g])[-1]) for g in batches])
+    batches, _, _ = adjust_group_count(groups, weight_n, k * world_size)
+    costs = np.array([float(np.cumsum(weight_n[g])[-1]) for g in batches])
     return [[batches[g] for g in taken] for taken in assign_groups(costs, world_size, k)]
 
 
-def _capped_plan(samples_U, offsets_U, weight_UL, rank_of_UL, world_size, batches_U, load_Nk, caps_K):
+def _capped_plan(samples_U, offsets_U, weight_Un, rank_of_Un, world_size, batches_U, load_NK, caps_K):
     """``plan[u][rank]``: positions of each batch, with the caps respected (see :func:`plan_window`)."""
     ks = np.asarray(batches_U, dtype=np.int64).tolist()
     per_rank = []
     for rank in range(world_size):
-        unit, pos, cuts = _rank_batches(rank_of_UL, weight_UL, rank, batches_U)
+        unit, pos, cuts = _rank_batches(rank_of_Un, weight_Un, rank, batches_U)
         per_rank.append((unit, pos, cuts))
     plan, first = [], 0
     for u, k in enumerate(ks):
-        load_LK = np.asarray(load_Nk, dtype=np.int64)[samples_U[u]]
+        load_nK = np.asarray(load_NK, dtype=np.int64)[samples_U[u]]
         step = []
         for unit, pos, cuts in per_rank:
             c = cuts[first:first + k + 1]
             p = pos[c[0]:c[-1]]
-            rc = _capped_rank_cuts(load_LK[p], weight_UL[u, p], caps_K, k, (c - c[0]).tolist())
+            rc = _capped_rank_cuts(load_nK[p], weight_Un[u, p], caps_K, k, (c - c[0]).tolist())
             if rc is None:
                 step = None
                 break
             step.append([p[a:b] for a, b in zip(rc, rc[1:])])
         if step is None:
-            step = _group_fallback(np.asarray(offsets_U[u]), weight_UL[u], world_size, k)
+            step = _group_fallback(np.asarray(offsets_U[u]), weight_Un[u], world_size, k)
         plan.append(step)
         first += k
     return plan

@@ -1,8 +1,12 @@
-"""PyTorch runtime of balancer_cli (needs the ``torch`` extra): manifest replay and dispatch.
+"""PyTorch adapters of balancer_cli (need the ``torch`` extra): manifest replay and dispatch.
 
 This is the only part of balancer_cli that imports torch; ``import balancer_cli`` never does.
-Submodules load on first use (``balancer_cli.runtime.dispatch`` does not load the sampler and
-vice versa); the names below resolve lazily.
+The replay itself is torch-free (:mod:`balancer_cli.replay`); here it becomes a PyTorch batch
+sampler (:mod:`~balancer_cli.runtime.sampler`), ranks come from ``torch.distributed``
+(:mod:`~balancer_cli.runtime.ranks`), and post-balancing plans run as all-to-alls
+(:mod:`~balancer_cli.runtime.dispatch`). Submodules load on first use
+(``balancer_cli.runtime.dispatch`` does not load the sampler and vice versa); the names below
+resolve lazily.
 
 Example:
     >>> from balancer_cli.runtime import ManifestBatchSampler  # doctest: +SKIP
@@ -14,13 +18,11 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["ManifestBatchSampler", "StepTokens", "ElasticReport", "resolve_rank"]
+__all__ = ["ManifestBatchSampler", "resolve_rank"]
 
 _LAZY = {
     "ManifestBatchSampler": "balancer_cli.runtime.sampler",
-    "StepTokens": "balancer_cli.runtime.sampler",
     "resolve_rank": "balancer_cli.runtime.ranks",
-    "ElasticReport": "balancer_cli.replay.elastic",
 }
 
 

@@ -16,8 +16,8 @@ Example (every rank runs this; ``pixels`` is this rank's packed vision input)::
 
     from balancer_cli.runtime.dispatch import PhaseDispatcher, plan_from_local_costs
 
-    costs_nM = np.stack([vision_cost, llm_cost], axis=1)          # this rank's samples
-    plan = plan_from_local_costs(costs_nM, modules=("vision", "llm"))  # one all_gather
+    cost_nK = np.stack([vision_cost, llm_cost], axis=1)          # this rank's samples
+    plan = plan_from_local_costs(cost_nK, modules=("vision", "llm"))  # one all_gather
     vision = PhaseDispatcher(plan, "vision")
     remote = vision.scatter(pixels, lengths=tiles_per_sample)      # (rows, C, H, W) to run here
     feats = vit(remote)                                             # any row-wise encoder
@@ -80,6 +80,13 @@ def all_to_all_rows(x: torch.Tensor, send_rows: Sequence[int], recv_rows: Sequen
 
     Returns:
         (sum(recv_rows), ...) rows grouped by source rank.
+
+    Example (one process here; in a job every rank calls it with its own rows):
+        >>> import tempfile
+        >>> dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/init", rank=0, world_size=1)
+        >>> all_to_all_rows(torch.arange(3.0), send_rows=[3], recv_rows=[3]).tolist()
+        [0.0, 1.0, 2.0]
+        >>> dist.destroy_process_group()
     """
     anchor = None
     if sync_backward and torch.is_grad_enabled() and not x.requires_grad and x.is_floating_point():
@@ -132,8 +139,8 @@ class _Route:
 
 def _routes(plan: PostBalancePlan, module: int, rank: int) -> tuple[_Route, _Route]:
     """The scatter and gather routes of ``rank`` for ``module`` (pure: no communication)."""
-    dest = plan.dest_MN[module].astype(np.int64)
-    to_llm = plan.dest_MN[plan.llm_index].astype(np.int64)
+    dest = plan.dest_KN[module].astype(np.int64)
+    to_llm = plan.dest_KN[plan.llm_index].astype(np.int64)
     lo, hi = plan.offsets[rank], plan.offsets[rank + 1]
     here = np.flatnonzero(dest == rank)  # this phase's samples on this rank, canonical
     # scatter: arrivals come by source rank, each in its local order: already canonical
@@ -160,6 +167,16 @@ class PhaseDispatcher:
     Attributes (after :meth:`scatter` / :meth:`gather`):
         remote_lengths: rows of each sample received by :meth:`scatter` (canonical order).
         home_lengths: rows of each sample returned by :meth:`gather` (LLM-phase canonical order).
+
+    Example (one process here, so nothing moves; see the module docstring for a job):
+        >>> import tempfile
+        >>> from balancer_cli.replay.post_balance import plan_post_balance
+        >>> dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/init", rank=0, world_size=1)
+        >>> vision = PhaseDispatcher(plan_post_balance([np.ones((2, 2))], modules=("vision", "llm")), "vision")
+        >>> remote = vision.scatter(torch.arange(6.0).reshape(3, 2), lengths=[1, 2])
+        >>> vision.remote_lengths.tolist(), vision.gather(remote * 2, lengths=vision.remote_lengths).tolist()
+        ([1, 2], [[0.0, 2.0], [4.0, 6.0], [8.0, 10.0]])
+        >>> dist.destroy_process_group()
     """
 
     def __init__(self, plan: PostBalancePlan, module: int | str, group=None, rank: int | None = None):
@@ -246,19 +263,27 @@ def _collective_device(group) -> torch.device:
     return torch.device("cpu")
 
 
-def plan_from_local_costs(costs_nM: np.ndarray, group=None, **plan_kwargs) -> PostBalancePlan:
+def plan_from_local_costs(cost_nK: np.ndarray, group=None, **plan_kwargs) -> PostBalancePlan:
     """Build this step's plan at run time from every rank's local costs (one all_gather).
 
-    Every rank passes its own (n_r, M) costs; after an all_gather of the counts and one of the
+    Every rank passes its own (n_r, K) costs; after an all_gather of the counts and one of the
     (padded) costs, every rank runs the same deterministic planner on the same input and so
     holds the same plan.
 
     Args:
-        costs_nM: (n_r, M) this rank's per-sample costs (encoders first, the LLM last).
+        cost_nK: (n_r, K) this rank's per-sample costs (encoders first, the LLM last).
         group: process group (default: the world).
         **plan_kwargs: passed to :func:`~balancer_cli.replay.post_balance.plan_post_balance`.
+
+    Example (one process here; in a job every rank passes its own samples' costs):
+        >>> import tempfile
+        >>> dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/init", rank=0, world_size=1)
+        >>> plan = plan_from_local_costs(np.array([[3.0, 1.0], [1.0, 1.0]]), modules=("vision", "llm"))
+        >>> plan.world_size, plan.load_after.tolist()
+        (1, [[4.0], [2.0]])
+        >>> dist.destroy_process_group()
     """
-    costs = torch.as_tensor(np.asarray(costs_nM, dtype=np.float64))
+    costs = torch.as_tensor(np.asarray(cost_nK, dtype=np.float64))
     if costs.ndim != 2:
         raise UsageError(f"local costs must be (samples, modules), got shape {tuple(costs.shape)}")
     device = _collective_device(group)

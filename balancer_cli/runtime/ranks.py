@@ -11,13 +11,16 @@ import os
 
 import torch
 
-from balancer_cli.errors import UsageError
+from balancer_cli.replay.cursor import check_rank
 
 __all__ = ["resolve_rank"]
 
 
 def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
     """``(rank, world_size)``: explicit values, else ``RANK``/``WORLD_SIZE``, else torch.distributed, else (0, 1).
+
+    Raises:
+        UsageError: ``world_size < 1`` or ``rank`` outside ``0..world_size-1``.
 
     Example:
         >>> resolve_rank(1, 4)
@@ -32,7 +35,4 @@ def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tupl
             env = 0, 1
         rank = env[0] if rank is None else rank
         world_size = env[1] if world_size is None else world_size
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise UsageError(f"rank {rank} is not in 0..{world_size - 1} (world size {world_size})",
-                         fix="pass rank in 0..world_size-1, or set RANK and WORLD_SIZE")
-    return int(rank), int(world_size)
+    return check_rank(rank, world_size, fix="pass {rank} in 0..{world_size}-1, or set RANK and WORLD_SIZE")

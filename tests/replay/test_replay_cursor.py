@@ -1,6 +1,7 @@
-"""ManifestBatchSampler: exact replay, conservation, epochs, resume by seeking, validation, step tokens.
+"""ManifestReplay: exact replay, conservation, epochs, resume by seeking, validation, step tokens.
 
-Every rank is simulated in one process; the real multi-process job is in test_runtime_dist.py.
+Every rank is simulated in one process, without torch; the PyTorch sampler over this replay is
+tested in tests/runtime/test_runtime_sampler.py, the real multi-process job in test_runtime_dist.py.
 """
 
 from __future__ import annotations
@@ -10,14 +11,12 @@ import json
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from replay_util import pack_random, random_lengths, simulate
 
-from runtime_util import pack_random, random_lengths, simulate  # noqa: E402
-
-from balancer_cli.errors import ManifestError, UsageError  # noqa: E402
-from balancer_cli.manifest import open_manifest  # noqa: E402
-from balancer_cli.runtime import ManifestBatchSampler  # noqa: E402
-from balancer_cli.replay.reader import ManifestReader  # noqa: E402
+from balancer_cli.errors import ManifestError, UsageError
+from balancer_cli.manifest import open_manifest
+from balancer_cli.replay.cursor import ManifestReplay
+from balancer_cli.replay.reader import ManifestReader
 
 R, M = 4, 2
 
@@ -53,9 +52,9 @@ def test_native_replay_is_exactly_the_manifest(manifest, epoch):
     per_rank = simulate(manifest, R, epoch=epoch)
     for rank in range(R):
         assert per_rank[rank] == expected_native(manifest, epoch, rank)
-    sampler = ManifestBatchSampler(manifest, rank=0, world_size=R, epoch=epoch)
-    assert len(sampler) == len(per_rank[0]) == sampler.steps_per_epoch * M
-    assert sampler.elastic_report is None
+    replay = ManifestReplay(manifest, rank=0, world_size=R, epoch=epoch)
+    assert len(replay) == len(per_rank[0]) == replay.steps_per_epoch * M
+    assert replay.elastic_report is None
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, R + 1, 2 * R])
@@ -68,8 +67,8 @@ def test_every_world_size_conserves_samples_with_equal_batch_counts(manifest, le
         got = np.sort(np.concatenate([np.concatenate(b) for b in per_rank]))
         want = np.sort(epoch_rows(manifest, epoch % 2).sample)
         assert np.array_equal(got, want), "a sample is missing or repeated"
-        sampler = ManifestBatchSampler(manifest, rank=world - 1, world_size=world, epoch=epoch, lengths=lengths)
-        assert len(sampler) == len(per_rank[0]) == sampler.steps_per_epoch * sampler.batches_per_step
+        replay = ManifestReplay(manifest, rank=world - 1, world_size=world, epoch=epoch, lengths=lengths)
+        assert len(replay) == len(per_rank[0]) == replay.steps_per_epoch * replay.batches_per_step
 
 
 def test_elastic_keeps_steps_together_and_is_deterministic(manifest, lengths):
@@ -77,7 +76,7 @@ def test_elastic_keeps_steps_together_and_is_deterministic(manifest, lengths):
     world = 3
     first = simulate(manifest, world, lengths=lengths)
     assert first == simulate(manifest, world, lengths=lengths)
-    k = ManifestBatchSampler(manifest, rank=0, world_size=world).batches_per_step
+    k = ManifestReplay(manifest, rank=0, world_size=world).batches_per_step
     assert k == -(-R * M // world)
     rows = epoch_rows(manifest, 0)
     for step in range(len(first[0]) // k):
@@ -88,29 +87,22 @@ def test_elastic_keeps_steps_together_and_is_deterministic(manifest, lengths):
 def test_elastic_balances_by_cost(manifest, lengths):
     """LPT over cost beats dealing the same split groups to ranks in manifest order."""
     from balancer_cli.cost.samples import sample_costs
-    from balancer_cli.replay.elastic import adjust_group_count, dist_ratio
+    from balancer_cli.metrics import dist_ratio_per_step
+    from balancer_cli.replay.group_plan import adjust_group_count
 
     cost = np.sum(list(sample_costs(lengths).values()), axis=0)
     world = 3
     per_rank = simulate(manifest, world, lengths=lengths)
-    sampler = ManifestBatchSampler(manifest, rank=0, world_size=world, lengths=lengths)
-    k, reader = sampler.batches_per_step, ManifestReader(manifest)
-    ours, naive = [], []
-    for step in range(sampler.steps_per_epoch):
-        ours.append(dist_ratio([sum(cost[b].sum() for b in per_rank[r][step * k:(step + 1) * k]) for r in range(world)]))
+    replay = ManifestReplay(manifest, rank=0, world_size=world, lengths=lengths)
+    k, reader = replay.batches_per_step, ManifestReader(manifest)
+    ours_SR, naive_SR = [], []
+    for step in range(replay.steps_per_epoch):
+        ours_SR.append([sum(cost[b].sum() for b in per_rank[r][step * k:(step + 1) * k]) for r in range(world)])
         groups, _, _ = adjust_group_count(reader.step_groups(step), cost, k * world)
-        naive.append(dist_ratio([sum(cost[g].sum() for g in groups[r * k:(r + 1) * k]) for r in range(world)]))
+        naive_SR.append([sum(cost[g].sum() for g in groups[r * k:(r + 1) * k]) for r in range(world)])
+    ours, naive = dist_ratio_per_step(np.array(ours_SR)), dist_ratio_per_step(np.array(naive_SR))
     assert np.mean(ours) < np.mean(naive)
-    assert sampler.elastic_report is not None
-
-
-def test_elastic_report_is_logged_once(manifest, caplog):
-    with caplog.at_level("INFO", logger="balancer_cli.runtime"):
-        sampler = ManifestBatchSampler(manifest, rank=0, world_size=3)
-        list(sampler)
-        list(sampler)
-    lines = [r.message for r in caplog.records if "elastic replay" in r.message]
-    assert len(lines) == 1 and "packed for 4 ranks" in lines[0] and "replaying on 3 ranks" in lines[0]
+    assert replay.elastic_report is not None
 
 
 def test_epochs_beyond_the_packed_ones_reshuffle_steps_deterministically(manifest):
@@ -130,14 +122,14 @@ def test_resume_at_every_batch_gives_the_rest_of_the_epoch(manifest, lengths, wo
     for cut in range(0, len(full[0]) + 1, 3):
         states = []
         for rank in range(world):
-            sampler = ManifestBatchSampler(manifest, rank=rank, world_size=world, epoch=1, lengths=lengths)
-            it = iter(sampler)
+            replay = ManifestReplay(manifest, rank=rank, world_size=world, epoch=1, lengths=lengths)
+            it = iter(replay)
             for _ in range(cut):
                 next(it)
-            states.append(json.loads(json.dumps(sampler.state_dict())))
+            states.append(json.loads(json.dumps(replay.state_dict())))
         assert all(s == states[0] for s in states), "state must be the same on every rank"
         for rank in range(world):
-            resumed = ManifestBatchSampler(manifest, rank=rank, world_size=world, lengths=lengths)
+            resumed = ManifestReplay(manifest, rank=rank, world_size=world, lengths=lengths)
             resumed.load_state_dict(states[0])
             resumed.set_epoch(1)  # the usual epoch loop keeps the loaded resume point
             assert len(resumed) == len(full[rank]) - cut
@@ -148,12 +140,12 @@ def test_resume_at_every_batch_gives_the_rest_of_the_epoch(manifest, lengths, wo
 
 def test_resume_seeks_without_reading_earlier_steps(manifest, monkeypatch):
     full = simulate(manifest, R, epoch=1)[1]
-    sampler = ManifestBatchSampler(manifest, rank=1, world_size=R, epoch=1)
-    it = iter(sampler)
+    replay = ManifestReplay(manifest, rank=1, world_size=R, epoch=1)
+    it = iter(replay)
     for _ in range(len(full) - 3):
         next(it)
-    state = sampler.state_dict()
-    resumed = ManifestBatchSampler(manifest, rank=1, world_size=R)
+    state = replay.state_dict()
+    resumed = ManifestReplay(manifest, rank=1, world_size=R)
     read = []
     original = ManifestReader._row_group
     monkeypatch.setattr(ManifestReader, "_row_group", lambda self, step: read.append(step) or original(self, step))
@@ -167,17 +159,17 @@ def test_state_saved_at_one_world_size_resumes_at_another(manifest, lengths, sav
     want = np.sort(epoch_rows(manifest, 0).sample)
     full = simulate(manifest, saved_world, lengths=lengths)
     for cut in (1, M + 1, len(full[0]) // 2, len(full[0]) - 1):
-        samplers = [ManifestBatchSampler(manifest, rank=r, world_size=saved_world, lengths=lengths)
-                    for r in range(saved_world)]
-        its = [iter(s) for s in samplers]
+        replays = [ManifestReplay(manifest, rank=r, world_size=saved_world, lengths=lengths)
+                   for r in range(saved_world)]
+        its = [iter(s) for s in replays]
         before = [s for it in its for _ in range(cut) for s in next(it)]
-        state = json.loads(json.dumps(samplers[0].state_dict()))
+        state = json.loads(json.dumps(replays[0].state_dict()))
         after = []
         for rank in range(new_world):
-            sampler = ManifestBatchSampler(manifest, rank=rank, world_size=new_world, lengths=lengths)
-            sampler.load_state_dict(state)
-            expected_len = len(sampler)
-            batches = list(sampler)
+            replay = ManifestReplay(manifest, rank=rank, world_size=new_world, lengths=lengths)
+            replay.load_state_dict(state)
+            expected_len = len(replay)
+            batches = list(replay)
             assert len(batches) == expected_len
             after.append(batches)
         assert len({len(b) for b in after}) == 1, "ranks must yield the same number of batches"
@@ -190,63 +182,63 @@ def test_chained_world_size_changes_mid_step(manifest, lengths):
     want = np.sort(epoch_rows(manifest, 0).sample)
     seen, state, world = [], None, R
     for new_world, cut in ((3, 1), (5, 1), (2, None)):
-        samplers = [ManifestBatchSampler(manifest, rank=r, world_size=world, lengths=lengths) for r in range(world)]
+        replays = [ManifestReplay(manifest, rank=r, world_size=world, lengths=lengths) for r in range(world)]
         if state:
-            for s in samplers:
+            for s in replays:
                 s.load_state_dict(state)
-        its = [iter(s) for s in samplers]
+        its = [iter(s) for s in replays]
         taken = [[next(it) for _ in range(cut)] if cut else list(it) for it in its]
         assert len({len(t) for t in taken}) == 1
         seen += [s for t in taken for b in t for s in b]
-        state, world = samplers[0].state_dict(), new_world
+        state, world = replays[0].state_dict(), new_world
     assert state["head"] is None
     assert np.array_equal(np.sort(seen), want)
 
 
 def test_finished_epoch_replays_from_its_start_and_set_epoch_resets(manifest):
-    sampler = ManifestBatchSampler(manifest, rank=0, world_size=R)
-    first = list(sampler)
-    assert sampler.state_dict()["position"] == open_manifest(manifest).epoch_num_steps[0]
-    assert list(sampler) == first and len(sampler) == len(first)
-    sampler.set_epoch(1)
-    assert list(sampler) == expected_native(manifest, 1, 0)
+    replay = ManifestReplay(manifest, rank=0, world_size=R)
+    first = list(replay)
+    assert replay.state_dict()["position"] == open_manifest(manifest).epoch_num_steps[0]
+    assert list(replay) == first and len(replay) == len(first)
+    replay.set_epoch(1)
+    assert list(replay) == expected_native(manifest, 1, 0)
 
 
 def test_step_tokens_count_every_rank_of_the_step(manifest, lengths):
     for world in (R, 3):
         per_rank = simulate(manifest, world, lengths=lengths)
-        sampler = ManifestBatchSampler(manifest, rank=0, world_size=world, lengths=lengths)
-        k = sampler.batches_per_step
+        replay = ManifestReplay(manifest, rank=0, world_size=world, lengths=lengths)
+        k = replay.batches_per_step
         llm = lengths.llm_tokens()
         loss = lengths.table.column("loss_tokens").to_numpy()
-        for step in range(sampler.steps_per_epoch):
+        for step in range(replay.steps_per_epoch):
             samples = [s for r in range(world) for b in per_rank[r][step * k:(step + 1) * k] for s in b]
-            tokens = sampler.step_tokens(step)
+            tokens = replay.step_tokens(step)
             assert tokens.llm_tokens == llm[samples].sum() and tokens.num_samples == len(samples)
             assert tokens.loss_tokens == loss[samples].sum() == tokens.normalizer
 
 
 def test_step_tokens_needs_lengths(manifest):
     with pytest.raises(UsageError, match="lengths"):
-        ManifestBatchSampler(manifest, rank=0, world_size=R).step_tokens(0)
+        ManifestReplay(manifest, rank=0, world_size=R).step_tokens(0)
 
 
 def test_validation_errors(manifest, lengths, tmp_path):
     with pytest.raises(ManifestError, match="dataset has 10 samples"):
-        ManifestBatchSampler(manifest, rank=0, world_size=R, dataset=list(range(10)))
+        ManifestReplay(manifest, rank=0, world_size=R, dataset=list(range(10)))
     other = random_lengths(300, seed=2)
     with pytest.raises(ManifestError, match="lengths fingerprint"):
-        ManifestBatchSampler(manifest, rank=0, world_size=R, lengths=other)
+        ManifestReplay(manifest, rank=0, world_size=R, lengths=other)
     with pytest.raises(ManifestError, match="lengths table has 10 samples"):
-        ManifestBatchSampler(manifest, rank=0, world_size=R, lengths=random_lengths(10))
+        ManifestReplay(manifest, rank=0, world_size=R, lengths=random_lengths(10))
     with pytest.raises(ManifestError, match="no manifest.parquet"):
-        ManifestBatchSampler(tmp_path / "nowhere", rank=0, world_size=1)
+        ManifestReplay(tmp_path / "nowhere", rank=0, world_size=1)
     with pytest.raises(UsageError, match="rank 4 is not in 0..3"):
-        ManifestBatchSampler(manifest, rank=4, world_size=R)
+        ManifestReplay(manifest, rank=4, world_size=R)
     other_manifest = pack_random(tmp_path / "other", num_samples=300, world_size=R, micro_batches=M, seed=5)
-    state = ManifestBatchSampler(other_manifest, rank=0, world_size=R).state_dict()
+    state = ManifestReplay(other_manifest, rank=0, world_size=R).state_dict()
     with pytest.raises(ManifestError, match="another manifest"):
-        ManifestBatchSampler(manifest, rank=0, world_size=R).load_state_dict(state)
+        ManifestReplay(manifest, rank=0, world_size=R).load_state_dict(state)
 
 
 def test_schema_version_and_corrupt_rows_are_reported(manifest, tmp_path):
@@ -258,7 +250,7 @@ def test_schema_version_and_corrupt_rows_are_reported(manifest, tmp_path):
     pq.write_table(table.replace_schema_metadata({b"balancer": json.dumps({**meta, "schema_version": 99})}),
                    tmp_path / "v" / "manifest.parquet")
     with pytest.raises(ManifestError, match="schema_version 99"):
-        ManifestBatchSampler(tmp_path / "v", rank=0, world_size=R)
+        ManifestReplay(tmp_path / "v", rank=0, world_size=R)
     # Drop the rows of one group: the step then lacks a (rank, micro) group.
     keep = np.ones(table.num_rows, bool)
     step, rank = table.column("step").to_numpy(), table.column("rank").to_numpy()
@@ -270,42 +262,26 @@ def test_schema_version_and_corrupt_rows_are_reported(manifest, tmp_path):
     pq.write_table(bad.replace_schema_metadata({b"balancer": json.dumps(broken)}), tmp_path / "c" / "manifest.parquet",
                    row_group_size=table.num_rows)
     with pytest.raises(ManifestError, match="step 0 has 6 groups, expected 4 ranks x 2 micro-batches"):
-        list(ManifestBatchSampler(tmp_path / "c", rank=0, world_size=R))
+        list(ManifestReplay(tmp_path / "c", rank=0, world_size=R))
 
 
-def test_rank_and_world_size_come_from_the_environment(manifest, monkeypatch):
-    monkeypatch.setenv("RANK", "2")
-    monkeypatch.setenv("WORLD_SIZE", "3")
-    sampler = ManifestBatchSampler(manifest)
-    assert (sampler.rank, sampler.world_size) == (2, 3)
-    monkeypatch.delenv("RANK")
-    monkeypatch.delenv("WORLD_SIZE")
-    assert (ManifestBatchSampler(manifest).rank, ManifestBatchSampler(manifest).world_size) == (0, 1)
+def test_elastic_report_is_logged_once_to_the_given_logger(manifest, caplog):
+    with caplog.at_level("INFO", logger="balancer_cli.replay"):
+        replay = ManifestReplay(manifest, rank=0, world_size=3)
+        list(replay)
+        list(replay)
+    lines = [r.message for r in caplog.records if "elastic replay" in r.message]
+    assert len(lines) == 1 and "packed for 4 ranks" in lines[0] and "replaying on 3 ranks" in lines[0]
+    assert caplog.records[0].name == "balancer_cli.replay.cursor"
 
 
-def test_sampler_pickles_for_worker_processes(manifest):
+def test_replay_pickles_mid_epoch_with_its_position(manifest, lengths):
     import pickle
 
-    sampler = ManifestBatchSampler(manifest, rank=1, world_size=R)
-    assert list(pickle.loads(pickle.dumps(sampler))) == list(sampler)
-
-
-@pytest.mark.parametrize("world", [R, 3])
-def test_state_for_a_step_lets_a_prefetching_loop_resume_exactly(manifest, lengths, world):
-    """With DataLoader workers the sampler runs ahead; state_dict(step=s) resumes at step s."""
-    full = simulate(manifest, world, lengths=lengths)
-    sampler = ManifestBatchSampler(manifest, rank=1, world_size=world, lengths=lengths)
-    k = sampler.batches_per_step
-    loader = torch.utils.data.DataLoader(list(range(300)), batch_sampler=sampler, num_workers=2,
-                                         collate_fn=lambda b: b)
-    it = iter(loader)
-    for _ in range(2 * k):
-        next(it)
-    assert sampler.next_step > 2, "the workers have prefetched ahead"
-    state = sampler.state_dict(step=2)
-    del it
-    resumed = ManifestBatchSampler(manifest, rank=1, world_size=world, lengths=lengths)
-    resumed.load_state_dict(state)
-    assert (resumed.next_step, resumed.next_micro) == (2, 0)
-    assert list(resumed) == full[1][2 * k:]
-    assert [resumed.batches_in_step(s) for s in range(resumed.steps_per_epoch)] == [k] * resumed.steps_per_epoch
+    for world in (R, 3):
+        replay = ManifestReplay(manifest, rank=1, world_size=world, lengths=lengths)
+        it = iter(replay)
+        first = [next(it) for _ in range(3)]
+        copy = pickle.loads(pickle.dumps(replay))
+        assert copy.state_dict() == replay.state_dict()
+        assert first + list(copy) == simulate(manifest, world, lengths=lengths)[1]

@@ -1,4 +1,4 @@
-"""Property tests of the elastic re-planning functions (pure numpy)."""
+"""Property tests of elastic replay: the planning functions and ManifestReplay resumed anywhere (pure numpy)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("torch")
-
-from balancer_cli.errors import ManifestError  # noqa: E402
-from balancer_cli.replay.elastic import (  # noqa: E402
-    adjust_group_count,
-    assign_groups,
-    batches_per_rank,
-    form_runs,
-    plan_step,
-)
+from balancer_cli.errors import ManifestError
+from balancer_cli.replay.elastic import batches_per_rank, form_runs, plan_step
+from balancer_cli.replay.group_plan import adjust_group_count, assign_groups
 
 group_sizes = st.lists(st.integers(1, 9), min_size=1, max_size=24)
 
@@ -102,29 +95,29 @@ def test_batches_per_rank():
        seed=st.integers(0, 1000))
 def test_any_resume_at_any_world_size_yields_every_sample_once(tmp_path_factory, world, micro, new_world, cut, seed):
     """Random manifest, random cut, random new world size: conservation and equal batch counts."""
-    from runtime_util import pack_random
+    from replay_util import pack_random
 
     from balancer_cli.manifest import open_manifest
-    from balancer_cli.runtime import ManifestBatchSampler
+    from balancer_cli.replay.cursor import ManifestReplay
 
     manifest = pack_random(tmp_path_factory.mktemp("h"), num_samples=60 + seed % 40, world_size=world,
                            micro_batches=micro, drop=seed % 3, seed=seed, rows_per_row_group=16)
-    samplers = [ManifestBatchSampler(manifest, rank=r, world_size=world) for r in range(world)]
-    its = [iter(s) for s in samplers]
-    cut = min(cut, len(samplers[0]))
+    replays = [ManifestReplay(manifest, rank=r, world_size=world) for r in range(world)]
+    its = [iter(s) for s in replays]
+    cut = min(cut, len(replays[0]))
     before = [i for it in its for _ in range(cut) for i in next(it)]
-    state = samplers[0].state_dict()
+    state = replays[0].state_dict()
     everything = np.sort(open_manifest(manifest).read_all().sample)
     remaining = len(everything) - len(before)
     if 0 < remaining < new_world:  # cannot give every rank a non-empty batch: a clear error
         with pytest.raises(ManifestError, match=f"only {remaining} samples remain"):
-            resumed = ManifestBatchSampler(manifest, rank=0, world_size=new_world)
+            resumed = ManifestReplay(manifest, rank=0, world_size=new_world)
             resumed.load_state_dict(state)
             len(resumed)
         return
     after = []
     for rank in range(new_world):
-        resumed = ManifestBatchSampler(manifest, rank=rank, world_size=new_world)
+        resumed = ManifestReplay(manifest, rank=rank, world_size=new_world)
         resumed.load_state_dict(state)
         after.append(list(resumed))
     assert len({len(b) for b in after}) == 1

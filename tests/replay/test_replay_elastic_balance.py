@@ -7,13 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("torch")
-
-from balancer_cli.cost.samples import sample_costs  # noqa: E402
-from balancer_cli.lengths import make_lengths_table  # noqa: E402
-from balancer_cli.manifest import ManifestRows, write_manifest  # noqa: E402
-from balancer_cli.report.metrics import dist_ratio_per_step  # noqa: E402
-from balancer_cli.replay.replan import plan_window, plan_window_rank  # noqa: E402
+from balancer_cli.cost.samples import sample_costs
+from balancer_cli.lengths import make_lengths_table
+from balancer_cli.manifest import ManifestRows, write_manifest
+from balancer_cli.metrics import dist_ratio_per_step
+from balancer_cli.replay.replan import plan_window, plan_window_rank
 
 steps_strategy = st.lists(st.integers(1, 40), min_size=1, max_size=6)
 
@@ -96,17 +94,17 @@ def perfect_manifest(out, steps=12, world=4, micro=2, per_group=6, seed=0):
 
 @pytest.mark.parametrize("new_world", [1, 2, 3, 5, 8])
 def test_perfectly_packed_manifest_stays_balanced_at_any_world_size(tmp_path, new_world):
-    from balancer_cli.runtime import ManifestBatchSampler
+    from balancer_cli.replay.cursor import ManifestReplay
 
     manifest, lengths = perfect_manifest(tmp_path / "m")
     costs = sample_costs(lengths)
     per_rank = []
     for rank in range(new_world):
-        sampler = ManifestBatchSampler(manifest, rank=rank, world_size=new_world, lengths=lengths)
-        it = iter(sampler)
-        per_rank.append([np.concatenate([next(it) for _ in range(sampler.batches_in_step(s))])
-                         for s in range(sampler.steps_per_epoch)])
-    assert sampler.steps_per_epoch == 12  # steps stay intact
+        replay = ManifestReplay(manifest, rank=rank, world_size=new_world, lengths=lengths)
+        it = iter(replay)
+        per_rank.append([np.concatenate([next(it) for _ in range(replay.batches_in_step(s))])
+                         for s in range(replay.steps_per_epoch)])
+    assert replay.steps_per_epoch == 12  # steps stay intact
     for module, cost in costs.items():
         load_SR = np.array([[cost[per_rank[r][s]].sum() for r in range(new_world)] for s in range(12)])
         # Within one sample of the mean on every step and module (the whole-group plan left a
@@ -121,10 +119,11 @@ def test_perfectly_packed_manifest_stays_balanced_at_any_world_size(tmp_path, ne
 @given(sizes=steps_strategy, world=st.integers(1, 7), modules=st.integers(1, 3), seed=st.integers(0, 10**6))
 def test_compiled_kernel_matches_its_python_source(sizes, world, modules, seed):
     # Without numba the kernel runs as Python; both must give the same plan on every rank.
+    from balancer_cli._jit import HAVE_NUMBA
     from balancer_cli.replay import elastic_kernels as kernels
     from balancer_cli.replay.replan import assign_ranks
 
-    if not kernels.HAVE_NUMBA:
+    if not HAVE_NUMBA:
         pytest.skip("numba is not installed: the Python source is the only implementation")
     samples, _ = random_steps(sizes, seed)
     L = max(sizes)

@@ -7,12 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("torch")
-
-from balancer_cli.lengths import make_lengths_table  # noqa: E402
-from balancer_cli.manifest import ManifestRows, write_manifest  # noqa: E402
-from balancer_cli.replay.elastic import batches_per_rank  # noqa: E402
-from balancer_cli.replay.replan import plan_window, plan_window_rank  # noqa: E402
+from balancer_cli.lengths import make_lengths_table
+from balancer_cli.manifest import ManifestRows, write_manifest
+from balancer_cli.replay.elastic import batches_per_rank
+from balancer_cli.replay.replan import plan_window, plan_window_rank
 
 CAPS_K = np.array([12, 900], dtype=np.int64)  # vision items, llm tokens per group
 
@@ -58,7 +56,7 @@ def test_elastic_batches_respect_the_packers_caps(world, micro, seed, new_world_
         return
     new_world = {"1": 1, "2": 2, "3": 3, "R+1": world + 1, "2R": 2 * world}[new_world_pick]
     k = batches_per_rank(world, micro, new_world)
-    # Steps with fewer than k*R' samples are merged into runs by the sampler; the guarantee is
+    # Steps with fewer than k*R' samples are merged into runs by the replay (epoch_plan); the guarantee is
     # stated for steps that keep k batches per rank (k*R' >= R*M groups: the fallback only splits).
     kept = [(s, o) for s, o in zip(samples, offsets) if len(s) >= k * new_world]
     samples, offsets = [s for s, _ in kept], [o for _, o in kept]
@@ -110,8 +108,8 @@ def test_a_step_that_cannot_fit_under_the_caps_falls_back_to_whole_groups_on_eve
 
 
 @pytest.mark.parametrize("new_world", [3, 5])
-def test_sampler_replay_respects_manifest_caps(tmp_path, new_world):
-    from balancer_cli.runtime import ManifestBatchSampler
+def test_replay_respects_manifest_caps(tmp_path, new_world):
+    from balancer_cli.replay.cursor import ManifestReplay
 
     world, micro = 4, 2
     samples, offsets, load = packed_manifest(7, world, micro, steps=4)
@@ -137,8 +135,8 @@ def test_sampler_replay_respects_manifest_caps(tmp_path, new_world):
                    epoch_num_steps=[len(samples)])
     seen = []
     for rank in range(new_world):
-        sampler = ManifestBatchSampler(tmp_path / "m", rank=rank, world_size=new_world, lengths=lengths)
-        for batch in sampler:
+        replay = ManifestReplay(tmp_path / "m", rank=rank, world_size=new_world, lengths=lengths)
+        for batch in replay:
             assert_within_caps(np.asarray(batch), load)
             seen += list(batch)
     assert sorted(seen) == sorted(sample)

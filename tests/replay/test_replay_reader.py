@@ -1,4 +1,4 @@
-"""The runtime's fast paths: row-group spans, reshuffled epochs in windows, the lazily synced cursor,
+"""The replay's fast paths: row-group spans, reshuffled epochs in windows, the lazily synced cursor,
 and the manifest's decode-friendly encoding (LZ4, dictionaries only on the key columns).
 
 Each fast path is checked against a slow reference computed straight from the manifest rows.
@@ -13,14 +13,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-torch = pytest.importorskip("torch")
+from replay_util import pack_random
 
-from runtime_util import pack_random  # noqa: E402
-
-from balancer_cli.manifest import MANIFEST_FILE, open_manifest  # noqa: E402
-from balancer_cli.runtime import ManifestBatchSampler  # noqa: E402
-from balancer_cli.runtime import sampler as sampler_module  # noqa: E402
-from balancer_cli.replay.reader import ManifestReader  # noqa: E402
+from balancer_cli.manifest import MANIFEST_FILE, open_manifest
+from balancer_cli.replay import epoch_plan
+from balancer_cli.replay.cursor import ManifestReplay
+from balancer_cli.replay.reader import ManifestReader
 
 R, M = 3, 2
 
@@ -61,45 +59,45 @@ def test_rank_span_and_rank_steps_match_the_rows(manifest):
 
 @pytest.mark.parametrize("window_samples", [1, 7, 1 << 20])
 def test_reshuffled_epoch_is_the_documented_permutation(manifest, window_samples, monkeypatch):
-    monkeypatch.setattr(sampler_module, "_WINDOW_SAMPLES", window_samples)
+    monkeypatch.setattr(epoch_plan, "_WINDOW_SAMPLES", window_samples)
     m = open_manifest(manifest)
     starts = np.concatenate([[0], np.cumsum(m.epoch_num_steps)])
     for epoch in (2, 5):
         base = epoch % 2
         order = starts[base] + np.random.default_rng([m.meta["seed"], epoch]).permutation(m.epoch_num_steps[base])
         for rank in range(R):
-            got = list(ManifestBatchSampler(manifest, rank=rank, world_size=R, epoch=epoch))
+            got = list(ManifestReplay(manifest, rank=rank, world_size=R, epoch=epoch))
             assert got == reference_batches(manifest, order, rank)
 
 
 def test_resume_inside_a_reshuffled_epoch(manifest, monkeypatch):
-    monkeypatch.setattr(sampler_module, "_WINDOW_SAMPLES", 5)
-    full = list(ManifestBatchSampler(manifest, rank=1, world_size=R, epoch=3))
+    monkeypatch.setattr(epoch_plan, "_WINDOW_SAMPLES", 5)
+    full = list(ManifestReplay(manifest, rank=1, world_size=R, epoch=3))
     for cut in range(0, len(full) + 1, 5):
-        sampler = ManifestBatchSampler(manifest, rank=1, world_size=R, epoch=3)
-        it = iter(sampler)
+        replay = ManifestReplay(manifest, rank=1, world_size=R, epoch=3)
+        it = iter(replay)
         for _ in range(cut):
             next(it)
-        state = json.loads(json.dumps(sampler.state_dict()))
+        state = json.loads(json.dumps(replay.state_dict()))
         assert (state["step"], state["batch_in_step"]) == divmod(cut, M)
-        assert (sampler.next_step, sampler.next_micro) == divmod(cut, M)
-        resumed = ManifestBatchSampler(manifest, rank=1, world_size=R)
+        assert (replay.next_step, replay.next_micro) == divmod(cut, M)
+        resumed = ManifestReplay(manifest, rank=1, world_size=R)
         resumed.load_state_dict(state)
         assert list(resumed) == full[cut:]
 
 
 def test_the_cursor_detaches_from_an_abandoned_iterator(manifest):
-    sampler = ManifestBatchSampler(manifest, rank=0, world_size=R)
-    it = iter(sampler)
+    replay = ManifestReplay(manifest, rank=0, world_size=R)
+    it = iter(replay)
     for _ in range(3):
         next(it)
-    assert sampler.state_dict()["batch_in_step"] == 1 and sampler.state_dict()["step"] == 1
-    sampler.set_epoch(1)
-    next(it)  # the old iterator no longer moves the sampler's position
-    assert (sampler.next_step, sampler.next_micro, sampler.epoch) == (0, 0, 1)
-    again = iter(sampler)
+    assert replay.state_dict()["batch_in_step"] == 1 and replay.state_dict()["step"] == 1
+    replay.set_epoch(1)
+    next(it)  # the old iterator no longer moves the replay's position
+    assert (replay.next_step, replay.next_micro, replay.epoch) == (0, 0, 1)
+    again = iter(replay)
     first = next(again)
-    assert sampler.next_micro == 1 and first == list(ManifestBatchSampler(manifest, rank=0, world_size=R, epoch=1))[0]
+    assert replay.next_micro == 1 and first == list(ManifestReplay(manifest, rank=0, world_size=R, epoch=1))[0]
 
 
 def test_manifest_is_lz4_with_dictionaries_only_on_key_columns_and_byte_deterministic(tmp_path):

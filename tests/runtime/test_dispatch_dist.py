@@ -72,9 +72,9 @@ def _worker(rank, init_method):
         for ROWS, LLM_COST, balance_llm in SCENARIOS:
             ref_out, ref_pooled, ref_grad_x, ref_grad_w = _reference(ROWS)
             x, w = _global_data(ROWS)
-            costs_nM = np.stack([np.array(ROWS[rank], dtype=np.float64) ** 2,
+            cost_nK = np.stack([np.array(ROWS[rank], dtype=np.float64) ** 2,
                                  np.array(LLM_COST[rank], dtype=np.float64)], axis=1).reshape(-1, 2)
-            plan = plan_from_local_costs(costs_nM, modules=("vision", "llm"), balance_llm=balance_llm)
+            plan = plan_from_local_costs(cost_nK, modules=("vision", "llm"), balance_llm=balance_llm)
             assert plan.moved[0] > 0, "the scenario must move vision samples"
             assert (plan.moved[1] > 0) == balance_llm
             lin = _encoder()

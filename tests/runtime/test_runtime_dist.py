@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dist_util import free_tcp_init_method, shutdown, spawn  # noqa: E402
-from runtime_util import pack_random, random_lengths  # noqa: E402
+from replay_util import pack_random, random_lengths  # noqa: E402
 
 from balancer_cli.manifest import open_manifest  # noqa: E402
 

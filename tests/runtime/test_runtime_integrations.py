@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from runtime_util import pack_random, random_lengths  # noqa: E402
+from replay_util import pack_random, random_lengths  # noqa: E402
 
 from balancer_cli.runtime import ManifestBatchSampler  # noqa: E402
 

@@ -1,6 +1,8 @@
 """Batch post-balancing (OrchMLLM): rebalance each phase of a step across ranks.
 
-- :func:`plan_post_balance`: the pure planner (numpy; numba-accelerated when installed).
+- :func:`plan_post_balance`: the pure planner (numpy; numba-accelerated when installed); each
+  phase is balanced by :mod:`~balancer_cli.replay.post_balance.search` over the loads of
+  :mod:`~balancer_cli.replay.post_balance.loads`.
 - :func:`manifest_phase_ranks`, :func:`phase_utilization`: the offline hook for
   ``balancer pack --post-balance`` and its metric; :func:`plan_from_phase_ranks` rebuilds a
   step's plan from the manifest's ``<m>_rank`` columns at training time.
@@ -14,14 +16,9 @@ Example:
     ([8.0, 0.0], [4.0, 4.0], 1)
 """
 
+from balancer_cli.replay.post_balance.loads import ATTENTION_MODES, apply_cost_coeffs, phase_loads
 from balancer_cli.replay.post_balance.offline import manifest_phase_ranks, phase_utilization, plan_from_phase_ranks
-from balancer_cli.replay.post_balance.plan import (
-    ATTENTION_MODES,
-    PostBalancePlan,
-    apply_cost_coeffs,
-    phase_loads,
-    plan_post_balance,
-)
+from balancer_cli.replay.post_balance.plan import PostBalancePlan, plan_post_balance
 
 __all__ = [
     "ATTENTION_MODES",

@@ -28,7 +28,8 @@ import numpy as np
 from balancer_cli.errors import PlanError
 from balancer_cli.lengths import LLM
 from balancer_cli.manifest import ManifestRows
-from balancer_cli.replay.post_balance.plan import PostBalancePlan, phase_loads, plan_post_balance
+from balancer_cli.replay.post_balance.loads import phase_loads
+from balancer_cli.replay.post_balance.plan import PostBalancePlan, plan_post_balance
 
 __all__ = ["manifest_phase_ranks", "phase_utilization", "plan_from_phase_ranks"]
 
@@ -69,6 +70,13 @@ def manifest_phase_ranks(
 
     Raises:
         PlanError: costs without ``llm``, a sample id outside a cost array, ranks outside R.
+
+    Example:
+        >>> rows = ManifestRows(step=np.zeros(4, int), rank=np.array([0, 0, 1, 1]), micro=np.zeros(4, int),
+        ...                     sample=np.arange(4))
+        >>> costs = {"vision": np.array([9., 8., 1., 0.]), "llm": np.array([5., 5., 5., 5.])}
+        >>> manifest_phase_ranks(rows, costs, world_size=2)["vision"].tolist()
+        [0, 1, 1, 1]
     """
     order = _module_order(costs)
     sample = np.asarray(rows.sample, dtype=np.int64)
@@ -80,15 +88,15 @@ def manifest_phase_ranks(
     if len(rank) and (rank.min() < 0 or rank.max() >= world_size):
         raise PlanError(f"manifest rank {int(rank.max())} is outside world_size {world_size}",
                         fix="pass the manifest's world_size")
-    cost_PM = np.stack([np.asarray(costs[m], dtype=np.float64)[sample] for m in order], axis=1)
+    cost_PK = np.stack([np.asarray(costs[m], dtype=np.float64)[sample] for m in order], axis=1)
     out = np.empty((len(order) - 1, len(rows)), np.int32)
     bounds = _step_bounds(rows)
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         # rows of one step are sorted by rank: each rank's rows are one contiguous slice
         cuts = lo + np.searchsorted(rank[lo:hi], np.arange(world_size + 1), side="left")
-        plan = plan_post_balance([cost_PM[a:b] for a, b in zip(cuts[:-1], cuts[1:])], ranks_per_node,
+        plan = plan_post_balance([cost_PK[a:b] for a, b in zip(cuts[:-1], cuts[1:])], ranks_per_node,
                                  modules=order, attention=attention)
-        out[:, lo:hi] = plan.dest_MN[:-1]
+        out[:, lo:hi] = plan.dest_KN[:-1]
     return {m: out[i] for i, m in enumerate(order[:-1])}
 
 
@@ -108,6 +116,13 @@ def phase_utilization(
 
     Returns:
         ``{module: utilization, ..., "step": whole-step utilization}``.
+
+    Example:
+        >>> rows = ManifestRows(step=np.zeros(2, int), rank=np.array([0, 1]), micro=np.zeros(2, int),
+        ...                     sample=np.arange(2))
+        >>> costs = {"vision": np.array([3., 1.]), "llm": np.array([2., 2.])}
+        >>> phase_utilization(rows, costs, {}, world_size=2)
+        {'vision': 0.6666666666666666, 'llm': 1.0, 'step': 0.8}
     """
     order = _module_order(costs)
     sample = np.asarray(rows.sample, dtype=np.int64)
@@ -133,7 +148,7 @@ def plan_from_phase_ranks(
     phase_ranks: Mapping[str, np.ndarray],
     world_size: int,
     *,
-    costs_PM: np.ndarray | None = None,
+    cost_PK: np.ndarray | None = None,
     attention: str | Sequence[str] = "varlen",
 ) -> PostBalancePlan:
     """Rebuild one step's plan from a manifest's ``<m>_rank`` columns (no communication).
@@ -147,7 +162,7 @@ def plan_from_phase_ranks(
         phase_ranks: ``{encoder: (P,) rank running its phase}``, in phase order; the LLM phase
             runs on ``rank_P``.
         world_size: R.
-        costs_PM: optional (P, M) costs (encoders in ``phase_ranks`` order, then the LLM) to fill
+        cost_PK: optional (P, K) costs (encoders in ``phase_ranks`` order, then the LLM) to fill
             the predicted loads; zeros otherwise.
         attention: ``"varlen"``/``"padded"`` for the loads, for all or per module.
 
@@ -161,21 +176,21 @@ def plan_from_phase_ranks(
         raise PlanError("a step's rows must be sorted by rank, with ranks in 0..world_size-1",
                         fix="pass one step of a manifest written by balancer pack")
     modules = tuple(phase_ranks) + (LLM,)
-    dest_MN = np.stack([np.asarray(phase_ranks[m], dtype=np.int32) for m in phase_ranks]
+    dest_KN = np.stack([np.asarray(phase_ranks[m], dtype=np.int32) for m in phase_ranks]
                        + [rank_P.astype(np.int32)]).reshape(len(modules), len(rank_P))
-    if ((dest_MN < 0) | (dest_MN >= world_size)).any():
+    if ((dest_KN < 0) | (dest_KN >= world_size)).any():
         raise PlanError(f"a phase rank is outside 0..{world_size - 1}", fix="pass the manifest's world_size")
     modes = (attention,) * len(modules) if isinstance(attention, str) else tuple(attention)
     offsets = np.concatenate([[0], np.cumsum(np.bincount(rank_P, minlength=world_size))]).astype(np.int64)
     before = np.zeros((len(modules), world_size))
     after = np.zeros((len(modules), world_size))
     lower = np.zeros(len(modules))
-    if costs_PM is not None:
-        costs_PM = np.asarray(costs_PM, dtype=np.float64).reshape(len(rank_P), len(modules))
+    if cost_PK is not None:
+        cost_PK = np.asarray(cost_PK, dtype=np.float64).reshape(len(rank_P), len(modules))
         for m in range(len(modules)):
-            before[m] = phase_loads(costs_PM[:, m], rank_P, world_size, modes[m])
-            after[m] = phase_loads(costs_PM[:, m], dest_MN[m], world_size, modes[m])
-            lower[m] = max(costs_PM[:, m].sum() / world_size, costs_PM[:, m].max(initial=0.0))
-    for a in (offsets, dest_MN, before, after, lower):
+            before[m] = phase_loads(cost_PK[:, m], rank_P, world_size, modes[m])
+            after[m] = phase_loads(cost_PK[:, m], dest_KN[m], world_size, modes[m])
+            lower[m] = max(cost_PK[:, m].sum() / world_size, cost_PK[:, m].max(initial=0.0))
+    for a in (offsets, dest_KN, before, after, lower):
         a.setflags(write=False)
-    return PostBalancePlan(modules, modes, world_size, None, offsets, dest_MN, before, after, lower)
+    return PostBalancePlan(modules, modes, world_size, None, offsets, dest_KN, before, after, lower)
