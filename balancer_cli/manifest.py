@@ -274,12 +274,16 @@ class ManifestFile:
         """The step shape the manifest was packed for."""
         return StepShape(world_size=self.world_size, micro_batches=self.micro_batches)
 
-    def check_lengths(self, fingerprint: str, origin: str = "the lengths table") -> None:
+    def check_lengths(self, fingerprint: str, origin: str = "the lengths table", *, required: bool = True) -> None:
         """Raise :class:`ManifestError` unless ``fingerprint`` is the lengths table this was packed from.
 
         The one check every reader of a manifest plus lengths makes (report, replay, planners).
+        ``required=False`` accepts a manifest that records no fingerprint (one not written by
+        ``balancer pack``); a recorded one must always match.
         """
         expected = self.meta.get("lengths_fingerprint")
+        if expected is None and not required:
+            return
         if expected != fingerprint:
             raise ManifestError(
                 f"{origin} (fingerprint {fingerprint[:12]}) is not the one {self.path} was packed from "

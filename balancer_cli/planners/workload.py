@@ -238,7 +238,7 @@ def manifest_groups(manifest: str | os.PathLike, table: LengthsTable) -> tuple[n
     """
     path = Path(manifest)
     opened = open_manifest(path)
-    opened.check_lengths(table.fingerprint)
+    opened.check_lengths(table.fingerprint, required=False)
     first_epoch = opened.epoch_num_steps[0] if opened.epoch_num_steps else opened.num_steps
     rows = opened.read_steps(0, first_epoch)
     if len(rows) == 0:

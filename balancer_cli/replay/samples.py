@@ -100,14 +100,11 @@ class ReplaySamples:
             >>> ReplaySamples.from_lengths(make_lengths_table(np.array([7]), {}), open_manifest(out)).cost_NK.tolist()
             [[7.0]]
         """
-        expected = manifest.meta.get("lengths_fingerprint")
         where, num_samples = manifest.path, int(manifest.meta["num_samples"])
         if lengths.num_samples != num_samples:
             raise ManifestError(f"{where}: the lengths table has {lengths.num_samples} samples, the manifest "
                                 f"{num_samples}", fix="pass the lengths table the manifest was packed from")
-        if expected and expected != lengths.fingerprint:
-            raise ManifestError(f"{where}: lengths fingerprint {lengths.fingerprint} differs from the manifest's "
-                                f"{expected}", fix="pass the lengths table the manifest was packed from, or re-pack")
+        manifest.check_lengths(lengths.fingerprint, required=False)
         loss = None
         if "loss_tokens" in lengths.table.column_names:
             loss = np.asarray(lengths.table.column("loss_tokens").fill_null(0).to_numpy(), dtype=np.int64)

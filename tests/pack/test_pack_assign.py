@@ -47,7 +47,7 @@ def test_every_slot_filled_once_and_deterministic(R, M, steps, K, sparse, window
 def test_groups_not_a_multiple_or_too_few_are_clear_errors():
     with pytest.raises(InputError, match=r"not a multiple.*fix: pack with group_multiple=8"):
         assign_groups(np.ones((12, 2)), world_size=4, micro_batches=2)
-    with pytest.raises(InputError, match=r"3 groups cannot fill one step.*fix: lower --world-size"):
+    with pytest.raises(InputError, match=r"3 groups cannot fill one step.*fix: lower world_size"):
         assign_groups(np.ones((3, 2)), world_size=8, micro_batches=1)
     with pytest.raises(UsageError):
         assign_groups(np.ones((4, 2)), world_size=0, micro_batches=1)

@@ -6,7 +6,6 @@ import io
 import struct
 import warnings
 import zlib
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from balancer_cli.errors import UsageError
+from balancer_cli.manifest import StepShape
 from balancer_cli.pack.types import Packing
 
-__all__ = ["SampleView", "PackerSpec", "PACKERS", "names", "get", "Packer"]
+__all__ = ["SampleView", "PackerConfig", "PackerSpec", "PACKERS", "names", "get", "Packer"]
 
 #: ``epoch -> Packing`` over the samples without error (ids are dataset sample ids).
 Packer = Callable[[int], Packing]
@@ -47,9 +49,20 @@ class SampleView:
     modules: tuple[str, ...]
 
 
-#: ``(samples, config, caps_K, bounds_K) -> Packer``; ``config`` is a
-#: :class:`~balancer_cli.pack.config.PackConfig` (not imported: the config validates against this registry).
-Builder = Callable[[SampleView, "PackConfig", np.ndarray, np.ndarray], Packer]
+class PackerConfig(Protocol):
+    """What a packer reads of a :class:`~balancer_cli.pack.config.PackConfig` (which validates its
+    ``algorithm`` against this registry, so the registry does not import it)."""
+
+    shape: StepShape
+    oversize: str
+    iterations: int
+    batch_size: int | None
+
+    def epoch_seed(self, epoch: int, stream: str) -> int: ...
+
+
+#: ``(samples, config, caps_K, bounds_K) -> Packer``.
+Builder = Callable[[SampleView, PackerConfig, np.ndarray, np.ndarray], Packer]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -73,7 +86,7 @@ class PackerSpec:
     sequential: bool = False
 
 
-def _balanced(view: SampleView, config: PackConfig, caps_K: np.ndarray, bounds_K: np.ndarray) -> Packer:
+def _balanced(view: SampleView, config: PackerConfig, caps_K: np.ndarray, bounds_K: np.ndarray) -> Packer:
     from balancer_cli.pack.packers.balanced import pack_balanced
 
     # G a multiple of R x M, so no group is left out of a full step; sources join refinement's
@@ -84,7 +97,7 @@ def _balanced(view: SampleView, config: PackConfig, caps_K: np.ndarray, bounds_K
         oversize=config.oversize, sample_ids=view.ids_n)
 
 
-def _isf(view: SampleView, config: PackConfig, caps_K: np.ndarray, bounds_K: np.ndarray) -> Packer:
+def _isf(view: SampleView, config: PackerConfig, caps_K: np.ndarray, bounds_K: np.ndarray) -> Packer:
     from balancer_cli.pack.packers.isf import pack_isf
 
     return lambda epoch: pack_isf(view.load_nK, caps_K, bounds_K, iterations=config.iterations,
@@ -92,14 +105,14 @@ def _isf(view: SampleView, config: PackConfig, caps_K: np.ndarray, bounds_K: np.
                                   oversize=config.oversize, sample_ids=view.ids_n)
 
 
-def _llm_ffd(view: SampleView, config: PackConfig, caps_K: np.ndarray, bounds_K: np.ndarray) -> Packer:
+def _llm_ffd(view: SampleView, config: PackerConfig, caps_K: np.ndarray, bounds_K: np.ndarray) -> Packer:
     from balancer_cli.pack.packers.baselines import pack_llm_ffd
 
     return lambda epoch: pack_llm_ffd(view.load_nK, caps_K, seed=config.epoch_seed(epoch, "pack"),
                                       oversize=config.oversize, sample_ids=view.ids_n)
 
 
-def _random(view: SampleView, config: PackConfig, caps_K: np.ndarray, bounds_K: np.ndarray) -> Packer:
+def _random(view: SampleView, config: PackerConfig, caps_K: np.ndarray, bounds_K: np.ndarray) -> Packer:
     from balancer_cli.pack.packers.baselines import default_batch_size, pack_random
 
     batch = config.batch_size or default_batch_size(view.load_nK, caps_K)
