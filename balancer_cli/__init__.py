@@ -40,6 +40,7 @@ O     sources (input files or datasets a sample comes from)
 C     candidates (search grid points, refinement partners)
 X     member slots of a group (the padded width of a group's member table)
 U     units of elastic replay (a step, or a run of short steps); L its batches
+B     blocks of the assigner: R groups that share one micro-batch slot of a step
 ====  ===========================================================================
 
 Example:

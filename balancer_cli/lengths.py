@@ -34,8 +34,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from balancer_cli import __version__
-from balancer_cli.errors import InputError
 from balancer_cli._fsutil import atomic_path, bytes_fingerprint
+from balancer_cli.errors import InputError
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -41,8 +41,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from balancer_cli import __version__
-from balancer_cli.errors import ManifestError, UsageError
 from balancer_cli._fsutil import atomic_path
+from balancer_cli.errors import ManifestError, UsageError
 
 __all__ = [
     "SCHEMA_VERSION",

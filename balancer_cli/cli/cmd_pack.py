@@ -17,8 +17,8 @@ from balancer_cli.cli._options import (
     step_shape_options,
 )
 from balancer_cli.cli._render import render_pack
-from balancer_cli.pack.config import OVERSIZE_POLICIES
 from balancer_cli.pack.packers import registry
+from balancer_cli.pack.types import OVERSIZE_POLICIES
 
 __all__ = ["command"]
 

@@ -30,12 +30,10 @@ import numpy as np
 
 from balancer_cli.errors import UsageError
 from balancer_cli.manifest import StepShape
-from balancer_cli.pack.packers._common import OVERSIZE_POLICIES
+from balancer_cli.pack.types import OVERSIZE_POLICIES, Oversize
 
-__all__ = ["PackConfig", "Oversize", "OVERSIZE_POLICIES", "Stream", "STREAMS", "rng", "stream_seed"]
+__all__ = ["PackConfig", "Stream", "STREAMS", "rng", "stream_seed"]
 
-Oversize = Literal["isolate", "drop", "error"]
-assert get_args(Oversize) == OVERSIZE_POLICIES  # the packers' policies, spelled as a type
 
 Stream = Literal["pack", "assign", "search"]
 #: The named random streams of a pack run; a stream's index is part of its seed.

@@ -68,12 +68,12 @@ def step_mix_distances(step_P: np.ndarray, source_P: np.ndarray, num_steps: int,
     """
     if len(step_P) == 0 or num_steps == 0:
         return np.zeros(num_steps)
-    counts_SC = np.bincount(np.asarray(step_P, np.int64) * num_sources + np.asarray(source_P, np.int64),
+    counts_SO = np.bincount(np.asarray(step_P, np.int64) * num_sources + np.asarray(source_P, np.int64),
                             minlength=num_steps * num_sources).reshape(num_steps, num_sources).astype(float)
-    overall_C = counts_SC.sum(axis=0) / counts_SC.sum()
-    totals_S = counts_SC.sum(axis=1, keepdims=True)
-    mix_SC = np.divide(counts_SC, totals_S, out=np.zeros_like(counts_SC), where=totals_S > 0)
-    return 0.5 * np.abs(mix_SC - overall_C).sum(axis=1)
+    overall_O = counts_SO.sum(axis=0) / counts_SO.sum()
+    totals_S = counts_SO.sum(axis=1, keepdims=True)
+    mix_SO = np.divide(counts_SO, totals_S, out=np.zeros_like(counts_SO), where=totals_S > 0)
+    return 0.5 * np.abs(mix_SO - overall_O).sum(axis=1)
 
 
 def reason_kind(reason: str) -> str:

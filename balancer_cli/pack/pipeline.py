@@ -114,7 +114,9 @@ def run_search(inputs: PackInputs, config: PackConfig, **search_options: Any) ->
     limited by :func:`_default_max_caps`. ``search_options`` go to
     :func:`balancer_cli.pack.search.search_thresholds` (``grid``, ``sample_size``, ...).
     """
-    from balancer_cli.pack.search import search_thresholds  # the packer's search; heavy, import late
+    from balancer_cli.pack.search import (
+        search_thresholds,  # the packer's search; heavy, import late
+    )
 
     caps = _by_module(config.caps, inputs.modules, "caps")
     max_caps_K = _default_max_caps(inputs)
@@ -176,7 +178,9 @@ def place_packer(name: str, inputs: PackInputs, config: PackConfig, caps_K: np.n
 
 def with_phase_ranks(rows: ManifestRows, inputs: PackInputs, world_size: int) -> ManifestRows:
     """Add ``<m>_rank`` columns: the rank that runs encoder m's phase for each row (post-balancing)."""
-    from balancer_cli.replay.post_balance import manifest_phase_ranks  # compiled kernels: import when used
+    from balancer_cli.replay.post_balance import (
+        manifest_phase_ranks,  # compiled kernels: import when used
+    )
 
     costs = {m: inputs.cost_NK[:, k] for k, m in enumerate(inputs.modules)}  # encoders first, llm last
     phase_ranks = manifest_phase_ranks(rows, costs, world_size)

@@ -17,10 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 
-__all__ = ["Packing", "Assignment", "check_packing", "group_sums"]
+__all__ = ["Packing", "Assignment", "check_packing", "group_sums", "Oversize", "OVERSIZE_POLICIES"]
+
+#: What to do with a sample over a cap on its own: its own group, dropped, or an error.
+Oversize = Literal["isolate", "drop", "error"]
+OVERSIZE_POLICIES: tuple[str, ...] = get_args(Oversize)
 
 
 @dataclass(frozen=True)

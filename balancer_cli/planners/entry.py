@@ -26,7 +26,12 @@ from balancer_cli.planners.chain import layer_costs, layer_out_bytes
 from balancer_cli.planners.partition import Bounds, bounds_from_cuts, plan_partition
 from balancer_cli.planners.recompute import plan_recompute
 from balancer_cli.planners.summary import partition_summary, recompute_summary
-from balancer_cli.planners.workload import WorkloadSpec, build_model_chain, load_profile, load_workload
+from balancer_cli.planners.workload import (
+    WorkloadSpec,
+    build_model_chain,
+    load_profile,
+    load_workload,
+)
 
 __all__ = ["plan_partition_summary", "plan_recompute_summary"]
 

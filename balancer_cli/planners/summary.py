@@ -23,9 +23,18 @@ import numpy as np
 
 from balancer_cli.lengths import LLM
 from balancer_cli.planners.chain import Layer, layer_costs, layer_out_bytes
-from balancer_cli.planners.flags import (deepspeed_parts_snippet, megatron_partition_args, megatron_recompute_args,
-                                         stage_layer_counts)
-from balancer_cli.planners.partition import Partition, first_stage_partition, make_partition, plan_partition
+from balancer_cli.planners.flags import (
+    deepspeed_parts_snippet,
+    megatron_partition_args,
+    megatron_recompute_args,
+    stage_layer_counts,
+)
+from balancer_cli.planners.partition import (
+    Partition,
+    first_stage_partition,
+    make_partition,
+    plan_partition,
+)
 from balancer_cli.planners.recompute import GB, RecomputePlan
 
 __all__ = ["partition_summary", "render_partition", "recompute_summary", "render_recompute"]

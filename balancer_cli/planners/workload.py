@@ -34,8 +34,14 @@ from balancer_cli.cost.samples import CostModel
 from balancer_cli.errors import InputError, ManifestError, UsageError
 from balancer_cli.lengths import LengthsTable, read_lengths
 from balancer_cli.manifest import StepShape, open_manifest
-from balancer_cli.planners.chain import (Layer, build_chain, explicit_features, group_features, mean_features,
-                                         sequential_groups)
+from balancer_cli.planners.chain import (
+    Layer,
+    build_chain,
+    explicit_features,
+    group_features,
+    mean_features,
+    sequential_groups,
+)
 
 __all__ = ["DEFAULT_GROUP_LLM_TOKENS", "WorkloadSpec", "Workload", "build_model", "build_model_chain",
            "load_workload", "manifest_groups", "load_profile"]

@@ -34,7 +34,12 @@ import numpy as np
 
 from balancer_cli.errors import ManifestError
 from balancer_cli.metrics import dist_ratio_per_step
-from balancer_cli.replay.elastic import ElasticReport, batches_per_rank, form_runs, plan_step
+from balancer_cli.replay.elastic import (
+    ElasticReport,
+    batches_per_rank,
+    form_runs,
+    plan_step,
+)
 from balancer_cli.replay.reader import ManifestReader
 from balancer_cli.replay.replan import plan_window, plan_window_rank
 from balancer_cli.replay.samples import ReplaySamples

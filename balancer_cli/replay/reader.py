@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from balancer_cli.errors import ManifestError
 from balancer_cli._fsutil import bytes_fingerprint
+from balancer_cli.errors import ManifestError
 from balancer_cli.manifest import ManifestFile, open_manifest
 
 __all__ = ["ManifestReader", "manifest_fingerprint"]

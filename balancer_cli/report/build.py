@@ -39,7 +39,13 @@ import numpy as np
 from balancer_cli._fsutil import atomic_path
 from balancer_cli.errors import BalancerError
 from balancer_cli.lengths import LengthsTable
-from balancer_cli.manifest import REPORT_JSON, REPORT_MD, REPORT_PNG, ManifestFile, read_dropped
+from balancer_cli.manifest import (
+    REPORT_JSON,
+    REPORT_MD,
+    REPORT_PNG,
+    ManifestFile,
+    read_dropped,
+)
 from balancer_cli.pack.config import PackConfig
 from balancer_cli.pack.evaluate import Evaluation, evaluate_rows
 from balancer_cli.pack.inputs import prepare_inputs

@@ -23,7 +23,12 @@ from typing import Any
 
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.scan.hf_datasets import open_dataset
-from balancer_cli.scan.inputs import RECORD_FORMATS, InputSpec, expand_inputs, open_input
+from balancer_cli.scan.inputs import (
+    RECORD_FORMATS,
+    InputSpec,
+    expand_inputs,
+    open_input,
+)
 from balancer_cli.scan.jsonlist import iter_json_list
 
 __all__ = ["MalformedLine", "RecordBlock", "iter_blocks"]

@@ -38,7 +38,13 @@ from balancer_cli.scan.blocks import RecordBlock, iter_blocks
 from balancer_cli.scan.engines import get_engine
 from balancer_cli.scan.hf_datasets import builder_files
 from balancer_cli.scan.inputs import InputSpec, expand_inputs
-from balancer_cli.scan.measure import AUDIO_FRAMES_PER_S, AUDIO_LLM_POOL, MODULES, ScanConfig, error_kind
+from balancer_cli.scan.measure import (
+    AUDIO_FRAMES_PER_S,
+    AUDIO_LLM_POOL,
+    MODULES,
+    ScanConfig,
+    error_kind,
+)
 from balancer_cli.scan.text import load_tokenizer
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "ScanResult", "assemble", "default_jobs", "scan", "scan_metadata"]

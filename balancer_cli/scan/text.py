@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from balancer_cli.errors import InputError, UsageError
 from balancer_cli._fsutil import file_fingerprint
+from balancer_cli.errors import InputError, UsageError
 
 __all__ = ["NAMED_VOCABULARIES", "TextTokenizer", "load_tokenizer", "resolve_tokenizer"]
 

@@ -21,11 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from balancer_cli.errors import InputError, UsageError
-from balancer_cli.pack.types import Packing
+from balancer_cli.pack.types import OVERSIZE_POLICIES, Packing
 
-__all__ = ["OVERSIZE_POLICIES", "OversizeSplit", "check_inputs", "split_oversize", "module_label", "assemble"]
+__all__ = ["OversizeSplit", "check_inputs", "split_oversize", "module_label", "assemble"]
 
-OVERSIZE_POLICIES = ("isolate", "drop", "error")
 
 
 def module_label(k: int, num_modules: int, module_names: Sequence[str] | None) -> str:

@@ -16,8 +16,16 @@ Example:
     ([8.0, 0.0], [4.0, 4.0], 1)
 """
 
-from balancer_cli.replay.post_balance.loads import ATTENTION_MODES, apply_cost_coeffs, phase_loads
-from balancer_cli.replay.post_balance.offline import manifest_phase_ranks, phase_utilization, plan_from_phase_ranks
+from balancer_cli.replay.post_balance.loads import (
+    ATTENTION_MODES,
+    apply_cost_coeffs,
+    phase_loads,
+)
+from balancer_cli.replay.post_balance.offline import (
+    manifest_phase_ranks,
+    phase_utilization,
+    plan_from_phase_ranks,
+)
 from balancer_cli.replay.post_balance.plan import PostBalancePlan, plan_post_balance
 
 __all__ = [

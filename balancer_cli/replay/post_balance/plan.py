@@ -37,7 +37,11 @@ from functools import cached_property
 import numpy as np
 
 from balancer_cli.errors import PlanError, UsageError
-from balancer_cli.replay.post_balance.loads import ATTENTION_MODES, apply_cost_coeffs, phase_loads
+from balancer_cli.replay.post_balance.loads import (
+    ATTENTION_MODES,
+    apply_cost_coeffs,
+    phase_loads,
+)
 from balancer_cli.replay.post_balance.search import MATCHINGS, PhaseInput, balance_phase
 
 __all__ = ["PostBalancePlan", "plan_post_balance"]

@@ -21,7 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from balancer_cli.errors import UsageError
-from balancer_cli.scan.rules.base import MediaCount, MediaRejected, VisionRule, check_size, config_section
+from balancer_cli.scan.rules.base import (
+    MediaCount,
+    MediaRejected,
+    VisionRule,
+    check_size,
+    config_section,
+)
 
 __all__ = ["LlavaRule", "LlavaNextRule", "LlavaOnevisionRule", "llava_processor_params", "parse_pinpoints",
            "select_best_resolution", "unpadded_features"]
