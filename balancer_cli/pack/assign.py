@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from balancer_cli.errors import InputError, UsageError
+from balancer_cli.errors import InputError
+from balancer_cli.manifest import StepShape
 from balancer_cli.pack.types import Assignment, Packing, group_sums
 
 __all__ = ["assign_groups", "split_to_multiple", "check_assignment"]
@@ -105,10 +106,8 @@ def assign_groups(
     if cost.ndim == 1:
         cost = cost[:, None]
     G = cost.shape[0]
-    R, M = int(world_size), int(micro_batches)
-    if R < 1 or M < 1:
-        raise UsageError(f"world_size and micro_batches must be >= 1, got {R} and {M}", fix="pass positive values")
-    per_step = R * M
+    shape = StepShape(world_size=world_size, micro_batches=micro_batches)  # validates both
+    R, M, per_step = shape.world_size, shape.micro_batches, shape.groups_per_step
     if G < per_step:
         raise InputError(
             f"{G} groups cannot fill one step of {R} ranks x {M} micro-batches ({per_step} groups)",

@@ -8,7 +8,7 @@ Example:
     >>> import numpy as np
     >>> from balancer_cli.lengths import make_lengths_table
     >>> from balancer_cli.manifest import ManifestRows
-    >>> from balancer_cli.pack.pipeline import prepare_inputs
+    >>> from balancer_cli.pack.inputs import prepare_inputs
     >>> inputs = prepare_inputs(make_lengths_table(np.array([100, 60, 40, 100])))
     >>> rows = ManifestRows(np.array([0, 0, 0, 0]), np.array([0, 0, 1, 1]), np.zeros(4, int), np.array([0, 1, 2, 3]))
     >>> ev = evaluate_rows(inputs, rows, np.array([], np.int64), (), caps_K=np.array([200]), world_size=2,
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from balancer_cli.lengths import LLM
-from balancer_cli.manifest import ManifestRows
+from balancer_cli.manifest import ManifestRows, StepShape
 from balancer_cli.metrics import (
     dist_ratio,
     pad_ratio,
@@ -147,7 +147,8 @@ def evaluate_rows(
     metrics = {
         "modules": modules,
         "step": {"utilization": _round(step_utilization(list(loads.values())))},
-        "steps": _steps(inputs, rows, caps_K, world_size * micro_batches, epoch_num_steps),
+        "steps": _steps(inputs, rows, caps_K, StepShape(world_size=world_size, micro_batches=micro_batches).groups_per_step,
+                        epoch_num_steps),
         "groups": _groups(inputs, group, sample, caps_K),
         "dropped": _dropped(np.asarray(dropped_sample), dropped_reason, inputs.num_samples),
         "step_mix": _step_mix(inputs, step, sample, num_steps),

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from balancer_cli.errors import InputError, UsageError
+from balancer_cli.manifest import StepShape
 from balancer_cli.metrics import dist_ratio, pad_ratio, step_loads, utilization
 from balancer_cli.pack.assign import assign_groups, split_to_multiple
 from balancer_cli.pack.bounds import groups_lower_bound
@@ -116,18 +117,19 @@ def _axis(max_cap: int, center: float, grid: int, floor: float) -> np.ndarray:
     return np.clip(vals, 1, max_cap)
 
 
-def _evaluate(load, cost, caps, bounds, R, M, algorithm, seed, passes):
+def _evaluate(load, cost, caps, bounds, shape, algorithm, seed, passes):
     n = len(load)
+    R, M, per_step = shape.world_size, shape.micro_batches, shape.groups_per_step
     if algorithm == "isf":
         p = pack_isf(load, caps, bounds, iterations=20, seed=seed)
-        if p.num_groups >= R * M:
-            p = split_to_multiple(p, cost[:, -1], R * M)
+        if p.num_groups >= per_step:
+            p = split_to_multiple(p, cost[:, -1], per_step)
     else:
-        p = pack_balanced(load, caps, cost_NK=cost, group_multiple=R * M, seed=seed,
+        p = pack_balanced(load, caps, cost_NK=cost, group_multiple=per_step, seed=seed,
                           options=BalancedOptions(passes=passes))
     G = p.num_groups
     excluded = (len(p.dropped) + int(p.isolated.sum())) / n
-    if G < R * M or G % (R * M):
+    if G < per_step or G % per_step:
         return None
     gs = group_sums(p, cost)
     a = assign_groups(gs, world_size=R, micro_batches=M, seed=seed)
@@ -191,7 +193,8 @@ def search_thresholds(
                          f"({load.shape[1]})", fix="give one positive limit per module, encoders first, llm last")
     if grid < 1:
         raise UsageError(f"grid must be >= 1, got {grid}", fix="use --grid 5")
-    R, M = int(world_size), int(micro_batches)
+    shape = StepShape(world_size=world_size, micro_batches=micro_batches)
+    R, M = shape.world_size, shape.micro_batches
     rng = np.random.default_rng(seed)
     n = min(len(load), int(sample_size))
     pick = np.sort(rng.choice(len(load), n, replace=False)) if n < len(load) else np.arange(len(load))
@@ -210,11 +213,11 @@ def search_thresholds(
         else:
             bound_sets = [caps]
         for bounds in bound_sets:
-            res = _evaluate(sub_load, sub_cost, caps, bounds, R, M, algorithm, seed, passes)
+            res = _evaluate(sub_load, sub_cost, caps, bounds, shape, algorithm, seed, passes)
             if res is None:
                 continue
             steps, dist, util, pad, excluded, size = res
-            steps_lb = max(1, -(-groups_lower_bound(sub_load, caps) // (R * M)))
+            steps_lb = max(1, -(-groups_lower_bound(sub_load, caps) // shape.groups_per_step))
             objective = (sum(1.0 - u for u in util) + pad_ratio_weight * pad + 10.0 * excluded
                          + (steps / steps_lb - 1.0) + size_weight * abs(size / target - 1.0))
             candidates.append(Candidate(tuple(caps.tolist()), tuple(int(b) for b in bounds), float(objective),
@@ -223,7 +226,7 @@ def search_thresholds(
             grid_obj[idx] = min(grid_obj[idx], objective)
     if not candidates:
         raise InputError(
-            f"no candidate yields {R * M} groups on a {n}-sample subsample",
+            f"no candidate yields {shape.groups_per_step} groups on a {n}-sample subsample",
             fix="lower {world_size} or {micro_batches}, or raise {sample_size}",
         )
     candidates.sort(key=lambda c: (c.objective, c.caps_K, c.bounds_K))

@@ -7,7 +7,7 @@ group read, whatever the step.
 
 Example:
     >>> import numpy as np, tempfile
-    >>> from balancer_cli.manifest import ManifestRows, write_manifest
+    >>> from balancer_cli.manifest import StepShape, ManifestRows, write_manifest
     >>> out = tempfile.mkdtemp()
     >>> rows = ManifestRows(step=np.array([0, 0, 0]), rank=np.array([0, 0, 1]), micro=np.array([0, 0, 0]),
     ...                     sample=np.array([2, 0, 1]))
@@ -30,7 +30,7 @@ import numpy as np
 
 from balancer_cli._fsutil import bytes_fingerprint
 from balancer_cli.errors import ManifestError
-from balancer_cli.manifest import ManifestFile, open_manifest
+from balancer_cli.manifest import ManifestFile, StepShape, open_manifest
 
 __all__ = ["ManifestReader", "manifest_fingerprint"]
 
@@ -44,7 +44,7 @@ def manifest_fingerprint(manifest: ManifestFile) -> str:
 
     Example:
         >>> import tempfile
-        >>> from balancer_cli.manifest import ManifestRows, write_manifest
+        >>> from balancer_cli.manifest import StepShape, ManifestRows, write_manifest
         >>> out, one = tempfile.mkdtemp(), np.zeros(1, int)
         >>> _ = write_manifest(out, ManifestRows(step=one, rank=one, micro=one, sample=one), dropped_sample=one[:0],
         ...                    dropped_reason=[], meta={"world_size": 1, "micro_batches": 1, "num_samples": 1, "seed": 0})
@@ -97,7 +97,7 @@ class ManifestReader:
         self.micro_batches = int(meta["micro_batches"])
         self.num_steps = int(meta["num_steps"])
         self.num_samples = int(meta["num_samples"])
-        self.groups_per_step = self.world_size * self.micro_batches
+        self.groups_per_step = StepShape(world_size=self.world_size, micro_batches=self.micro_batches).groups_per_step
         self._starts = np.asarray(meta["row_group_first_steps"] + [self.num_steps], dtype=np.int64)
         self._starts_list = self._starts.tolist()
         if len(self._starts) - 1 != self.manifest._file.num_row_groups:  # noqa: SLF001

@@ -108,7 +108,7 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable, *,
     # The random baseline batches as many samples per group as the manifest does on average.
     placed_per_epoch = len(rows) / max(config.epochs, 1)
     del rows  # the baselines below pack from the lengths alone
-    groups_per_epoch = max(manifest.num_steps * config.world_size * config.micro_batches / max(config.epochs, 1), 1)
+    groups_per_epoch = max(manifest.num_steps * config.shape.groups_per_step / max(config.epochs, 1), 1)
     base_config = PackConfig.from_meta(meta, batch_size=max(1, round(placed_per_epoch / groups_per_epoch)))
     for name in baselines:
         if name == config.algorithm:
