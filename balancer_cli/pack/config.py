@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
@@ -32,7 +32,12 @@ from balancer_cli.errors import UsageError
 from balancer_cli.manifest import StepShape
 from balancer_cli.pack.types import OVERSIZE_POLICIES, Oversize
 
-__all__ = ["PackConfig", "Stream", "STREAMS", "rng", "stream_seed"]
+if TYPE_CHECKING:
+    from balancer_cli.pack.packers.registry import Algorithm
+
+CostModelName = Literal["tokens", "flops"]
+
+__all__ = ["PackConfig", "CostModelName", "Stream", "STREAMS", "rng", "stream_seed"]
 
 
 Stream = Literal["pack", "assign", "search"]
@@ -85,14 +90,14 @@ class PackConfig:
 
     world_size: int = 1
     micro_batches: int = 1
-    algorithm: str = "balanced"
+    algorithm: Algorithm = "balanced"
     caps: Pairs = ()
     bounds: Pairs = ()
     iterations: int = 50
     oversize: Oversize = "isolate"
     epochs: int = 1
     seed: int = 0
-    cost_model: str = "tokens"
+    cost_model: CostModelName = "tokens"
     cost_presets: tuple[tuple[str, str], ...] = ()
     target_group_size: float | None = None
     batch_size: int | None = None

@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from balancer_cli.errors import InputError, UsageError
-from balancer_cli.pack.assign import assign_groups, check_assignment, split_to_multiple
-from balancer_cli.pack.packers.isf import pack_isf
 from balancer_cli.metrics import dist_ratio, step_loads
+from balancer_cli.pack.assign import assign_groups, check_assignment, split_to_multiple
 from balancer_cli.pack.packers.balanced import pack_balanced
+from balancer_cli.pack.packers.isf import pack_isf
 from balancer_cli.pack.search import default_caps, search_thresholds
 from balancer_cli.pack.types import check_packing, group_sums
 

@@ -197,7 +197,13 @@ def test_balanced_uses_costs_when_given():
 def test_kernels_pure_python_fallback_gives_identical_packings(monkeypatch):
     """numba is an accelerator only: the same kernels run as plain Python give the same groups."""
     from balancer_cli._jit import HAVE_NUMBA
-    from balancer_cli.pack.packers import _balanced_refine, _fill_kernels, _refine_kernels, balanced, isf
+    from balancer_cli.pack.packers import (
+        _balanced_refine,
+        _fill_kernels,
+        _refine_kernels,
+        balanced,
+        isf,
+    )
 
     if not HAVE_NUMBA:
         pytest.skip("numba absent: the pure-Python kernels are what every other test runs")

@@ -9,9 +9,13 @@ from hypothesis import strategies as st
 
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.lengths import make_lengths_table
-from balancer_cli.pack.packers.baselines import default_batch_size, pack_llm_ffd, pack_random
 from balancer_cli.pack.config import PackConfig
 from balancer_cli.pack.inputs import prepare_inputs
+from balancer_cli.pack.packers.baselines import (
+    default_batch_size,
+    pack_llm_ffd,
+    pack_random,
+)
 from balancer_cli.pack.packers.registry import PACKERS
 from balancer_cli.pack.pipeline import pack_manifest
 from balancer_cli.pack.types import check_packing
@@ -208,3 +212,13 @@ def test_random_batching_has_fixed_batch_size():
                                 packing.dropped, ()), len(ids))
     assert packing.group_sizes().tolist() == [5, 5, 5, 5, 3]
     assert default_batch_size(np.array([[1, 100]] * 10), np.array([10, 250])) == 2
+
+
+def test_config_literal_types_name_exactly_the_registered_choices():
+    from typing import get_args
+
+    from balancer_cli.cost.samples import COST_MODELS
+    from balancer_cli.pack.config import CostModelName
+    from balancer_cli.pack.packers.registry import Algorithm
+
+    assert set(get_args(Algorithm)) == set(PACKERS) and set(get_args(CostModelName)) == set(COST_MODELS)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -24,7 +24,10 @@ from balancer_cli.errors import UsageError
 from balancer_cli.manifest import StepShape
 from balancer_cli.pack.types import Packing
 
-__all__ = ["SampleView", "PackerConfig", "PackerSpec", "PACKERS", "names", "get", "Packer"]
+__all__ = ["Algorithm", "SampleView", "PackerConfig", "PackerSpec", "PACKERS", "names", "get", "Packer"]
+
+#: The registered packer names, as a type (a test keeps it equal to :data:`PACKERS`).
+Algorithm = Literal["balanced", "dataloader", "random", "llm-ffd", "isf"]
 
 #: ``epoch -> Packing`` over the samples without error (ids are dataset sample ids).
 Packer = Callable[[int], Packing]
