@@ -150,12 +150,13 @@ class ManifestReader:
                                     fix=fix)
         # Group key, in range once rank and micro are (steps are checked through the sort order:
         # the key is non-decreasing and the first and last steps are in range).
-        num_groups = num_steps * R * M
+        per_step = self.groups_per_step  # R x M
+        num_groups = num_steps * per_step
         # int32 arithmetic (half the memory traffic) whenever the keys fit, as they do in any
         # real row group.
         small = num_groups < np.iinfo(np.int32).max and step.dtype.itemsize <= 4
         kind = np.int32 if small else np.int64
-        key = (step.astype(kind) - kind(first)) * kind(R * M)
+        key = (step.astype(kind) - kind(first)) * kind(per_step)
         key += rank.astype(kind, copy=False) * kind(M)
         key += micro.astype(kind, copy=False)
         delta = np.diff(key)
@@ -165,9 +166,9 @@ class ManifestReader:
         # group starts are exactly where the key changes, and there are num_steps * R * M of them.
         starts = np.flatnonzero(delta) + 1
         if len(starts) + 1 != num_groups or key[0] != 0:
-            per_step = np.bincount(key[np.concatenate([[0], starts])] // (R * M), minlength=num_steps)
-            s = int(np.flatnonzero(per_step != R * M)[0])
-            raise ManifestError(f"{where}: step {first + s} has {per_step[s]} groups, expected {R} ranks x {M} micro-batches",
+            groups_S = np.bincount(key[np.concatenate([[0], starts])] // per_step, minlength=num_steps)
+            s = int(np.flatnonzero(groups_S != per_step)[0])
+            raise ManifestError(f"{where}: step {first + s} has {groups_S[s]} groups, expected {R} ranks x {M} micro-batches",
                                 fix=fix)
         offsets = np.empty(num_groups + 1, dtype=np.int64)
         offsets[0], offsets[1:-1], offsets[-1] = 0, starts, len(sample)
@@ -237,8 +238,9 @@ class ManifestReader:
             return cached
         # A rank's rows of one step are contiguous (rows are sorted by step, then rank), so its
         # rows in the row group are num_steps runs: one vectorized gather.
-        R, M = self.world_size, self.micro_batches
-        g0 = np.arange(group.num_steps, dtype=np.int64) * (R * M) + rank * M  # rank's first group per step
+        M = self.micro_batches
+        # the rank's first group of each step
+        g0 = np.arange(group.num_steps, dtype=np.int64) * self.groups_per_step + rank * M
         bounds_SM = group.offsets[g0[:, None] + np.arange(M + 1)]  # (steps, M+1) row bounds
         lo, sizes = bounds_SM[:, 0], bounds_SM[:, -1] - bounds_SM[:, 0]
         base = np.cumsum(sizes) - sizes  # where each step's run starts in the gathered rows
