@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import numbers
 import re
 from collections.abc import Mapping
 
@@ -34,6 +35,8 @@ __all__ = [
     "ManifestError",
     "PlanError",
     "PARAMETERS",
+    "is_int",
+    "check_int",
 ]
 
 
@@ -102,6 +105,30 @@ def _spell(match: re.Match, flags: Mapping[str, str]) -> str:
     if keyed in flags:
         return flags[keyed]
     return f"{flags[name]} {key}" if name in flags else keyed
+
+
+def is_int(value: object) -> bool:
+    """A Python or numpy integer, not a bool.
+
+    Example:
+        >>> is_int(3), is_int(True), is_int(2.0)
+        (True, False, False)
+    """
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_int(name: str, value: object, *, least: int, most: int | None = None, fix: str) -> None:
+    """Raise :class:`UsageError` naming parameter ``{name}`` unless ``value`` is an integer in range.
+
+    Example:
+        >>> check_int("epochs", 0, least=1, fix="give a positive {epochs}")
+        Traceback (most recent call last):
+        ...
+        balancer_cli.errors.UsageError: epochs must be an integer >= 1, not 0; fix: give a positive epochs
+    """
+    if not is_int(value) or value < least or (most is not None and value > most):
+        span = f">= {least}" if most is None else f"in {least}..{most}"
+        raise UsageError(f"{{{name}}} must be an integer {span}, not {value!r}", fix=fix)
 
 
 def _rebuild_error(cls: type[BalancerError], args: tuple, state: dict) -> BalancerError:

@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 
 from balancer_cli import __version__
 from balancer_cli._fsutil import atomic_path
-from balancer_cli.errors import ManifestError, UsageError
+from balancer_cli.errors import ManifestError, check_int
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -110,10 +110,8 @@ class StepShape:
 
     def __post_init__(self) -> None:
         for name in ("world_size", "micro_batches"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value < 1 << self.FIELD_BITS:
-                raise UsageError(f"{{{name}}} must be an integer in 1..{(1 << self.FIELD_BITS) - 1}, not {value!r}",
-                                 fix=f"give a positive {{{name}}}")
+            check_int(name, getattr(self, name), least=1, most=(1 << self.FIELD_BITS) - 1,
+                      fix=f"give a positive {{{name}}}")
 
     @property
     def groups_per_step(self) -> int:

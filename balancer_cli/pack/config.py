@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
-from balancer_cli.errors import UsageError
+from balancer_cli.errors import UsageError, check_int
 from balancer_cli.manifest import StepShape
 from balancer_cli.pack.types import OVERSIZE_POLICIES, Oversize
 
@@ -60,8 +60,8 @@ def _pairs(value: Mapping[str, int] | Sequence[tuple[str, int]], name: str) -> P
 def _positive(config: PackConfig, *names: str) -> None:
     for name in names:
         value = getattr(config, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
-            raise UsageError(f"{{{name}}} must be an integer >= 1, not {value!r}", fix=f"give a positive {{{name}}}")
+        if value is not None:
+            check_int(name, value, least=1, fix=f"give a positive {{{name}}}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -115,8 +115,7 @@ class PackConfig:
                                    or not target >= 1):
             raise UsageError(f"{{target_group_size}} must be a number >= 1, not {target!r}",
                              fix="give a mean group size of at least 1 sample")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
-            raise UsageError(f"{{seed}} must be an integer >= 0, not {self.seed!r}", fix="give a non-negative seed")
+        check_int("seed", self.seed, least=0, fix="give a non-negative seed")
         for name, choices in (("algorithm", tuple(PACKERS)), ("oversize", OVERSIZE_POLICIES),
                               ("cost_model", tuple(COST_MODELS))):
             if getattr(self, name) not in choices:

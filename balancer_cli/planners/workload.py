@@ -31,7 +31,7 @@ import numpy as np
 
 from balancer_cli.cost.presets import ModelConfig
 from balancer_cli.cost.samples import CostModel
-from balancer_cli.errors import InputError, ManifestError, UsageError
+from balancer_cli.errors import InputError, ManifestError, UsageError, check_int
 from balancer_cli.lengths import LengthsTable, read_lengths
 from balancer_cli.manifest import StepShape, open_manifest
 from balancer_cli.planners.chain import (
@@ -90,10 +90,8 @@ class WorkloadSpec:
         object.__setattr__(self, "lengths", tuple(str(p) for p in paths))
         for name, least in _COUNTS.items():
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
-                                      or value < least):
-                raise UsageError(f"{{{name}}} must be an integer >= {least}, not {value!r}",
-                                 fix=f"give {{{name}}} >= {least}, or leave it out")
+            if value is not None:
+                check_int(name, value, least=least, fix=f"give {{{name}}} >= {least}, or leave it out")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

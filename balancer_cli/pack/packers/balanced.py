@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from balancer_cli.errors import InputError, UsageError
+from balancer_cli.errors import InputError, UsageError, is_int
 from balancer_cli.pack.bounds import groups_lower_bound
 from balancer_cli.pack.packers._balanced_refine import refine
 from balancer_cli.pack.packers._common import assemble, check_inputs, split_oversize
@@ -100,17 +100,12 @@ class BalancedOptions:
     max_sources: int = 16
 
     def __post_init__(self) -> None:
-        if self.passes is not None and (not _is_int(self.passes) or self.passes < 0):
+        if self.passes is not None and (not is_int(self.passes) or self.passes < 0):
             raise UsageError(f"passes must be an integer >= 0 or None, not {self.passes!r}",
                              fix="pass None (automatic)")
-        if not _is_int(self.max_sources) or self.max_sources < 1:
+        if not is_int(self.max_sources) or self.max_sources < 1:
             raise UsageError(f"max_sources must be an integer >= 1, not {self.max_sources!r}",
                              fix="pass max_sources=16 (the default)")
-
-
-def _is_int(value: object) -> bool:
-    """A Python or numpy integer, not a bool."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 _DEFAULT_OPTIONS = BalancedOptions()
