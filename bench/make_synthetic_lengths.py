@@ -36,6 +36,8 @@ def main() -> None:
 
     real = read_lengths(sorted((ROOT.parent / "shared" / "data" / "internvl-lengths").glob("*.json")))
     llm, tokens, items = real.llm_tokens(), real.tokens("vision"), real.items("vision")
+    # Keep each drawn row's source, so step-mix measures see the real four-source mixture.
+    names, codes = np.unique(real.sources(), return_inverse=True)
     rng = np.random.default_rng(args.seed)
     start = time.perf_counter()
     chunks = []
@@ -43,8 +45,8 @@ def main() -> None:
         pick = rng.integers(0, real.num_samples, size=min(_CHUNK, args.num_samples - first))
         chunks.append(pa.table({
             "sample": pa.array(np.arange(first, first + len(pick), dtype=np.int64)),
-            "source": pa.DictionaryArray.from_arrays(pa.array(np.zeros(len(pick), np.int32)),
-                                                     pa.array(["internvl-synthetic"])),
+            "source": pa.DictionaryArray.from_arrays(pa.array(codes[pick].astype(np.int32)),
+                                                     pa.array(names.tolist())),
             "llm_tokens": pa.array(llm[pick].astype(np.int32)),
             "vision_tokens": pa.array(tokens[pick].astype(np.int32)),
             "vision_items": pa.array(items[pick].astype(np.int32)),

@@ -6,20 +6,26 @@ empty groups. Our packer is asked for a multiple directly (``group_multiple=R*M`
 packers (ISF, baselines) :func:`split_to_multiple` splits the heaviest multi-sample groups in two
 until G is a multiple, which keeps every cap (a part of a group never exceeds the group).
 
-Algorithm of :func:`assign_groups`:
+Algorithm of :func:`assign_groups` (balance first, then the step's source mix):
 
-1. **Classes.** Groups are classed by which *sparse* modules they hold (some groups have none
-   of it, e.g. audio) and by the exact value of *discrete* modules (few distinct group costs,
-   e.g. tiles x 256 tokens), so those balance exactly within a step.
-2. **Blocks of R.** Each class is shuffled, ordered by cost quantized to ``tolerance`` of the
-   mean (ties keep the shuffled order, so near-equal groups stay randomly mixed; the module
-   with the widest relative spread leads; sparse modules use a coarser grid), optionally only
-   within windows of ``window`` blocks, and cut into blocks of R consecutive groups. Leftovers
-   of every class (< R each) form mixed blocks.
-3. **Steps.** Blocks are shuffled (seeded) and dealt M per step, so a step holding audio holds
-   it on every rank.
+1. **Cells.** Groups are keyed by which *sparse* modules they hold (some groups have none of
+   it, e.g. audio), by the exact value of *discrete* modules (few distinct group costs, e.g.
+   tiles x 256 tokens) and by their cost on a grid of ``tolerance`` x the module's mean
+   (sparse modules: ``sparse_factor`` times coarser). Any R groups of one cell are balanced
+   to within the grid, so the cell is where the source mix is chosen.
+2. **Blocks of R.** Each cell is cut into blocks of R groups in R rounds; in round t every
+   block of the cell takes one group, paired by a random projection of the source deviations
+   (the block most short of a source direction takes the group richest in it), so each block's
+   source counts approach the cell's mean instead of a random draw's. Leftovers of every cell
+   (< R each) form blocks of neighbouring cells.
+3. **Steps.** Blocks are dealt M per step in M rounds the same way (step deficits against
+   block deviations), then steps are shuffled (seeded); a step holding audio holds it on every
+   rank.
 4. **Ranks.** Within a step, block m's groups go to the ranks, heaviest group to the rank with
    the least normalized load so far (vectorized over all steps); ``micro = m``.
+
+The source deviations are ``mix_GO`` (samples per source per group) minus the group's share of
+the global mix; without ``mix_GO`` the pairing is a seeded shuffle.
 
 Example:
     >>> import numpy as np
@@ -34,11 +40,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from balancer_cli.errors import InputError
+from balancer_cli.errors import InputError, UsageError
 from balancer_cli.manifest import StepShape
 from balancer_cli.pack.types import Assignment, Packing, group_sums
 
-__all__ = ["assign_groups", "split_to_multiple", "check_assignment"]
+__all__ = ["assign_groups", "group_source_counts", "split_to_multiple", "check_assignment"]
+
+#: Sources the assigner tracks: the most frequent ones, the rest counted as one.
+MAX_SOURCES = 16
 
 
 def _spread_order(cost_GK: np.ndarray) -> np.ndarray:
@@ -75,10 +84,10 @@ def assign_groups(
     world_size: int,
     micro_batches: int,
     seed: int = 0,
-    window: int = 0,
-    tolerance: float = 0.002,
+    mix_GO: np.ndarray | None = None,
+    tolerance: float = 0.008,
     discrete_levels: int = 32,
-    sparse_factor: float = 50.0,
+    sparse_factor: float = 10.0,
 ) -> Assignment:
     """Place G groups on steps x ranks x micro-batches (see the module docstring).
 
@@ -86,14 +95,14 @@ def assign_groups(
         cost_GK: (G, K) cost of each group per module.
         world_size: R, data-parallel ranks.
         micro_batches: M, groups per rank per step (gradient accumulation).
-        seed: seeds the shuffles.
-        window: blocks per sorting window; larger balances better, smaller keeps steps more
-            random. 0 sorts each class entirely (homogeneous steps, OmniBal-style).
-        tolerance: groups whose costs differ by less than this share of the mean sort as equal
-            (and stay in shuffled order); 0 sorts exactly.
-        sparse_factor: sorting grid of sparse modules, in multiples of ``tolerance``.
+        seed: seeds the pairings and shuffles.
+        mix_GO: (G, O) samples of each source in each group; steps are then balanced in
+            source mix as well as in cost. None: sources are not considered.
+        tolerance: cost grid as a share of each module's mean: R groups of one cell differ by
+            less than this (Dist Ratio about 0.4 x tolerance at most); larger mixes steps more.
         discrete_levels: a module whose group costs take at most this many distinct values
-            (item counts, tiles x 256 tokens) is balanced exactly: its value joins the class.
+            (item counts, tiles x 256 tokens) is balanced exactly: its value joins the cell.
+        sparse_factor: grid of sparse modules, in multiples of ``tolerance``.
 
     Returns:
         An :class:`Assignment` with ``num_steps = G / (R * M)``.
@@ -119,46 +128,91 @@ def assign_groups(
             fix=f"pack with group_multiple={per_step}, or call split_to_multiple(packing, ..., {per_step})",
         )
     rng = np.random.default_rng(seed)
-    pattern = _classes(cost, R, discrete_levels)
-    keys = _spread_order(cost)
-    # Sort keys quantized to ``tolerance`` of each module's mean: groups within tolerance of each
-    # other tie, and ties keep their shuffled order, so near-equal groups stay randomly mixed.
-    mean_K = cost.mean(axis=0)
-    if tolerance > 0:
-        # Sparse modules (present in some groups only) get a coarser grid (sparse_factor x
-        # tolerance): they vary most and would otherwise decide the order alone, leaving the
-        # dense modules (the LLM) unordered within a block.
-        present = cost > 0
-        tol_K = np.where(~present.all(axis=0) & present.any(axis=0), tolerance * sparse_factor, tolerance)
-        scale_K = np.divide(1.0, tol_K * mean_K, out=np.zeros_like(mean_K), where=mean_K > 0)
-        sort_key = np.floor(cost * scale_K)[:, keys[::-1]]
-    else:
-        sort_key = cost[:, keys[::-1]]
-    full_blocks: list[np.ndarray] = []
-    leftovers: list[np.ndarray] = []
-    for cls in np.unique(pattern):
-        members = np.flatnonzero(pattern == cls)
-        members = members[rng.permutation(len(members))]
-        nfull = len(members) // R * R
-        win = len(members) if window <= 0 else window * R
-        body = members[:nfull]
-        for lo in range(0, nfull, win):
-            chunk = body[lo:lo + win]
-            chunk = chunk[np.lexsort(sort_key[chunk].T)]
-            full_blocks.append(chunk.reshape(-1, R))
-        if nfull < len(members):
-            leftovers.append(members[nfull:])
-    blocks_BR = np.concatenate(full_blocks) if full_blocks else np.zeros((0, R), np.int64)
-    if leftovers:
-        rest = np.concatenate(leftovers)
-        rest = rest[np.lexsort(sort_key[rest].T)]
-        blocks_BR = np.concatenate([blocks_BR, rest.reshape(-1, R)])
-    blocks_BR = blocks_BR[rng.permutation(len(blocks_BR))]
+    dev_GO = _source_deviation(mix_GO, G)
+    cell_G, grid_GK = _cells(cost, R, discrete_levels, tolerance, sparse_factor)
+    blocks_BR = _blocks(cell_G, grid_GK, cost, dev_GO, R, rng)
     S = G // per_step
-    blocks_SMR = blocks_BR.reshape(S, M, R)
-    # Normalized per-group load used to even out ranks when M > 1.
-    mean = cost.mean(axis=0)
-    norm_G = (cost * np.divide(1.0, mean, out=np.zeros_like(mean), where=mean > 0)).sum(axis=1)
+    # Blocks -> steps: M rounds, each step takes one block per round (source-paired).
+    step_B = _paired_rounds(np.zeros(len(blocks_BR), np.int64), dev_GO[blocks_BR].sum(axis=1),
+                            np.array([S]), M, rng)
+    blocks_SMR = blocks_BR[np.argsort(step_B, kind="stable")].reshape(S, M, R)
+    blocks_SMR = blocks_SMR[rng.permutation(S)]
+    return _ranks(blocks_SMR, cost, rng)
+
+
+def _source_deviation(mix_GO: np.ndarray | None, G: int) -> np.ndarray:
+    """(G, O) samples per source minus the group's share of the global source mix."""
+    if mix_GO is None:
+        return np.zeros((G, 1))
+    mix = np.asarray(mix_GO, dtype=np.float64)
+    if mix.shape[0] != G:
+        raise UsageError(f"mix_GO has {mix.shape[0]} rows for {G} groups", fix="pass one row of source counts per group")
+    total = mix.sum()
+    share_O = mix.sum(axis=0) / total if total > 0 else np.zeros(mix.shape[1])
+    return mix - mix.sum(axis=1, keepdims=True) * share_O
+
+
+def _cells(cost_GK, R, discrete_levels, tolerance, sparse_factor):
+    """(G,) cell id (step 1) and the (G, K) grid coordinates of every group."""
+    present = cost_GK > 0
+    sparse_K = ~present.all(axis=0) & present.any(axis=0)
+    mean_K = cost_GK.mean(axis=0)
+    tol_K = np.where(sparse_K, tolerance * sparse_factor, tolerance)
+    scale_K = np.divide(1.0, tol_K * mean_K, out=np.zeros_like(mean_K), where=mean_K > 0)
+    grid_GK = np.floor(cost_GK * scale_K)
+    key = np.column_stack([_classes(cost_GK, R, discrete_levels), grid_GK])
+    return np.unique(key, axis=0, return_inverse=True)[1].reshape(-1), grid_GK
+
+
+def _blocks(cell_G, grid_GK, cost_GK, dev_GO, R, rng):
+    """(G / R, R) blocks (step 2): source-paired within cells, then the leftovers by cost."""
+    nb_C = np.bincount(cell_G) // R
+    block_G = _paired_rounds(cell_G, dev_GO, nb_C, R, rng)
+    placed = np.flatnonzero(block_G >= 0)
+    full = placed[np.argsort(block_G[placed], kind="stable")].reshape(-1, R)
+    rest = np.flatnonzero(block_G < 0)
+    # Leftovers in cost order (widest-spread module leading), so a block takes neighbouring cells.
+    keys = _spread_order(cost_GK)
+    rest = rest[np.lexsort(grid_GK[rest][:, keys[::-1]].T)]
+    return np.concatenate([full, rest.reshape(-1, R)])
+
+
+def _paired_rounds(cell_I, dev_ID, bins_C, rounds, rng):
+    """Deal items into bins of ``rounds`` items each, within their cell; -1 for leftovers.
+
+    Cell c has ``bins_C[c]`` bins. In round t every bin of a cell takes one item of the cell:
+    items sorted by a random projection of their deviation (largest first) meet bins sorted by
+    their summed deviation (smallest first), so bin sums tend to the cell's mean.
+
+    Returns:
+        (I,) bin id of every item, bins numbered cell by cell; -1 for items left over.
+    """
+    I = len(cell_I)
+    order = np.lexsort((rng.random(I), cell_I))  # cell by cell, random within a cell
+    cell_sorted = cell_I[order]
+    first_C = np.searchsorted(cell_sorted, np.arange(len(bins_C)))
+    position = np.arange(I) - first_C[cell_sorted]
+    nb = bins_C[cell_sorted]
+    round_I = np.where(nb > 0, position // np.maximum(nb, 1), rounds)
+    bin_cell = np.repeat(np.arange(len(bins_C)), bins_C)
+    sum_BD = np.zeros((len(bin_cell), dev_ID.shape[1]))
+    bin_I = np.full(I, -1, dtype=np.int64)
+    for t in range(rounds):
+        items = order[round_I == t]
+        direction = rng.standard_normal(dev_ID.shape[1])
+        items = items[np.lexsort((-(dev_ID[items] @ direction), cell_I[items]))]
+        bins = np.lexsort((sum_BD @ direction, bin_cell))
+        bin_I[items] = bins
+        sum_BD[bins] += dev_ID[items]
+    return bin_I
+
+
+def _ranks(blocks_SMR, cost_GK, rng) -> Assignment:
+    """Step 4: block m of each step to micro m, heaviest group to the least loaded rank so far."""
+    S, M, R = blocks_SMR.shape
+    G = S * M * R
+    mean = cost_GK.mean(axis=0)
+    norm_G = (cost_GK * np.divide(1.0, mean, out=np.zeros_like(mean), where=mean > 0)).sum(axis=1)
     step = np.empty(G, np.int32)
     rank = np.empty(G, np.int32)
     micro = np.empty(G, np.int32)
@@ -178,6 +232,26 @@ def assign_groups(
         micro[g_sorted] = m
         acc_SR[rows, by_load] += norm_G[g_sorted]
     return Assignment(step=step, rank=rank, micro=micro, num_steps=int(S))
+
+
+def group_source_counts(packing: Packing, source_N: np.ndarray, max_sources: int = MAX_SOURCES) -> np.ndarray:
+    """(G, O) samples of each source in each group, the ``max_sources - 1`` most frequent apart.
+
+    Example:
+        >>> p = Packing(np.arange(4), np.array([0, 3, 4]), np.zeros(2, bool), np.array([], np.int64), ())
+        >>> group_source_counts(p, np.array([0, 1, 1, 0])).tolist()
+        [[1, 2], [1, 0]]
+    """
+    code_P = np.asarray(source_N, dtype=np.int64)[np.asarray(packing.order, dtype=np.int64)]
+    if len(code_P) == 0:
+        return np.zeros((packing.num_groups, 1), np.int64)
+    freq = np.bincount(code_P)
+    keep = np.argsort(-freq, kind="stable")[: max(1, max_sources - 1)]
+    column = np.full(len(freq), len(keep), dtype=np.int64)  # rare sources share the last column
+    column[keep] = np.arange(len(keep))
+    O = len(keep) + int(len(freq) > len(keep))
+    return np.bincount(packing.group_ids() * O + column[code_P],
+                       minlength=packing.num_groups * O).reshape(packing.num_groups, O)
 
 
 def split_to_multiple(packing: Packing, weight_N: np.ndarray, multiple: int) -> Packing:

@@ -37,7 +37,7 @@ from balancer_cli.metrics import (
 )
 from balancer_cli.pack.bounds import groups_lower_bound
 
-__all__ = ["Evaluation", "evaluate_rows", "reason_kind", "step_mix_distances"]
+__all__ = ["Evaluation", "evaluate_rows", "reason_kind", "step_mix_distances", "step_mix_ratio"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,28 @@ def step_mix_distances(step_P: np.ndarray, source_P: np.ndarray, num_steps: int,
     totals_S = counts_SO.sum(axis=1, keepdims=True)
     mix_SO = np.divide(counts_SO, totals_S, out=np.zeros_like(counts_SO), where=totals_S > 0)
     return 0.5 * np.abs(mix_SO - overall_O).sum(axis=1)
+
+
+def step_mix_ratio(step_P: np.ndarray, source_P: np.ndarray, num_steps: int) -> float:
+    """Mean step-mix distance over that of the same steps holding a seeded shuffle of the samples.
+
+    1.0 is as mixed as random batching with the same step structure; below 1.0, steps are closer
+    to the global source mix than random draws would be. 1.0 when random batching itself has no
+    distance (one source).
+
+    Example:
+        >>> step = np.repeat(np.arange(4), 4)  # 4 steps of 4 samples
+        >>> step_mix_ratio(step, np.repeat([0, 1, 0, 1], 4), 4) > 1.0  # one source per step
+        True
+        >>> step_mix_ratio(step, np.tile([0, 1], 8), 4)  # every step holds the global mix
+        0.0
+    """
+    source_P = np.asarray(source_P, dtype=np.int64)
+    num_sources = int(source_P.max()) + 1 if len(source_P) else 1
+    mean = step_mix_distances(step_P, source_P, num_steps, num_sources).mean() if num_steps else 0.0
+    shuffled = source_P[np.random.default_rng(0).permutation(len(source_P))]
+    reference = step_mix_distances(step_P, shuffled, num_steps, num_sources).mean() if num_steps else 0.0
+    return float(mean / reference) if reference > 0 else 1.0
 
 
 def reason_kind(reason: str) -> str:
@@ -204,7 +226,11 @@ def _step_mix(inputs, step_P: np.ndarray, sample_P: np.ndarray, num_steps: int) 
     # small steps deviate from the global mix by chance alone).
     shuffled_P = source_P[np.random.default_rng(0).permutation(len(source_P))]
     reference = step_mix_distances(step_P, shuffled_P, num_steps, len(inputs.source_names))
-    return {"mean_distance": _round(distances.mean()) if len(distances) else 0.0,
+    mean = float(distances.mean()) if len(distances) else 0.0
+    shuffled = float(reference.mean()) if len(reference) else 0.0
+    return {"mean_distance": _round(mean),
             "max_distance": _round(distances.max()) if len(distances) else 0.0,
-            "shuffled_mean_distance": _round(reference.mean()) if len(reference) else 0.0,
+            "shuffled_mean_distance": _round(shuffled),
+            # The measure to read: 1.0 is as mixed as random batching of the same steps.
+            "vs_random": _round(mean / shuffled) if shuffled > 0 else 1.0,
             "num_sources": len(inputs.source_names)}

@@ -126,7 +126,8 @@ def run_search(inputs: PackInputs, config: PackConfig, **search_options: Any) ->
     return search_thresholds(
         _ok_rows(inputs, inputs.load_NK), _ok_rows(inputs, inputs.cost_NK), world_size=config.world_size,
         micro_batches=config.micro_batches, max_caps_K=max_caps_K, target_group_size=config.target_group_size,
-        seed=config.epoch_seed(0, "search"), algorithm=algorithm, **search_options)
+        seed=config.epoch_seed(0, "search"), algorithm=algorithm,
+        source_N=_ok_rows(inputs, inputs.source_codes_N), **search_options)
 
 
 def resolve_thresholds(inputs: PackInputs, config: PackConfig) -> tuple[np.ndarray, np.ndarray, Any]:

@@ -27,7 +27,7 @@ import numpy as np
 
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.manifest import ManifestRows
-from balancer_cli.pack.assign import assign_groups, split_to_multiple
+from balancer_cli.pack.assign import assign_groups, group_source_counts, split_to_multiple
 from balancer_cli.pack.inputs import PackInputs
 from balancer_cli.pack.types import Assignment, Packing, group_sums
 
@@ -93,7 +93,8 @@ def place_epochs(inputs: PackInputs, pack_epoch: Packer, config: PackConfig, *, 
             assignment = Assignment(step=step_G, rank=rank_G, micro=micro_G, num_steps=packing.num_groups // per_step)
         else:
             assignment = assign_groups(cost_GK, world_size=world_size, micro_batches=micro_batches,
-                                       seed=config.epoch_seed(epoch, "assign"))
+                                       seed=config.epoch_seed(epoch, "assign"),
+                                       mix_GO=group_source_counts(packing, inputs.source_codes_N))
         step_G = np.asarray(assignment.step, dtype=np.int64)
         keep_G = step_G >= 0
         order_P = np.asarray(packing.order, dtype=np.int64)

@@ -6,11 +6,14 @@ module's cap independently, within the user's memory limits (``max_caps_K``), on
 subsample, and ranks candidates by one objective built from the shared metrics:
 
 ``sum_k (1 - utilization_k) + pad_ratio_weight * pad_ratio + 10 * excluded_share
-+ (steps / steps_lower_bound - 1) + size_weight * |mean group size / target - 1|``
++ (steps / steps_lower_bound - 1) + size_weight * |mean group size / target - 1|
++ mix_weight * max(0, mix_vs_random - 1)``
 
 where ``excluded_share`` counts oversize samples (isolated or dropped) and ``steps_lower_bound``
 is the fewest steps the candidate's own caps permit (packing efficiency); the target group
-size sets the scale of the caps.
+size sets the scale of the caps; ``mix_vs_random`` is the steps' source mix against random
+batching of the same steps (:func:`~balancer_cli.pack.evaluate.step_mix_ratio`, with
+``source_N``): caps whose groups cannot be mixed (tight caps make groups of one kind) lose.
 For ``algorithm="isf"`` every cap candidate is combined with acceptance bounds (the encoders'
 bound equal to their cap, the LLM's at a few fractions of its cap). The best candidate is then
 packed once on the full data by the caller.
@@ -35,8 +38,9 @@ import numpy as np
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.manifest import StepShape
 from balancer_cli.metrics import dist_ratio, pad_ratio, step_loads, utilization
-from balancer_cli.pack.assign import assign_groups, split_to_multiple
+from balancer_cli.pack.assign import assign_groups, group_source_counts, split_to_multiple
 from balancer_cli.pack.bounds import groups_lower_bound
+from balancer_cli.pack.evaluate import step_mix_ratio
 from balancer_cli.pack.packers.balanced import BalancedOptions, pack_balanced
 from balancer_cli.pack.packers.isf import pack_isf
 from balancer_cli.pack.types import group_sums
@@ -60,6 +64,8 @@ class Candidate:
     excluded_share: float
     steps_over_lower_bound: float
     mean_group_size: float
+    #: Step mix against random batching of the same steps (1.0 = as mixed; 1.0 without sources).
+    mix_vs_random: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -117,7 +123,7 @@ def _axis(max_cap: int, center: float, grid: int, floor: float) -> np.ndarray:
     return np.clip(vals, 1, max_cap)
 
 
-def _evaluate(load, cost, caps, bounds, shape, algorithm, seed, passes):
+def _evaluate(load, cost, source, caps, bounds, shape, algorithm, seed, passes):
     n = len(load)
     R, M, per_step = shape.world_size, shape.micro_batches, shape.groups_per_step
     if algorithm == "isf":
@@ -125,16 +131,18 @@ def _evaluate(load, cost, caps, bounds, shape, algorithm, seed, passes):
         if p.num_groups >= per_step:
             p = split_to_multiple(p, cost[:, -1], per_step)
     else:
-        p = pack_balanced(load, caps, cost_NK=cost, group_multiple=per_step, seed=seed,
+        p = pack_balanced(load, caps, cost_NK=cost, group_multiple=per_step, seed=seed, source_N=source,
                           options=BalancedOptions(passes=passes))
     G = p.num_groups
     excluded = (len(p.dropped) + int(p.isolated.sum())) / n
     if G < per_step or G % per_step:
         return None
     gs = group_sums(p, cost)
-    a = assign_groups(gs, world_size=R, micro_batches=M, seed=seed)
+    mix_GO = None if source is None else group_source_counts(p, source)
+    a = assign_groups(gs, world_size=R, micro_batches=M, seed=seed, mix_GO=mix_GO)
     gid = p.group_ids()
     step_P, rank_P = a.step[gid], a.rank[gid]
+    mix = 1.0 if source is None else step_mix_ratio(step_P, source[p.order], a.num_steps)
     dist, util = [], []
     for k in range(cost.shape[1]):
         load_SR = step_loads(step_P, rank_P, cost[p.order, k], num_steps=a.num_steps, world_size=R)
@@ -142,7 +150,7 @@ def _evaluate(load, cost, caps, bounds, shape, algorithm, seed, passes):
         util.append(utilization(load_SR))
     pad = pad_ratio(gid, cost[p.order, -1])
     size = len(p.order) / max(G, 1)
-    return a.num_steps, dist, util, pad, excluded, size
+    return a.num_steps, dist, util, pad, excluded, size, mix
 
 
 def search_thresholds(
@@ -160,6 +168,8 @@ def search_thresholds(
     pad_ratio_weight: float = 0.1,
     size_weight: float = 0.5,
     passes: int = 3,
+    source_N: np.ndarray | None = None,
+    mix_weight: float = 1.0,
 ) -> SearchResult:
     """Grid-search caps (and ISF bounds) on a subsample; see the module docstring.
 
@@ -176,6 +186,9 @@ def search_thresholds(
         sample_size: samples evaluated per candidate (a seeded subsample).
         pad_ratio_weight, size_weight: objective weights.
         passes: refinement passes of our packer during the search.
+        source_N: (N,) source code per sample: groups and steps are mixed by source and the
+            objective counts the step mix (None: sources are ignored).
+        mix_weight: weight of the step mix in the objective.
 
     Raises:
         InputError: no samples.
@@ -199,6 +212,7 @@ def search_thresholds(
     n = min(len(load), int(sample_size))
     pick = np.sort(rng.choice(len(load), n, replace=False)) if n < len(load) else np.arange(len(load))
     sub_load, sub_cost = load[pick], cost[pick]
+    sub_source = None if source_N is None else np.asarray(source_N, dtype=np.int64)[pick]
     # Make sure the subsample yields enough groups for a few steps at the largest caps.
     target = float(target_group_size or DEFAULT_GROUP_SIZE)
     centers = default_caps(sub_load, target)
@@ -213,16 +227,17 @@ def search_thresholds(
         else:
             bound_sets = [caps]
         for bounds in bound_sets:
-            res = _evaluate(sub_load, sub_cost, caps, bounds, shape, algorithm, seed, passes)
+            res = _evaluate(sub_load, sub_cost, sub_source, caps, bounds, shape, algorithm, seed, passes)
             if res is None:
                 continue
-            steps, dist, util, pad, excluded, size = res
+            steps, dist, util, pad, excluded, size, mix = res
             steps_lb = max(1, -(-groups_lower_bound(sub_load, caps) // shape.groups_per_step))
             objective = (sum(1.0 - u for u in util) + pad_ratio_weight * pad + 10.0 * excluded
-                         + (steps / steps_lb - 1.0) + size_weight * abs(size / target - 1.0))
+                         + (steps / steps_lb - 1.0) + size_weight * abs(size / target - 1.0)
+                         + mix_weight * max(0.0, mix - 1.0))
             candidates.append(Candidate(tuple(caps.tolist()), tuple(int(b) for b in bounds), float(objective),
                                         tuple(dist), tuple(util), float(pad), float(excluded),
-                                        float(steps / steps_lb), float(size)))
+                                        float(steps / steps_lb), float(size), float(mix)))
             grid_obj[idx] = min(grid_obj[idx], objective)
     if not candidates:
         raise InputError(

@@ -221,19 +221,25 @@ def test_kernels_pure_python_fallback_gives_identical_packings(monkeypatch):
         assert np.array_equal(a.order, b.order) and np.array_equal(a.group_offsets, b.group_offsets)
 
 
-def test_deal_probe_predicts_from_a_subsample():
-    """Large inputs probe dealing on a subsample first: loose caps deal, impossible G does not."""
-    from balancer_cli.pack.packers.balanced import _DealProbe
+def test_stranded_rows_join_extra_groups_and_every_row_is_placed_once():
+    """Tight item caps strand the last dealt rows; they go to extra first-fit groups, every row is
+    placed exactly once, caps hold and the group count stays within 1.03x the lower bound."""
+    from balancer_cli.pack.packers._fill_kernels import deal_rounds
 
     rng = np.random.default_rng(3)
-    load = np.stack([rng.integers(0, 6, 4000), rng.integers(20, 900, 4000), np.ones(4000, np.int64)], 1)
-    weight = load[:, :2].astype(float)
-    rows = np.arange(4000)
-    caps = np.array([24, 6000, 40])
-    probe = _DealProbe(rows, load, weight, caps, seed=0, size=1000, above=2000)
-    assert probe.active and probe.likely(1000)
-    assert not probe.likely(int(load[:, 0].sum() // 24 // 2))  # half the groups the items need
-    assert not _DealProbe(rows, load, weight, caps, seed=0, size=1000, above=10_000).active
+    n = 3000
+    items = rng.choice([1, 3, 4, 5], n, p=[0.05, 0.45, 0.3, 0.2])  # few small fillers
+    load = np.stack([items, 256 * items + rng.integers(20, 400, n)], 1)
+    caps = np.array([18, 8000])
+    G = int(-(-items.sum() // 18))
+    queue = np.argsort(-items, kind="stable")
+    gid = deal_rounds(queue, np.column_stack([load, np.ones(n, np.int64)]), load.astype(float),
+                      np.append(caps, 40), G, 1.0 / (load.sum(0) / G), 64)
+    assert (gid < 0).any(), "this case must strand rows (else it tests nothing)"
+    p = pack_balanced(load, caps, group_multiple=8, seed=0)
+    check_packing(p, n, load, caps)
+    assert np.array_equal(np.sort(p.order), np.arange(n))
+    assert p.num_groups % 8 == 0 and p.num_groups <= -(-int(np.ceil(1.03 * G)) // 8) * 8
 
 
 def test_sources_even_out_per_group_source_mix():

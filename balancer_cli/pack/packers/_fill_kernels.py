@@ -55,8 +55,11 @@ def greedy_close(load_PK, caps_K):  # pragma: no cover - compiled
 
 
 @njit
-def first_fit(rows, load_NK, caps_K, min_rest_PK, lookback):  # pragma: no cover - compiled
+def first_fit(rows, load_NK, caps_K, min_rest_PK, lookback, lsum0_GK):  # pragma: no cover - compiled
     """First fit over the open groups, in the given row order (decreasing size for FFD).
+
+    Groups ``0 .. len(lsum0_GK) - 1`` start open with the loads ``lsum0_GK`` (rows dealt before:
+    the rest fills their room); new groups are numbered after them.
 
     A group leaves the open list once some module's room is below what every remaining row
     needs, so scans stay short; at most ``lookback`` open groups are tried (circularly, from
@@ -68,25 +71,33 @@ def first_fit(rows, load_NK, caps_K, min_rest_PK, lookback):  # pragma: no cover
         caps_K: (K,) caps per group.
         min_rest_PK: (P, K) per-module minimum load of ``rows[p:]``.
         lookback: most open groups tried per row.
+        lsum0_GK: (G0, K) loads of the groups open from the start (shape (0, K): none).
 
     Returns:
-        (gid, G): (P,) group id per row, in ``rows`` order, and the number of groups.
+        (gid, G): (P,) group id per row, in ``rows`` order, and the number of groups (G0 included).
 
     Example:
         >>> import numpy as np
         >>> load_NK = np.array([[6], [5], [4], [3]]); rows = np.arange(4)
         >>> min_rest_PK = np.minimum.accumulate(load_NK[::-1], axis=0)[::-1].copy()
-        >>> gid, G = first_fit(rows, load_NK, np.array([9]), min_rest_PK, 64)
+        >>> gid, G = first_fit(rows, load_NK, np.array([9]), min_rest_PK, 64, np.zeros((0, 1), np.int64))
         >>> gid.tolist(), G
         ([0, 1, 1, 0], 2)
+        >>> first_fit(rows[2:], load_NK, np.array([9]), min_rest_PK[2:], 64, np.array([[6], [5]]))[0].tolist()
+        [1, 0]
     """
     P = len(rows)
     K = load_NK.shape[1]
+    G0 = lsum0_GK.shape[0]
     gid = np.empty(P, dtype=np.int64)
-    lsum = np.zeros((P, K), dtype=np.int64)
-    open_ids = np.empty(P, dtype=np.int64)
-    n_open = 0
-    G = 0
+    lsum = np.zeros((G0 + P, K), dtype=np.int64)
+    open_ids = np.empty(G0 + P, dtype=np.int64)
+    for g in range(G0):
+        open_ids[g] = g
+        for k in range(K):
+            lsum[g, k] = lsum0_GK[g, k]
+    n_open = G0
+    G = G0
     cursor = 0
     for p in range(P):
         i = rows[p]
@@ -156,7 +167,9 @@ def deal_rounds(queue, load_NK, weight_NK, caps_K, G, inv_t_K, max_stragglers): 
     Groups are ordered by normalized weight ``sum_k w_k * inv_t_k`` (stable ties); a row that
     breaks a cap gets a second chance on the unused groups with the most room in their fullest
     module, then waits for the next round. When no row of a round fits, up to
-    ``max_stragglers`` left rows go one by one to the lightest group with room.
+    ``max_stragglers`` left rows go one by one to the lightest group with room; the rows that
+    still find none are *stranded* (group id -1): the caller places them (dealing spreads room
+    evenly, so under tight caps the last rows may find only fragments of it).
 
     Args:
         queue: (n,) rows, biggest first.
@@ -165,10 +178,10 @@ def deal_rounds(queue, load_NK, weight_NK, caps_K, G, inv_t_K, max_stragglers): 
         caps_K: (K,) caps per group.
         G: number of groups.
         inv_t_K: (KW,) ``1 / target`` per weight column (normalizes the groups' order).
-        max_stragglers: most rows placed one by one before giving up.
+        max_stragglers: most rows placed one by one when a round places none.
 
     Returns:
-        (n,) group id per queue position, or an empty array when some row found no room.
+        (n,) group id per queue position, -1 for a stranded row.
 
     Example:
         >>> import numpy as np
@@ -176,7 +189,7 @@ def deal_rounds(queue, load_NK, weight_NK, caps_K, G, inv_t_K, max_stragglers): 
         >>> deal_rounds(np.arange(4), load_NK, weight_NK, np.array([9]), 2, np.array([1 / 9]), 64).tolist()
         [0, 1, 1, 0]
         >>> deal_rounds(np.arange(4), load_NK, weight_NK, np.array([8]), 2, np.array([1 / 9]), 64).tolist()
-        []
+        [0, 1, -1, 1]
     """
     n = len(queue)
     K = load_NK.shape[1]
@@ -238,11 +251,9 @@ def deal_rounds(queue, load_NK, weight_NK, caps_K, G, inv_t_K, max_stragglers): 
                     fits[c] = True
                     n_fit += 1
         if n_fit == 0:
-            # The lightest groups are full in some module: place the few stragglers in the
-            # lightest group that still has room, or give up (first fit takes over).
-            if m + (n - pos) > max_stragglers:
-                return np.empty(0, dtype=np.int64)
-            for c in range(m + (n - pos)):
+            # The lightest groups are full in some module: place a few stragglers in the
+            # lightest group that still has room; the rest are stranded (the caller places them).
+            for c in range(min(m + (n - pos), max_stragglers)):
                 p = chunk[c] if c < m else pos + (c - m)
                 i = queue[p]
                 key = _norm_order(wsum, inv_t_K)
@@ -251,7 +262,7 @@ def deal_rounds(queue, load_NK, weight_NK, caps_K, G, inv_t_K, max_stragglers): 
                     if _fits(lsum, g, load_NK, i, caps_K) and (b < 0 or key[g] < key[b]):
                         b = g
                 if b < 0:
-                    return np.empty(0, dtype=np.int64)
+                    continue  # stranded: gid stays -1
                 gid[p] = b
                 for k in range(KW):
                     wsum[b, k] += weight_NK[i, k]

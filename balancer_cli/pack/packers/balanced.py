@@ -17,9 +17,13 @@ Algorithm:
    by a seeded shuffle), are dealt in rounds of G: the biggest to the group with the lowest
    normalized load. A row that breaks a cap gets a second chance on the roomiest unused group,
    then waits for the next round; a few stragglers go to the lightest group with room. Every
-   group gets one row per size stratum, so groups are random mixes of sources. When dealing
-   strands rows (tight caps), first fit decreasing decides G and dealing is retried with that
-   G (and 1%, 2% more up to 500k samples); if all fail, first fit's own groups are kept.
+   group gets one row per size stratum, so groups are random mixes of sources. Dealing spreads
+   room evenly, so under tight caps the last rows would find only fragments of it: the smallest
+   rows (15% of the normalized volume, then 50% if needed) and any row dealing strands fill
+   the room by first fit, in extra groups when none has room. Only when the groups still
+   number more than ``_MAX_STEP_EXCESS`` (1.03) x the lower bound and first fit decreasing
+   alone needs fewer are first fit's own groups kept (they cluster similar samples, so steps
+   mix less; their refinement is skipped above 300k rows).
 3. **Refinement** (:func:`~balancer_cli.pack.packers._balanced_refine.refine`,
    :attr:`BalancedOptions.passes` times). *Targeted swaps*: for each off-target group g and
    member i, samples whose normalized cost is near ``w_i - t * dev_g`` (t = 1/2, 1) are looked up
@@ -29,9 +33,6 @@ Algorithm:
    converge to equal counts where the totals allow. With ``source_N`` the per-group count of
    each source joins the objective (weight ``MIX_WEIGHT``), so groups are equal source mixes and
    steps stay mixed even when the assigner keeps equal item counts together.
-
-Above 300k rows each full deal is first probed on a 100k-row subsample (a failed deal of 1M rows
-costs about a second), and first fit's groups are not refined (the assigner balances them).
 
 Samples are balanced on ``cost_NK`` when given (e.g. FLOPs), else on their loads; caps always
 apply to loads. Nothing is sorted by source, so each group is a random mix of sources.
@@ -70,11 +71,14 @@ LOOKBACK = 64
 _MAX_STRAGGLERS = 64
 #: Rows over this share of a cap are dealt first: no two of them share a group.
 _HARD_SHARE = 0.5
-#: Above this many rows each full deal is first probed on a subsample of ``_PROBE_SIZE`` rows
-#: (a failed deal of 1M rows costs about a second, a probe a few ms), and first fit's groups are
-#: not refined.
-_PROBE_ABOVE = 300_000
-_PROBE_SIZE = 100_000
+#: Dealt groups (plus first fit's extra groups for stranded rows) are kept while they number at
+#: most this many times the lower bound; beyond, first fit decreasing alone packs tighter.
+_MAX_STEP_EXCESS = 1.03
+#: Shares of the rows' normalized volume, smallest rows, that fill the dealt groups by first fit,
+#: tried in turn until the groups number at most ``_MAX_STEP_EXCESS`` x the lower bound.
+_FILL_SHARES = (0.15, 0.5)
+#: Above this many rows first fit's groups (kept) are not refined: the assigner balances them.
+_REFINE_FIRST_FIT_BELOW = 300_000
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -178,7 +182,7 @@ def pack_balanced(
     if passes is None:
         # About 10M pair evaluations' worth of passes: 8 for 70k samples, 2 for 1.2M.
         passes = int(np.clip(round(2.5e6 / len(rows)), 2, 8))
-        if first_fit_kept and len(rows) > _PROBE_ABOVE:
+        if first_fit_kept and len(rows) > _REFINE_FIRST_FIT_BELOW:
             # First fit's groups cluster similar samples; local search cannot make them equal
             # (1.2M synthetic: group CV 0.39 -> 0.32 after 2 passes, 2.5 s) and the assigner's
             # sorting balances them anyway (Dist Ratio 0.0001 / 0.0009 with or without).
@@ -193,11 +197,11 @@ def pack_balanced(
 
 
 def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed, rng):
-    """Steps 1-2: G and the dealt (else first fit's) groups of ``rows``.
+    """Steps 1-2: G and the dealt groups of ``rows`` (first fit's when dealing needs too many).
 
     Returns:
         (members_GX, count_G, wsum_GK, lsum_GK, first_fit_kept): see :func:`_padded`; whether
-        dealing failed and first fit's groups were kept.
+        first fit's groups were kept.
     """
     lb = groups_lower_bound(load[rows], caps)
     # Samples per group are capped too (an extra "module" of one per sample): it bounds the
@@ -210,25 +214,20 @@ def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed
         # The total, isolated oversize groups included, is what must be a multiple.
         return min(-(-(G + num_isolated) // group_multiple) * group_multiple - num_isolated, len(rows))
 
-    G = rounded(lb)
-    probe = _DealProbe(rows, load_c, weight, caps_c, seed)
-    dealt = _deal(rows, load_c, weight, caps_c, G, rng) if probe.likely(G) else None
-    if dealt is None:
-        # Dealing stranded samples (tight caps): first fit decides how many groups are needed,
-        # then dealing is tried once more with that many, else first fit's groups are kept.
-        queue, gid, G_ffd = _first_fit_decreasing(rows, load_c, caps_c, rng)
-        G_ffd = rounded(max(G, G_ffd))
-        # Dealt groups are random mixes; first-fit ones cluster similar samples. So dealing
-        # gets up to 2% more groups than first fit needs before first fit is kept.
-        extra = (1.01, 1.02) if len(rows) <= 500_000 else ()  # each try costs a full deal
-        for G_try in sorted({G_ffd} | {rounded(int(np.ceil(G_ffd * f))) for f in extra}):
-            dealt = _deal(rows, load_c, weight, caps_c, G_try, rng) if G_try > G and probe.likely(G_try) else None
-            if dealt is not None:
-                break
-        G = G_try if dealt is not None else G_ffd
-    first_fit_kept = dealt is None
-    if dealt is not None:
-        queue, gid = dealt
+    limit = rounded(int(np.ceil(lb * _MAX_STEP_EXCESS)))
+    for fill_share in _FILL_SHARES:  # more first fit packs tighter, less deals more evenly
+        queue, gid = _deal(rows, load_c, weight, caps_c, rounded(lb), rng, fill_share)
+        G = rounded(int(gid.max()) + 1)
+        if G <= limit:
+            break
+    first_fit_kept = False
+    if G > limit:
+        # Too many extra groups: first fit decreasing alone packs tighter; keep its groups.
+        ffd_queue = _by_size(rows, load_c, caps_c, rng)
+        ffd_gid, G_ffd = first_fit(ffd_queue, load_c, caps_c, _min_rest(ffd_queue, load_c), LOOKBACK,
+                                   np.zeros((0, load_c.shape[1]), np.int64))
+        if rounded(G_ffd) < G:
+            queue, gid, G, first_fit_kept = ffd_queue, ffd_gid, rounded(G_ffd), True
     members, count, wsum, lsum = _padded(queue, gid, G, weight, load, width=max_count)
     if (count == 0).any():
         if count.max() < 2:
@@ -237,28 +236,28 @@ def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed
     return members, count, wsum, lsum, first_fit_kept
 
 
-def _first_fit_decreasing(rows, load, caps, rng):
-    """Step 2, fallback: rows by decreasing normalized size (seeded tie-breaks), first fit.
-
-    Returns:
-        (queue, gid, G): the rows in packing order, the group id of each and the number of groups.
-    """
+def _by_size(rows, load, caps, rng):
+    """``rows`` by decreasing normalized size (seeded tie-breaks): first fit's order."""
     shuffled = rows[rng.permutation(len(rows))]
     size = (load[shuffled] / caps).sum(axis=1)
-    queue = shuffled[np.argsort(-size, kind="stable")]
-    # Suffix minimum of each module's load: what every row still to come needs at least.
-    min_rest = np.minimum.accumulate(load[queue][::-1], axis=0)[::-1]
-    gid, G = first_fit(queue, load, caps, np.ascontiguousarray(min_rest), LOOKBACK)
-    return queue, gid, G
+    return shuffled[np.argsort(-size, kind="stable")]
 
 
-def _deal(rows, load, weight, caps, G, rng):
-    """Step 2: deal rows in rounds of G, largest normalized row to the lightest group.
+def _min_rest(queue, load):
+    """(P, K) suffix minimum of each module's load: what every row still to come needs at least."""
+    return np.ascontiguousarray(np.minimum.accumulate(load[queue][::-1], axis=0)[::-1])
 
-    Balanced from the start (unlike first fit) but may strand rows when caps are tight.
+
+def _deal(rows, load, weight, caps, G, rng, fill_share):
+    """Step 2: deal the bigger rows in rounds of G, the rest by first fit into the room left.
+
+    Dealing gives every group one row per size stratum (balanced, random mixes) but spreads
+    room evenly, so under tight caps the last rows would find only fragments of it: the smallest
+    rows (``fill_share`` of the volume) and any row dealing strands fill the room by first fit,
+    in new groups when none has room.
 
     Returns:
-        (queue, gid): rows and their group ids, or None when some row found no room.
+        (queue, gid): rows in placement order and their group ids (G or more groups).
     """
     target_K = weight[rows].sum(axis=0) / G
     inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
@@ -268,32 +267,18 @@ def _deal(rows, load, weight, caps, G, rng):
     hard = (load[shuffled] / caps).max(axis=1)
     key = np.where(hard > _HARD_SHARE, 1e6 + hard, (weight[shuffled] * inv_t).sum(axis=1))
     queue = shuffled[np.argsort(-key, kind="stable")]
-    gid = deal_rounds(queue, load, weight, caps, int(G), inv_t, _MAX_STRAGGLERS)
-    if len(gid) != len(queue):
-        return None
-    return queue, gid
-
-
-class _DealProbe:
-    """Predicts whether dealing N rows into G groups succeeds by dealing a seeded subsample into
-    proportionally fewer groups first (large inputs only: a failed full deal costs ~1 s per
-    million rows, a probe of ``size`` rows a few ms). Small inputs are always dealt in full."""
-
-    def __init__(self, rows, load, weight, caps, seed, size=_PROBE_SIZE, above=_PROBE_ABOVE):
-        self.n = len(rows)
-        self.active = self.n > above
-        if self.active:
-            rng = np.random.default_rng([seed, 7])
-            self.rows = np.sort(rng.choice(rows, size, replace=False))
-            self.args = (load, weight, caps)
-            self.rng = rng
-
-    def likely(self, G: int) -> bool:
-        """Whether dealing into G groups is worth a full try."""
-        if not self.active:
-            return True
-        G_sub = max(1, int(np.ceil(G * len(self.rows) / self.n)))
-        return _deal(self.rows, *self.args, G_sub, self.rng) is not None
+    volume = np.cumsum((load[queue] / caps).sum(axis=1))
+    cut = max(int(np.searchsorted(volume, (1.0 - fill_share) * volume[-1])), min(G, len(queue)))
+    gid = deal_rounds(queue[:cut], load, weight, caps, int(G), inv_t, _MAX_STRAGGLERS)
+    dealt = gid >= 0
+    rest = np.concatenate([queue[:cut][~dealt], queue[cut:]])
+    if len(rest) == 0:
+        return queue, gid
+    rest = _by_size(rest, load, caps, rng)
+    lsum_GK = np.zeros((G, load.shape[1]), np.int64)
+    np.add.at(lsum_GK, gid[dealt], load[queue[:cut][dealt]])
+    rest_gid, _ = first_fit(rest, load, caps, _min_rest(rest, load), LOOKBACK, lsum_GK)
+    return np.concatenate([queue[:cut][dealt], rest]), np.concatenate([gid[dealt], rest_gid])
 
 
 def _padded(queue, gid, G, weight, load, width):
