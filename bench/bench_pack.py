@@ -9,6 +9,8 @@ Usage (from the repository root):
     python -m bench.bench_pack                       # all scenarios
     python -m bench.bench_pack --scenario internvl   # one of: internvl, synthetic, audio, speed
     python -m bench.bench_pack --scenario memory     # 10M samples (minutes)
+    python -m bench.bench_pack --scenario scale      # real 70k and 1.2M resampled, the pack pipeline
+    python -m bench.bench_pack --scenario scale --scale-sizes 1200000,10000000
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ def main(argv=None):
     ap.add_argument("--scenario", default="all")
     ap.add_argument("--world-size", type=int, default=None)
     ap.add_argument("--micro-batches", type=int, default=1)
+    ap.add_argument("--scale-sizes", default="1200000", help="resampled sizes of --scenario scale")
     args = ap.parse_args(argv)
     want = lambda s: args.scenario in ("all", s)  # noqa: E731
     if want("internvl"):
@@ -141,6 +144,8 @@ def main(argv=None):
                      default_caps(d["load_NK"]), args.world_size or 32, args.micro_batches)
     if want("speed"):
         speed(1_200_000, args.world_size or 16, args.micro_batches)
+    if args.scenario == "scale":  # not part of "all": the pipeline at 1.2M+ takes a while
+        scale([int(n) for n in args.scale_sizes.split(",")], args.micro_batches)
     if args.scenario == "memory":  # not part of "all": 10M samples take minutes
         speed(10_000_000, args.world_size or 16, args.micro_batches)
 
@@ -175,6 +180,51 @@ def speed(n, R, M):
           f"{dists}, steps {r['steps']} "
           f"(lower bound {-(-groups_lower_bound(load, res.best_caps_K) // (R * M))}), "
           f"mix {r['mix'] / r['mix_random']:.2f}x")
+
+
+def scale(sizes, M):
+    """The pack pipeline (search, pack, assign; every baseline) on the real 70k and resampled
+    sizes: Dist, steps vs bound, step mix vs random batching of the same steps, CPU vs ISF."""
+    from balancer_cli.lengths import read_lengths
+    from balancer_cli.pack.config import PackConfig
+    from balancer_cli.pack.evaluate import evaluate_rows
+    from balancer_cli.pack.inputs import prepare_inputs
+    from balancer_cli.pack.pipeline import place_packer, resolve_thresholds
+
+    real = sorted(glob.glob(str(ROOT.parent / "shared" / "data" / "internvl-lengths" / "*.json")))
+    cases = [("real 70,706", read_lengths(real), 8)]
+    for n in sizes:
+        lt = read_lengths(real)
+        pick = np.random.default_rng(0).integers(0, lt.num_samples, n)
+        cases.append((f"resampled {n:,}", lt.table.take(pick), 64))
+    for label, table, R in cases:
+        if not hasattr(table, "table"):
+            from balancer_cli.lengths import LengthsTable
+            table = LengthsTable(table)
+        inputs = prepare_inputs(table)
+        config = PackConfig(world_size=R, micro_batches=M)
+        t = time.process_time()
+        caps_K, bounds_K, _ = resolve_thresholds(inputs, config)
+        t_search = time.process_time() - t
+        print(f"\n## scale: {label}, world_size={R}, micro_batches={M}, searched caps "
+              f"{dict(zip(inputs.modules, caps_K.tolist()))} ({t_search:.2f} s CPU)")
+        print("| packing | " + " | ".join(f"{m} dist" for m in inputs.modules)
+              + " | steps (vs bound) | mix vs random | CPU s (x ISF) |")
+        print("|" + "---|" * (4 + len(inputs.modules)))
+        results = []
+        for name in ("balanced", "isf", "random", "dataloader", "llm-ffd"):
+            t = time.process_time()
+            rows, dropped, reasons, steps = place_packer(name, inputs, config, caps_K, bounds_K)
+            dt = time.process_time() - t + (t_search if name == "balanced" else 0.0)
+            m = evaluate_rows(inputs, rows, dropped, reasons, caps_K=caps_K, world_size=R, micro_batches=M,
+                              epoch_num_steps=steps).metrics
+            results.append((name, m, dt))
+        t_isf = next(dt for name, _, dt in results if name == "isf")
+        for name, m, dt in results:
+            dists = " | ".join(f"{m['modules'][mod]['dist_ratio']:.4f}" for mod in inputs.modules)
+            print(f"| {'ours' if name == 'balanced' else name} | {dists} | {m['steps']['total']} "
+                  f"({m['steps']['vs_lower_bound']:.2f}x) | {m['step_mix']['vs_random']:.2f}x | "
+                  f"{dt:.2f} ({dt / t_isf:.2f}x) |")
 
 
 if __name__ == "__main__":
