@@ -6,7 +6,9 @@ arithmetic in the same order), only slower. Every tie is broken by index, so the
 pure function of the input: all ranks computing a plan from the same costs get the same plan.
 
 These loops cannot be vectorized: greedy list scheduling and local search each depend on the
-state left by the previous step. Where the bins go (matching, moves home) is in
+state left by the previous step. They are made cheap per step instead (a tournament tree for
+LPT, per-bin item lists for the local search); the sort that feeds them is vectorized
+(:func:`descending_order`). Where the bins go (matching, moves home) is in
 :mod:`balancer_cli.replay.post_balance.placement_kernels`.
 """
 
@@ -16,19 +18,73 @@ import numpy as np
 
 from balancer_cli._jit import njit
 
-__all__ = ["lpt_bins", "refine_bins", "padded_split"]
+__all__ = ["descending_order", "fix_cut_ties", "lpt_bins", "padded_split", "refine_bins"]
+
+
+def descending_order(cost):
+    """Indices of ``cost`` by descending cost, ties by index: ``argsort(-cost, kind="stable")``.
+
+    For costs >= 0 (the planner's), one vectorized sort of 64-bit words, each the cost's bit
+    pattern (for doubles >= 0 their order as integers is their numeric order) cut to make room
+    for the index below it, then :func:`fix_cut_ties` restores the order where the cut bits
+    differ. Other costs fall back to numpy's stable argsort.
+
+    Example:
+        >>> descending_order(np.array([1.0, 3.0, 0.0, 3.0, -0.0, 2.5])).tolist()
+        [1, 3, 5, 0, 2, 4]
+    """
+    n = cost.shape[0]
+    if n < 2 or not (cost >= 0).all():  # also NaN
+        return np.argsort(-cost, kind="stable")
+    index_bits = int(n - 1).bit_length()
+    # 63-bit key rising as the cost falls (``+ 0.0`` turns -0.0 into 0.0, as ``-cost`` ties them)
+    key = (np.uint64(2 ** 63 - 1) - (cost + 0.0).view(np.uint64))
+    word = ((key >> np.uint64(index_bits - 1)) << np.uint64(index_bits)) | np.arange(n, dtype=np.uint64)
+    word.sort()
+    return fix_cut_ties(word, key, index_bits)
 
 
 @njit
-def _heap_less(load, ident, i, j):
-    return load[i] < load[j] or (load[i] == load[j] and ident[i] < ident[j])
+def fix_cut_ties(word, key, index_bits):
+    """The indices in sorted ``word`` (cut key, index), re-sorted by full ``key`` where runs of
+    equal cut keys hold different keys (rare: costs equal to ~50 bits but not to all 64).
+
+    Example:
+        >>> fix_cut_ties(np.array([2, 3], np.uint64), np.array([5, 4], np.uint64), 1).tolist()
+        [1, 0]
+    """
+    n = word.shape[0]
+    mask = np.uint64((1 << index_bits) - 1)
+    order = np.empty(n, np.int64)
+    for i in range(n):
+        order[i] = np.int64(word[i] & mask)
+    i = 0
+    while i < n:
+        head = word[i] >> np.uint64(index_bits)
+        j = i + 1
+        mixed = False
+        while j < n and (word[j] >> np.uint64(index_bits)) == head:
+            mixed = mixed or key[order[j]] != key[order[i]]
+            j += 1
+        if mixed:  # the run is in index order: a stable sort by key gives (key, index) order
+            run = order[i:j].copy()
+            run_key = np.empty(j - i, np.uint64)
+            for t in range(j - i):
+                run_key[t] = key[run[t]]
+            order[i:j] = run[np.argsort(run_key, kind="mergesort")]
+        i = j
+    return order
 
 
 @njit
 def lpt_bins(cost_sorted, num_bins):
-    """Longest-processing-time-first: each item (costs sorted descending) to the least-loaded bin.
+    """Longest-processing-time-first: each item (costs >= 0, sorted descending) to the least-loaded bin.
 
-    Ties between equally loaded bins go to the lowest bin index.
+    Ties between equally loaded bins go to the lowest bin index. The least loaded bin is kept in
+    a tournament tree (each node holds the load and bin of the winner of its two children, the
+    left one on ties), so an item costs ``log2(num_bins)`` comparisons with the siblings on its
+    bin's path; once the costs reach 0 the remaining items all go to the current winner (their
+    loads no longer change).
 
     Returns:
         ``(bin_N int64, load_R float64)``.
@@ -39,30 +95,79 @@ def lpt_bins(cost_sorted, num_bins):
         ([0, 1, 1, 0], [7.0, 7.0])
     """
     n = cost_sorted.shape[0]
-    heap_load = np.zeros(num_bins)
-    heap_bin = np.arange(num_bins)  # all loads 0, ordered by index: already a valid heap
+    size = 1
+    while size < num_bins:
+        size *= 2
+    # node p holds the winner of its subtree: its load (val) and bin (idx); leaves at size + bin
+    val = np.full(2 * size, np.inf)  # padding leaves never win: a real bin ties with them by index
+    idx = np.empty(2 * size, np.int64)
+    for b in range(size):
+        val[size + b] = 0.0 if b < num_bins else np.inf
+        idx[size + b] = b
+    for p in range(size - 1, 0, -1):
+        left = 2 * p if val[2 * p] <= val[2 * p + 1] else 2 * p + 1  # the left subtree: lower bins
+        val[p], idx[p] = val[left], idx[left]
     bin_N = np.empty(n, np.int64)
     for i in range(n):
-        bin_N[i] = heap_bin[0]
-        heap_load[0] += cost_sorted[i]
-        pos = 0
-        while True:  # sift the root down
-            left = 2 * pos + 1
-            if left >= num_bins:
-                break
-            child = left
-            if left + 1 < num_bins and _heap_less(heap_load, heap_bin, left + 1, left):
-                child = left + 1
-            if _heap_less(heap_load, heap_bin, child, pos):
-                heap_load[pos], heap_load[child] = heap_load[child], heap_load[pos]
-                heap_bin[pos], heap_bin[child] = heap_bin[child], heap_bin[pos]
-                pos = child
-            else:
-                break
-    load = np.zeros(num_bins)
-    for k in range(num_bins):
-        load[heap_bin[k]] = heap_load[k]
-    return bin_N, load
+        b = idx[1]
+        c = cost_sorted[i]
+        if c == 0.0:  # sorted descending: every later item costs 0 and joins the same bin
+            bin_N[i:] = b
+            break
+        bin_N[i] = b
+        p = size + b
+        v = val[p] + c
+        w = b
+        val[p] = v
+        while p > 1:  # replay the matches on the way up (the siblings' winners do not change)
+            s = p ^ 1
+            sv = val[s]
+            sw = idx[s]
+            take = (sv < v) | ((sv == v) & (s < p))  # a tie goes to the left one (lower bins)
+            v = sv if take else v  # selects, not branches: the outcome is a coin flip
+            w = sw if take else w
+            p >>= 1
+            val[p] = v
+            idx[p] = w
+    return bin_N, val[size:size + num_bins].copy()
+
+
+@njit
+def _unlink(item, bin_of, head, nxt, prv):
+    if prv[item] >= 0:
+        nxt[prv[item]] = nxt[item]
+    else:
+        head[bin_of] = nxt[item]
+    if nxt[item] >= 0:
+        prv[nxt[item]] = prv[item]
+
+
+@njit
+def _push(item, bin_of, head, nxt, prv):
+    nxt[item] = head[bin_of]
+    prv[item] = -1
+    if head[bin_of] >= 0:
+        prv[head[bin_of]] = item
+    head[bin_of] = item
+
+
+@njit
+def _sort_by_cost(item, cost_of, count):
+    """Sort ``item[:count]`` and ``cost_of[:count]`` together by ascending cost (insertion sort:
+    a bin holds few items; the order of equal costs does not matter to the caller)."""
+    if count > 64:
+        perm = np.argsort(cost_of[:count])
+        item[:count] = item[:count][perm]
+        cost_of[:count] = cost_of[:count][perm]
+        return
+    for i in range(1, count):
+        ci, ii = cost_of[i], item[i]
+        j = i
+        while j > 0 and cost_of[j - 1] > ci:
+            cost_of[j] = cost_of[j - 1]
+            item[j] = item[j - 1]
+            j -= 1
+        cost_of[j], item[j] = ci, ii
 
 
 @njit
@@ -73,6 +178,12 @@ def refine_bins(cost, bin_N, load, max_iters, num_candidates):
     bins ``c``, the move of one item b -> c or swap of two items that lowers ``max(load_b,
     load_c)`` the most. Every applied step strictly lowers the sorted load vector, so the maximum
     never rises and the search terminates. ``bin_N`` and ``load`` are updated in place.
+
+    Ties are broken as a scan in index order would (moves by candidate rank then item, before
+    swaps by item pair): the bins' items are kept in linked lists, so an iteration costs
+    O(bins + items of the candidates x log(items of b)), not a pass over all items. Costs are
+    >= 0 (the planner's); items of cost 0 never move (a move or swap of one changes no load) and
+    are left out of the lists.
 
     Returns:
         The number of moves and swaps applied.
@@ -88,74 +199,131 @@ def refine_bins(cost, bin_N, load, max_iters, num_candidates):
     applied = 0
     if k <= 0:
         return applied
-    cand = np.empty(k, np.int64)
-    cand_pos = np.full(num_bins, -1, np.int64)
+    head = np.full(num_bins, -1, np.int64)
+    nxt = np.empty(n, np.int64)
+    prv = np.empty(n, np.int64)
+    for i in range(n - 1, -1, -1):  # each bin's list in index order (any order gives the same result)
+        if cost[i] > 0.0:
+            first = head[bin_N[i]]
+            nxt[i] = first
+            prv[i] = -1
+            if first >= 0:
+                prv[first] = i
+            head[bin_N[i]] = i
+    cand = np.empty(k + 1, np.int64)
+    in_b = np.empty(n, np.int64)
+    cost_b = np.empty(n)
     for _ in range(max_iters):
+        # one pass: the most loaded bin (lowest index on ties) and the k + 1 least loaded bins
+        # by (load, index); the k least other than b are then the first k of those without b
         b = 0
-        for r in range(1, num_bins):
-            if load[r] > load[b]:
-                b = r
-        peak = load[b]
+        peak = load[0]
+        m = 0
+        kth = np.inf  # load of the (k + 1)-th least loaded bin so far, once there are k + 1
+        for r in range(num_bins):
+            lr = load[r]
+            if lr > peak:
+                b, peak = r, lr
+            if m <= k:
+                m += 1
+            elif lr >= kth:
+                continue
+            j = m - 1
+            while j > 0 and load[cand[j - 1]] > lr:
+                cand[j] = cand[j - 1]
+                j -= 1
+            cand[j] = r
+            if m > k:
+                kth = load[cand[k]]
         if peak <= 0.0:
             break
-        # k least loaded bins other than b (selection by repeated scan; k is small)
-        taken = np.zeros(num_bins, np.bool_)
-        taken[b] = True
-        for t in range(k):
-            best = -1
-            for r in range(num_bins):
-                if not taken[r] and (best < 0 or load[r] < load[best]):
-                    best = r
-            cand[t] = best
-            taken[best] = True
-            cand_pos[best] = t
-        # one scan: the items of b, and the items of the candidate bins
-        in_b = np.empty(n, np.int64)
-        in_c = np.empty(n, np.int64)
-        nb = 0
-        nc = 0
-        for i in range(n):
-            if bin_N[i] == b:
-                in_b[nb] = i
-                nb += 1
-            elif cand_pos[bin_N[i]] >= 0:
-                in_c[nc] = i
-                nc += 1
+        w = 0
+        for t in range(m):
+            if cand[t] != b and w < k:
+                cand[w] = cand[t]
+                w += 1
+        nb = 0  # the items of b, gathered by ascending cost (for the swaps' searches)
+        a = head[b]
+        while a >= 0:
+            in_b[nb] = a
+            cost_b[nb] = cost[a]
+            nb += 1
+            a = nxt[a]
+        _sort_by_cost(in_b, cost_b, nb)
         best_pair_max = peak * (1.0 - 1e-12)  # only strict improvements
-        best_a, best_x, best_c = -1, -1, -1
-        for t in range(k):
+        best_a, best_x, best_c, best_t = -1, -1, -1, -1
+        for t in range(k):  # moves a -> c: the first (candidate rank, item) of the minimum
             c = cand[t]
             low = load[c]
             for ia in range(nb):
-                a = in_b[ia]
-                ca = cost[a]
-                if ca <= 0.0:
-                    continue
-                pair = max(peak - ca, low + ca)  # move a to c
-                if pair < best_pair_max:
-                    best_pair_max, best_a, best_x, best_c = pair, a, -1, c
-        for ix in range(nc):
-            x = in_c[ix]
-            c = bin_N[x]
+                ca = cost_b[ia]
+                pair = max(peak - ca, low + ca)
+                if pair < best_pair_max or (pair == best_pair_max and best_t == t and in_b[ia] < best_a):
+                    best_pair_max, best_a, best_c, best_t = pair, in_b[ia], c, t
+        swapped = False
+        for t in range(k):  # swaps a <-> x: the first (x, a) pair of the minimum, after every move
+            c = cand[t]
             low = load[c]
-            cx = cost[x]
-            for ia in range(nb):
-                a = in_b[ia]
-                d = cost[a] - cx
-                if d <= 0.0:
+            x = head[c]
+            while x >= 0:
+                cx = cost[x]
+                x_next = nxt[x]
+                # For this x, pair(a) = max(peak - d, low + d), d = cost_a - cx, is (in floating
+                # point too) falling then rising along b's ascending costs: only the a at the turn,
+                # and those tied with them, can win. Valid swaps (d > 0) are those past ``lo``.
+                lo, hi = 0, nb
+                while lo < hi:
+                    mid = (lo + hi) >> 1
+                    if cost_b[mid] > cx:
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                first = lo
+                hi = nb
+                while lo < hi:  # the turn: the first a with low + d >= peak - d
+                    mid = (lo + hi) >> 1
+                    d = cost_b[mid] - cx
+                    if low + d >= peak - d:
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                turn = lo
+                best_here = np.inf
+                if turn > first:
+                    d = cost_b[turn - 1] - cx
+                    best_here = max(peak - d, low + d)
+                if turn < nb:
+                    d = cost_b[turn] - cx
+                    best_here = min(best_here, max(peak - d, low + d))
+                if best_here > best_pair_max or (best_here == best_pair_max and not swapped):
+                    x = x_next
                     continue
-                pair = max(peak - d, low + d)  # swap a <-> x
-                if pair < best_pair_max:
-                    best_pair_max, best_a, best_x, best_c = pair, a, x, c
-        for t in range(k):
-            cand_pos[cand[t]] = -1
+                for side in range(2):  # the tied run around the turn, each way
+                    ia = turn - 1 if side == 0 else turn
+                    while first <= ia < nb:
+                        d = cost_b[ia] - cx
+                        pair = max(peak - d, low + d)
+                        if pair != best_here:
+                            break
+                        if pair < best_pair_max or (pair == best_pair_max and swapped and (
+                                x < best_x or (x == best_x and in_b[ia] < best_a))):
+                            best_pair_max, best_a, best_x, best_c = pair, in_b[ia], x, c
+                            swapped = True
+                        ia += -1 if side == 0 else 1
+                x = x_next
         if best_a < 0:
             break
         c = best_c
+        if not swapped:
+            best_x = -1
         delta = cost[best_a] - (cost[best_x] if best_x >= 0 else 0.0)
         bin_N[best_a] = c
+        _unlink(best_a, b, head, nxt, prv)
+        _push(best_a, c, head, nxt, prv)
         if best_x >= 0:
             bin_N[best_x] = b
+            _unlink(best_x, c, head, nxt, prv)
+            _push(best_x, b, head, nxt, prv)
         load[b] -= delta
         load[c] += delta
         applied += 1

@@ -13,7 +13,21 @@ import numpy as np
 
 from balancer_cli._jit import njit
 
-__all__ = ["match_bins", "move_back", "repair_from_home"]
+__all__ = ["match_bins", "move_back", "place_shed", "repair_from_home", "shed_from_home"]
+
+
+@njit
+def _counting_order(key, order, num_keys, out):
+    """``out``: ``order`` stably sorted by ``key[order[t]]`` in ``0..num_keys-1`` (counting sort)."""
+    start = np.zeros(num_keys + 1, np.int64)
+    for t in range(order.shape[0]):
+        start[key[order[t]] + 1] += 1
+    for v in range(num_keys):
+        start[v + 1] += start[v]
+    for t in range(order.shape[0]):
+        v = key[order[t]]
+        out[start[v]] = order[t]
+        start[v] += 1
 
 
 @njit
@@ -23,7 +37,9 @@ def match_bins(bin_N, home_N, num_bins, ranks_per_node):
     Greedy maximum-overlap matching: (bin, rank) pairs by descending count of the bin's items
     whose home is that rank; then, for bins still unmatched, (bin, node) pairs by descending
     count of items whose home is in that node, each taking that node's lowest free rank; then the
-    remaining bins in index order take the remaining ranks in index order.
+    remaining bins in index order take the remaining ranks in index order. Ties between pairs of
+    equal count go to the lower (bin, rank or node); the pairs are ordered by counting sorts, in
+    O(items + bins).
 
     Returns:
         ``rank_of_bin`` (num_bins,) int64.
@@ -35,31 +51,60 @@ def match_bins(bin_N, home_N, num_bins, ranks_per_node):
     n = bin_N.shape[0]
     rank_of_bin = np.full(num_bins, -1, np.int64)
     rank_free = np.ones(num_bins, np.bool_)
+    group_N = np.empty(n, np.int64)
+    by_group = np.empty(n, np.int64)
+    sorted_group = np.empty(n, np.int64)
+    pair_bin = np.empty(n, np.int64)
+    pair_group = np.empty(n, np.int64)
+    pair_count = np.empty(n, np.int64)
+    pairs = np.empty(n, np.int64)
     for level in range(2):
         if level == 1 and ranks_per_node <= 1:
             break
         group = 1 if level == 0 else ranks_per_node
         num_groups = (num_bins + group - 1) // group
-        key = np.empty(n, np.int64)
+        grouped = True  # homes in order (the planner's flattening): items already by group
         for i in range(n):
-            key[i] = bin_N[i] * num_groups + home_N[i] // group
-        key.sort()
-        # run-length encode -> (count, bin, group) pairs, then sort by (-count, bin, group)
-        pair_key = np.empty(n, np.int64)
+            group_N[i] = home_N[i] // group
+            if i and group_N[i] < group_N[i - 1]:
+                grouped = False
+        # items by (bin, group): stable by group, then by bin (keeping the sorted groups)
+        if grouped:
+            by_group[:] = np.arange(n)
+        else:
+            _counting_order(group_N, np.arange(n), num_groups, by_group)
+        start = np.zeros(num_bins + 1, np.int64)
+        for i in range(n):
+            start[bin_N[i] + 1] += 1
+        for b in range(num_bins):
+            start[b + 1] += start[b]
+        bin_start = start[:-1].copy()
+        for t in range(n):
+            i = by_group[t]
+            sorted_group[start[bin_N[i]]] = group_N[i]
+            start[bin_N[i]] += 1
+        # run-length encode -> (count, bin, group) pairs in (bin, group) order ...
         m = 0
-        i = 0
-        while i < n:
-            j = i
-            while j < n and key[j] == key[i]:
-                j += 1
-            pair_key[m] = (n - (j - i)) * (num_bins * num_groups) + key[i]
-            m += 1
-            i = j
-        pairs = np.sort(pair_key[:m])
+        most = 0
+        for b in range(num_bins):
+            i = bin_start[b]
+            end = start[b]
+            while i < end:
+                g = sorted_group[i]
+                j = i + 1
+                while j < end and sorted_group[j] == g:
+                    j += 1
+                pair_bin[m], pair_group[m], pair_count[m] = b, g, j - i
+                most = max(most, j - i)
+                m += 1
+                i = j
+        # ... then stably by descending count: (-count, bin, group) order
         for p in range(m):
-            rest = pairs[p] % (num_bins * num_groups)
-            b = rest // num_groups
-            g = rest % num_groups
+            pair_count[p] = most - pair_count[p]
+        _counting_order(pair_count, np.arange(m), most, pairs)
+        for p in range(m):
+            b = pair_bin[pairs[p]]
+            g = pair_group[pairs[p]]
             if rank_of_bin[b] >= 0:
                 continue
             for r in range(g * group, min((g + 1) * group, num_bins)):
@@ -105,7 +150,13 @@ def move_back(cost, dest_N, home_N, order, num_ranks, cap, ranks_per_node, padde
         peak[d] = max(peak[d], cost[i])
     relocated = 0
     passes = 2 if ranks_per_node > 1 else 1
+    num_nodes = (num_ranks + ranks_per_node - 1) // ranks_per_node
+    node_min = np.empty(num_nodes)  # pass 2, varlen: least load per node, kept exact
     for p in range(passes):
+        if p == 1 and not padded:
+            node_min[:] = np.inf
+            for r in range(num_ranks):
+                node_min[r // ranks_per_node] = min(node_min[r // ranks_per_node], total[r])
         for t in range(order.shape[0]):
             i = order[t]
             d = dest_N[i]
@@ -118,6 +169,8 @@ def move_back(cost, dest_N, home_N, order, num_ranks, cap, ranks_per_node, padde
                 node = h // ranks_per_node
                 if d // ranks_per_node == node:
                     continue
+                if not padded and not node_min[node] + cost[i] <= cap:
+                    continue  # not even the node's least loaded rank (the one tried) has room
                 target = node * ranks_per_node
                 last = min((node + 1) * ranks_per_node, num_ranks)
                 for r in range(target + 1, last):
@@ -139,7 +192,27 @@ def move_back(cost, dest_N, home_N, order, num_ranks, cap, ranks_per_node, padde
                 total[target] += c
                 peak[target] = max(peak[target], c)
                 relocated += 1
+                if p == 1 and not padded:
+                    node_min[d // ranks_per_node] = min(node_min[d // ranks_per_node], total[d])
+                    node = target // ranks_per_node
+                    node_min[node] = np.inf
+                    for r in range(node * ranks_per_node, min((node + 1) * ranks_per_node, num_ranks)):
+                        node_min[node] = min(node_min[node], total[r])
     return relocated
+
+
+@njit
+def _rank_position(by_load, load, r):
+    """Position of rank ``r`` in ``by_load`` (ranks sorted by (load, -index)): binary search."""
+    lo, hi = 0, by_load.shape[0]
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        q = by_load[mid]
+        if load[q] < load[r] or (load[q] == load[r] and q > r):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 @njit
@@ -162,6 +235,24 @@ def repair_from_home(cost, home_N, num_ranks, limit, ranks_per_node, policy):
         >>> dest_N, load_R = repair_from_home(np.array([4.0, 3.0, 1.0]), np.array([0, 0, 0]), 2, 5.0, 1, 0)
         >>> dest_N.tolist(), load_R.tolist()
         ([0, 1, 0], [5.0, 3.0])
+    """
+    dest_N, load, pool = shed_from_home(cost, home_N, num_ranks, limit, policy)
+    place_shed(cost, home_N, dest_N, load, pool, limit, ranks_per_node)
+    return dest_N, load
+
+
+@njit
+def shed_from_home(cost, home_N, num_ranks, limit, policy):
+    """The shedding half of :func:`repair_from_home` (it does not depend on ``ranks_per_node``).
+
+    Returns:
+        ``(dest_N int64, load_R float64, pool int64)``: shed items have ``dest_N = -1``;
+        ``pool`` lists them largest first (ties by index); ``load_R`` is without them.
+
+    Example:
+        >>> dest_N, load_R, pool = shed_from_home(np.array([4.0, 3.0, 1.0]), np.array([0, 0, 0]), 2, 5.0, 0)
+        >>> dest_N.tolist(), load_R.tolist(), pool.tolist()
+        ([0, -1, 0], [5.0, 0.0], [1])
     """
     n = cost.shape[0]
     dest_N = home_N.copy()
@@ -206,27 +297,70 @@ def repair_from_home(cost, home_N, num_ranks, limit, ranks_per_node, policy):
     for t in range(num_pool):
         pool_cost[t] = -cost[pool[t]]
     pool = pool[:num_pool][np.argsort(pool_cost, kind="mergesort")]
+    return dest_N, load, pool
+
+
+@njit
+def place_shed(cost, home_N, dest_N, load, pool, limit, ranks_per_node):
+    """The placing half of :func:`repair_from_home`: ``pool`` (largest first) to the fullest
+    rank with room, the item's own node first; ``dest_N`` and ``load`` are updated in place.
+
+    Example:
+        >>> dest_N, load_R = np.array([0, -1, 0]), np.array([5.0, 0.0])
+        >>> place_shed(np.array([4.0, 3.0, 1.0]), np.array([0, 0, 0]), dest_N, load_R, np.array([1]), 5.0, 1)
+        >>> dest_N.tolist(), load_R.tolist()
+        ([0, 1, 0], [5.0, 3.0])
+    """
+    num_ranks = load.shape[0]
+    num_pool = pool.shape[0]
+    # Ranks ordered by (load, -index): the ranks where an item fits are a prefix (fl(load + c)
+    # rises with load), and the last of that prefix is the fullest, lowest-index one among them.
+    by_load = (num_ranks - 1) - np.argsort(load[::-1], kind="mergesort")
     group = ranks_per_node if ranks_per_node > 1 else num_ranks
     for t in range(num_pool):
         i = pool[t]
         c = cost[i]
         target = -1
-        for level in range(2):
-            lo, hi = 0, num_ranks
-            if level == 0:
-                lo = (home_N[i] // group) * group
-                hi = min(lo + group, num_ranks)
-            for r in range(lo, hi):
+        if group < num_ranks:  # the item's own node first
+            lo = (home_N[i] // group) * group
+            for r in range(lo, min(lo + group, num_ranks)):
                 if load[r] + c <= limit and (target < 0 or load[r] > load[target]):
                     target = r
-            if target >= 0 or group == num_ranks:
-                break
-        if target < 0:
-            target = 0
-            for r in range(1, num_ranks):
-                if load[r] < load[target]:
-                    target = r
+        if target >= 0:
+            p = _rank_position(by_load, load, target)
+        else:  # best fit over all ranks: binary search for the end of the prefix
+            lo, hi = 0, num_ranks  # by_load[:lo] fit, by_load[hi:] do not
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if load[by_load[mid]] + c <= limit:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo > 0:
+                p = lo - 1
+            else:  # fits nowhere: the least loaded rank, lowest index (the end of the first run)
+                lo, hi = 0, num_ranks
+                while lo < hi:
+                    mid = (lo + hi) >> 1
+                    if load[by_load[mid]] <= load[by_load[0]]:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                p = lo - 1
+            target = by_load[p]
         dest_N[i] = target
         load[target] += c
-    return dest_N, load
+        # the load rose: the rank moves up past those now before it in (load, -index) order
+        lo, hi = p + 1, num_ranks
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            q = by_load[mid]
+            if load[q] < load[target] or (load[q] == load[target] and q > target):
+                lo = mid + 1
+            else:
+                hi = mid
+        dst, src = by_load[p:lo - 1], by_load[p + 1:lo]  # a forward copy over views (vectorized)
+        for q in range(lo - 1 - p):
+            dst[q] = src[q]
+        by_load[lo - 1] = target
 

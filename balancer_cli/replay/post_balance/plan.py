@@ -136,28 +136,45 @@ class PostBalancePlan:
         return src, flat - self.offsets[src]
 
 
+def _stack_checked(arrays, width):
+    """The (N, K) costs of 2-D ``arrays`` stacked rank by rank, or PlanError at the first cost
+    (in rank, sample, module order) that is not a finite number >= 0."""
+    cost_NK = np.concatenate(arrays, axis=0) if arrays else np.zeros((0, width))
+    bad = ~(cost_NK >= 0) | (cost_NK == np.inf)  # NaN compares false
+    if bad.any():
+        i, m = divmod(int(np.argmax(bad)), width)
+        ends = np.cumsum([a.shape[0] for a in arrays])  # only on error
+        r = int(np.searchsorted(ends, i, side="right"))
+        j = i - (int(ends[r - 1]) if r else 0)
+        raise PlanError(f"rank {r} sample {j} module {m}: cost {arrays[r][j, m]!r} is not a finite number >= 0",
+                        fix="costs must be finite and non-negative")
+    return cost_NK
+
+
 def _check_inputs(costs_by_rank, modules, attention, cost_coeffs, matching):
+    """``(cost_NK, counts, names, modes)``: the validated costs flattened rank by rank."""
     if not isinstance(costs_by_rank, (list, tuple)) or not costs_by_rank:
         raise UsageError("costs_by_rank must be a non-empty list with one (n_r, K) array per rank")
-    raw = [np.asarray(costs, dtype=np.float64) for costs in costs_by_rank]
-    widths = {a.shape[1] for a in raw if a.ndim == 2}
-    if len(widths) > 1:
-        raise PlanError(f"ranks report costs for different numbers of modules: {sorted(widths)}",
-                        fix="every rank must report the same modules in the same order, the LLM last")
-    width = widths.pop() if widths else 0
-    arrays = []
-    for r, a in enumerate(raw):
-        if a.ndim == 1 and a.size == 0:  # a rank without samples
-            a = a.reshape(0, width)
-        if a.ndim != 2:
-            raise PlanError(f"costs of rank {r} have shape {a.shape}, expected (samples, modules)",
-                            fix="pass one (n_r, K) array per rank, one column per module, the LLM last")
-        arrays.append(a)
-        bad = ~np.isfinite(a) | (a < 0)
-        if bad.any():
-            j, m = (int(x) for x in np.argwhere(bad)[0])
-            raise PlanError(f"rank {r} sample {j} module {m}: cost {a[j, m]!r} is not a finite number >= 0",
-                            fix="costs must be finite and non-negative")
+    arrays = [np.asarray(costs, dtype=np.float64) for costs in costs_by_rank]
+    shapes = [a.shape for a in arrays]
+    if len(set(shapes)) == 1 and len(shapes[0]) == 2:  # the usual case: n samples on every rank
+        width, shape_error = shapes[0][1], None
+        counts = np.full(len(arrays), shapes[0][0], dtype=np.int64)
+    else:
+        widths = {shape[1] for shape in shapes if len(shape) == 2}
+        if len(widths) > 1:
+            raise PlanError(f"ranks report costs for different numbers of modules: {sorted(widths)}",
+                            fix="every rank must report the same modules in the same order, the LLM last")
+        width = widths.pop() if widths else 0
+        arrays = [a.reshape(0, width) if a.ndim == 1 and a.size == 0 else a for a in arrays]  # a rank without samples
+        shape_error = next((r for r, a in enumerate(arrays) if a.ndim != 2), None)
+        counts = np.array([a.shape[0] if a.ndim == 2 else 0 for a in arrays], dtype=np.int64)
+    # one check over all costs; the first problem in rank order is the one reported
+    cost_NK = _stack_checked(arrays[:shape_error], width)
+    if shape_error is not None:
+        shape = arrays[shape_error].shape
+        raise PlanError(f"costs of rank {shape_error} have shape {shape}, expected (samples, modules)",
+                        fix="pass one (n_r, K) array per rank, one column per module, the LLM last")
     if width == 0:
         raise PlanError("costs have no module columns", fix="pass at least the LLM column")
     names = tuple(modules) if modules is not None else tuple(f"m{i}" for i in range(width - 1)) + ("llm",)
@@ -170,7 +187,7 @@ def _check_inputs(costs_by_rank, modules, attention, cost_coeffs, matching):
         raise UsageError(f"cost_coeffs needs one (alpha, beta) or None per module ({width}), got {len(cost_coeffs)}")
     if matching not in MATCHINGS:
         raise UsageError(f"unknown matching {matching!r}", fix=f"use one of: {', '.join(MATCHINGS)}")
-    return arrays, names, modes
+    return cost_NK, counts, names, modes
 
 
 def plan_post_balance(
@@ -218,15 +235,13 @@ def plan_post_balance(
         >>> plan.load_after.tolist(), plan.moved.tolist()
         ([[9.0, 9.0], [10.0, 10.0]], [1, 0])
     """
-    arrays, names, modes = _check_inputs(costs_by_rank, modules, attention, cost_coeffs, matching)
-    num_ranks = len(arrays)
+    cost_NK, counts, names, modes = _check_inputs(costs_by_rank, modules, attention, cost_coeffs, matching)
+    num_ranks = len(counts)
     if ranks_per_node is not None and ranks_per_node < 1:
         raise UsageError(f"ranks_per_node must be >= 1, got {ranks_per_node}")
     if move_tolerance < 0:
         raise UsageError(f"move_tolerance must be >= 0, got {move_tolerance}")
-    counts = np.array([a.shape[0] for a in arrays], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(counts)])
-    cost_NK = np.concatenate(arrays, axis=0) if offsets[-1] else np.zeros((0, len(names)))
     if cost_coeffs is not None:
         cost_NK = apply_cost_coeffs(cost_NK, cost_coeffs)
     home_N = np.repeat(np.arange(num_ranks, dtype=np.int64), counts)

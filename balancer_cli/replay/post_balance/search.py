@@ -120,13 +120,12 @@ def _hungarian(bin_N, home_N, num_bins, ranks_per_node):
     except ImportError:  # pragma: no cover - scipy present in the test environment
         raise UsageError("matching='hungarian' needs scipy", fix="pip install scipy, or use matching='greedy'") from None
     n = len(bin_N)
-    weight = np.zeros((num_bins, num_bins))
-    np.add.at(weight, (bin_N, home_N), float(n + 1))  # staying on the rank dominates
+    pairs = np.bincount(bin_N * num_bins + home_N, minlength=num_bins * num_bins)
+    weight = pairs.reshape(num_bins, num_bins) * float(n + 1)  # staying on the rank dominates
     if ranks_per_node and ranks_per_node > 1:
         nodes = -(-num_bins // ranks_per_node)
-        per_node = np.zeros((num_bins, nodes))
-        np.add.at(per_node, (bin_N, home_N // ranks_per_node), 1.0)
-        weight += np.repeat(per_node, ranks_per_node, axis=1)[:, :num_bins]
+        per_node = np.bincount(bin_N * nodes + home_N // ranks_per_node, minlength=num_bins * nodes)
+        weight += np.repeat(per_node.reshape(num_bins, nodes).astype(np.float64), ranks_per_node, axis=1)[:, :num_bins]
     rows, cols = linear_sum_assignment(weight, maximize=True)
     rank_of_bin = np.empty(num_bins, np.int64)
     rank_of_bin[rows] = cols
@@ -149,7 +148,7 @@ MATCHINGS = tuple(_MATCHERS)
 def _balanced_split(phase: PhaseInput, matching: str) -> tuple[np.ndarray, np.ndarray]:
     """``(order, dest_N)``: samples by descending cost, and R balanced bins matched to ranks so
     that many samples stay home."""
-    order = np.argsort(-phase.cost_N, kind="stable")
+    order = kernels.descending_order(phase.cost_N)  # = argsort(-cost, kind="stable")
     bin_N = _BINS[phase.attention](phase, order, np.ascontiguousarray(phase.cost_N[order]))
     rank_of_bin = _MATCHERS[matching](bin_N, phase.home_N, phase.num_ranks, phase.ranks_per_node)
     return order, rank_of_bin[bin_N]
@@ -173,11 +172,15 @@ def _fewest_moves(phase: PhaseInput, balanced_N: np.ndarray, order: np.ndarray, 
         # node-aware and flat), then local search. They usually move far fewer samples; the one
         # with the fewest moves (cross-node moves first) among those within the cap wins.
         # (Padded phases have none: a balanced padded split regroups samples by length, and
-        # shedding from home never met the cap in our measurements.)
+        # shedding from home never met the cap in our measurements.) What is shed does not
+        # depend on node awareness, only where it goes: each policy sheds once.
+        shed = [placement_kernels.shed_from_home(cost_N, home_N, num_ranks, cap, policy) for policy in (0, 1)]
         for node_aware in ((True, False) if rpn > 1 else (False,)):
             for policy in (0, 1):
-                repaired, load = placement_kernels.repair_from_home(cost_N, home_N, num_ranks, cap,
-                                                                    rpn if node_aware else 1, policy)
+                repaired, load, pool = shed[policy]
+                if node_aware:  # the flat pass uses the shed result next
+                    repaired, load = repaired.copy(), load.copy()
+                placement_kernels.place_shed(cost_N, home_N, repaired, load, pool, cap, rpn if node_aware else 1)
                 if load.max() > cap:
                     kernels.refine_bins(cost_N, repaired, load, phase.refine_iters, phase.refine_candidates)
                 if load.max() <= cap:
