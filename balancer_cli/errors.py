@@ -84,7 +84,7 @@ _PARAMETER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?:\[([A-Za-z_][A-Za-z0-9_-]
 PARAMETERS = frozenset({
     # pack (PackConfig, search, placement, packers)
     "world_size", "micro_batches", "algorithm", "caps", "bounds", "iterations", "oversize", "epochs", "seed",
-    "cost_model", "target_group_size", "batch_size", "max_caps_K", "sample_size",
+    "cost_model", "target_group_size", "batch_size", "max_caps_K", "sample_size", "window_samples", "memory_gb",
     # the file-to-file entry points
     "out", "lengths_files", "engine", "ray_address", "keep_parts",
     # cost models and planners

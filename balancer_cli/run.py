@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from balancer_cli.errors import InputError, ManifestError
+from balancer_cli.errors import InputError, ManifestError, UsageError
 from balancer_cli.lengths import read_lengths
 from balancer_cli.manifest import open_manifest, write_manifest
 from balancer_cli.pack.config import PackConfig
@@ -77,7 +77,6 @@ def scan_to_file(inputs: Sequence[str | os.PathLike], output: str | os.PathLike,
     """
     import time
 
-    from balancer_cli.errors import UsageError
     from balancer_cli.lengths import write_lengths
     from balancer_cli.scan.pipeline import scan
 
@@ -104,7 +103,9 @@ def scan_to_file(inputs: Sequence[str | os.PathLike], output: str | os.PathLike,
 
 def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLike, config: PackConfig, *,
                 baselines: Sequence[str] = registry.names(baseline=True),
-                on_phase: OnPhase | None = None) -> dict[str, Any]:
+                on_phase: OnPhase | None = None, memory_gb: float | None = None, engine: str = "local",
+                ray_address: str | None = None, keep_parts: bool = False,
+                notify: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Pack lengths files into ``out/``: manifest, dropped list and the report against ``baselines``.
 
     Args:
@@ -113,6 +114,13 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
         config: the run's parameters; ``lengths_files`` defaults to the absolute input paths.
         baselines: packers to compare with in the report (``balancer report out`` reuses them).
         on_phase: called with each finished phase of :data:`PACK_PHASES`.
+        memory_gb: memory budget that sets ``config.window_samples`` when it is None
+            (:func:`~balancer_cli.pack.windows.resolve_window_samples`).
+        engine: where the manifest's windows are packed: ``local`` or ``ray`` (same output).
+        ray_address: ``ray``: an existing cluster (default: a local one with all cores).
+        keep_parts: ``ray``: keep ``OUT.parts/`` (the finished windows) afterwards; an interrupted
+            run resumes from them when rerun.
+        notify: called with one line when a ray run resumes.
 
     Returns:
         The summary: ``out``, ``files`` (the report's paths) and the report data.
@@ -130,13 +138,20 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
         config = dataclasses.replace(config, lengths_files=tuple(os.path.abspath(p) for p in paths))
     table = read_lengths(paths)
     done("read")
+    from balancer_cli.pack.windows import resolve_window_samples
+
+    config = dataclasses.replace(config, window_samples=resolve_window_samples(
+        table.num_samples, config.window_samples, memory_gb))
+    engine_options = _pack_engine_options(engine, out, table.fingerprint, ray_address, notify)
+    if keep_parts and engine_options is None:
+        raise UsageError("{keep_parts} applies to the ray engine only", fix="add {engine} ray")
     # Pack from the per-sample matrices alone and drop the Arrow table meanwhile (it is read again
     # for the report): at 10M samples that keeps a few hundred MB off the peak.
     inputs = prepare_inputs(table, config.cost_model, config.cost_presets)
     fingerprint = table.fingerprint
     del table
     _release_arrow_memory()
-    result = pack_inputs(inputs, config, lengths_fingerprint=fingerprint)
+    result = pack_inputs(inputs, config, lengths_fingerprint=fingerprint, engine=engine, engine_options=engine_options)
     del inputs
     done("pack")
     try:
@@ -145,6 +160,10 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
                        meta={**result.meta, "report_baselines": list(baselines)},
                        epoch_num_steps=result.epoch_num_steps)
         del result  # the report re-reads the written rows: do not hold a second copy meanwhile
+        if engine_options is not None and not keep_parts:
+            import shutil
+
+            shutil.rmtree(engine_options.parts_dir, ignore_errors=True)  # ours: created by this run's engine
         done("write")
         table = read_lengths(paths)
         _release_arrow_memory()
@@ -154,6 +173,25 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
                          fix="pass a writable directory as {out}") from None
     done("report")
     return summary
+
+
+def _pack_engine_options(engine: str, out: str | os.PathLike, fingerprint: str, ray_address: str | None,
+                         notify: Callable[[str], None] | None) -> Any:
+    """The Ray engine's options for a pack into ``out`` (windows kept in ``OUT.parts/``), else None."""
+    from balancer_cli.pack.engines import get_engine
+
+    get_engine(engine)  # validates the name
+    if engine != "ray":
+        if ray_address:
+            raise UsageError("{ray_address} applies to the ray engine only", fix="add {engine} ray")
+        return None
+    from balancer_cli.pack.engines.ray import RayPackOptions
+    from balancer_cli.scan.engines.ray import import_ray
+
+    import_ray()  # a clear error before any work when the extra is missing
+    out = Path(out)
+    return RayPackOptions(run_key=fingerprint, address=ray_address, parts_dir=str(out.with_name(out.name + ".parts")),
+                          notify=notify)
 
 
 def report_dir(out: str | os.PathLike, *, lengths_files: Sequence[str | os.PathLike] = (),

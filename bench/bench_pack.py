@@ -145,7 +145,7 @@ def main(argv=None):
     if want("speed"):
         speed(1_200_000, args.world_size or 16, args.micro_batches)
     if args.scenario == "scale":  # not part of "all": the pipeline at 1.2M+ takes a while
-        scale([int(n) for n in args.scale_sizes.split(",")], args.micro_batches)
+        scale([int(n) for n in args.scale_sizes.split(",") if n], args.micro_batches)
     if args.scenario == "memory":  # not part of "all": 10M samples take minutes
         speed(10_000_000, args.world_size or 16, args.micro_batches)
 
@@ -193,13 +193,19 @@ def scale(sizes, M):
 
     real = sorted(glob.glob(str(ROOT.parent / "shared" / "data" / "internvl-lengths" / "*.json")))
     cases = [("real 70,706", read_lengths(real), 8)]
+    # (M > 1 is --micro-batches; the cases below run with it as given.)
     for n in sizes:
         lt = read_lengths(real)
         pick = np.random.default_rng(0).integers(0, lt.num_samples, n)
         cases.append((f"resampled {n:,}", lt.table.take(pick), 64))
+    from balancer_cli.lengths import LengthsTable, make_lengths_table
+
+    d = make_synthetic(300_000, seed=0, audio_share=0.1, audio_source=True)
+    modules = {m: (d["cost_NK"][:, k], d["load_NK"][:, k]) for k, m in enumerate(d["modules"][:-1])}
+    cases.append(("synthetic 300k: vision, text-only and speech (audio) sources",
+                  make_lengths_table(d["load_NK"][:, -1], modules, source=d["source"]), 32))
     for label, table, R in cases:
         if not hasattr(table, "table"):
-            from balancer_cli.lengths import LengthsTable
             table = LengthsTable(table)
         inputs = prepare_inputs(table)
         config = PackConfig(world_size=R, micro_batches=M)

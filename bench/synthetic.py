@@ -26,8 +26,12 @@ SOURCES = {
 TOKENS_PER_TILE = 256
 
 
-def make_synthetic(num_samples: int = 200_000, *, seed: int = 0, audio_share: float | None = None) -> dict:
+def make_synthetic(num_samples: int = 200_000, *, seed: int = 0, audio_share: float | None = None,
+                   audio_source: bool = False) -> dict:
     """Generate per-sample loads (items / tokens) and costs (tokens).
+
+    With ``audio_source`` the audio clips belong to a ``speech`` source of their own (text plus
+    clips, no tiles; ``audio_share`` of the samples) instead of a random share of every source.
 
     Returns:
         ``{"modules", "load_NK" int64, "cost_NK" float64, "source" (N,) str}``; encoders first,
@@ -50,8 +54,17 @@ def make_synthetic(num_samples: int = 200_000, *, seed: int = 0, audio_share: fl
     load = [tiles]
     cost = [vision_tokens.astype(np.float64)]
     llm = text + vision_tokens
-    if audio_share:
+    if audio_share and audio_source:
         has = rng.random(num_samples) < audio_share
+        names.append("speech")
+        src = np.where(has, len(names) - 1, src)
+        tiles[has] = 0
+        vision_tokens = TOKENS_PER_TILE * tiles
+        cost[0] = vision_tokens.astype(np.float64)
+        text[has] = np.clip(rng.lognormal(4.5, 0.6, int(has.sum())), 8, 6000).astype(np.int64)
+        llm = text + vision_tokens
+    if audio_share:
+        has = (src == len(names) - 1) if audio_source else rng.random(num_samples) < audio_share
         clips = np.where(has, rng.integers(1, 4, num_samples), 0)
         audio_tokens = np.zeros(num_samples, np.int64)
         for c in range(1, 4):

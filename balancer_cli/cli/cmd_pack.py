@@ -44,12 +44,24 @@ __all__ = ["command"]
 @baselines_option("Comma list of baselines to compare with in the report, or 'none'.",
                   ",".join(registry.names(baseline=True)))
 @click.option("--post-balance", is_flag=True, help="Add per-phase <m>_rank columns (post-balancing dispatcher).")
+@click.option("--window-samples", type=click.IntRange(min=1), default=None, metavar="W",
+              help="Pack in windows of about W samples (stratified by source), each a run of whole steps; "
+                   "default: from --memory-gb.")
+@click.option("--memory-gb", type=click.FloatRange(min=0, min_open=True), default=None, metavar="G",
+              help="Memory budget of one window, in GiB (default 8): runs larger than it are packed in windows.")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Where windows are packed: this process, or Ray tasks (needs the [ray] extra); same output.")
+@click.option("--ray-address", default=None, metavar="ADDR",
+              help="--engine ray: an existing cluster (auto, HOST:6379, ray://HOST:10001); default: start a local "
+                   "one. Finished windows go to OUT.parts/ (rerunning resumes from them).")
+@click.option("--keep-parts", is_flag=True, help="--engine ray: keep OUT.parts/ (the finished windows) afterwards.")
 @quiet_option
 @json_option
 @handle_errors
 def command(lengths, out, world_size, micro_batches, algorithm, max_llm_tokens, max_vision_items, max_audio_items,
             max_video_items, caps, bounds, iterations, oversize, epochs, seed, cost_model, vision_model,
-            audio_model, llm_model, target_group_size, baselines, post_balance, quiet, as_json):
+            audio_model, llm_model, target_group_size, baselines, post_balance, window_samples, memory_gb, engine,
+            ray_address, keep_parts, quiet, as_json):
     """Pack LENGTHS (lengths Parquet and/or OmniBal token-length JSON files, concatenated in order)
     into balanced mini-batches; write OUT/manifest.parquet, dropped.parquet and report.json/.md/.png.
 
@@ -60,6 +72,7 @@ def command(lengths, out, world_size, micro_batches, algorithm, max_llm_tokens, 
     Example:
       balancer pack data/*_token_lengths.json --dp 8 -o out/
       balancer pack lengths.parquet --dp 8 --max-llm-tokens 8192 --max-vision-items 24 -o out/
+      balancer pack lengths_100m.parquet --dp 512 --window-samples 4000000 --engine ray -o out/
     """
     from balancer_cli.pack.config import PackConfig
     from balancer_cli.run import PACK_PHASES, pack_to_dir
@@ -71,8 +84,10 @@ def command(lengths, out, world_size, micro_batches, algorithm, max_llm_tokens, 
         bounds=tuple(sorted(parse_pairs(bounds, "--bound").items())), iterations=iterations, oversize=oversize,
         epochs=epochs, seed=seed, cost_model=cost_model,
         cost_presets=cost_presets(cost_model, vision=vision_model, audio=audio_model, llm=llm_model),
-        target_group_size=target_group_size, post_balance=post_balance)
+        target_group_size=target_group_size, post_balance=post_balance, window_samples=window_samples)
     with progress(len(PACK_PHASES), quiet, "pack") as bar:
         summary = pack_to_dir(lengths, out, config, baselines=parse_baselines(baselines),
-                              on_phase=lambda phase: bar.update())
+                              on_phase=lambda phase: bar.update(), memory_gb=memory_gb, engine=engine,
+                              ray_address=ray_address, keep_parts=keep_parts,
+                              notify=None if quiet else lambda line: click.echo(line, err=True))
     emit(summary, as_json, render_pack)

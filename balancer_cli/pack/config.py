@@ -40,7 +40,7 @@ CostModelName = Literal["tokens", "flops"]
 __all__ = ["PackConfig", "CostModelName", "Stream", "STREAMS", "rng", "stream_seed"]
 
 
-Stream = Literal["pack", "assign", "search"]
+Stream = Literal["pack", "assign", "search", "window"]
 #: The named random streams of a pack run; a stream's index is part of its seed.
 STREAMS: tuple[str, ...] = get_args(Stream)
 
@@ -86,6 +86,8 @@ class PackConfig:
             the caps give, rounded).
         lengths_files: input paths, recorded in the metadata for ``balancer report``.
         post_balance: add ``<m>_rank`` columns (the rank that runs encoder m's phase per row).
+        window_samples: pack in windows of about this many samples (:mod:`balancer_cli.pack.windows`);
+            None: one window.
     """
 
     world_size: int = 1
@@ -103,13 +105,14 @@ class PackConfig:
     batch_size: int | None = None
     lengths_files: tuple[str, ...] = ()
     post_balance: bool = False
+    window_samples: int | None = None
     shape: StepShape = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         from balancer_cli.cost.samples import COST_MODELS
         from balancer_cli.pack.packers.registry import PACKERS
 
-        _positive(self, "world_size", "micro_batches", "epochs", "iterations", "batch_size")
+        _positive(self, "world_size", "micro_batches", "epochs", "iterations", "batch_size", "window_samples")
         target = self.target_group_size
         if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float, np.number))
                                    or not target >= 1):
@@ -136,6 +139,7 @@ class PackConfig:
                 "iterations": self.iterations, "oversize": self.oversize, "cost_model": self.cost_model,
                 "cost_presets": dict(self.cost_presets), "target_group_size": self.target_group_size,
                 "batch_size": self.batch_size, "post_balance": self.post_balance,
+                "window_samples": self.window_samples,
                 "caps": dict(self.caps), "bounds": dict(self.bounds),
             },
             "seed": self.seed, "epochs": self.epochs, "world_size": self.world_size,
@@ -157,7 +161,8 @@ class PackConfig:
             cost_model=str(params.get("cost_model", "tokens")),
             cost_presets=tuple(sorted(dict(params.get("cost_presets", {})).items())),
             target_group_size=params.get("target_group_size"), batch_size=params.get("batch_size"),
-            lengths_files=tuple(meta.get("lengths_files", ())), post_balance=bool(params.get("post_balance", False)))
+            lengths_files=tuple(meta.get("lengths_files", ())), post_balance=bool(params.get("post_balance", False)),
+            window_samples=params.get("window_samples"))
         fields.update(overrides)
         return cls(**fields)
 
@@ -166,11 +171,12 @@ class PackConfig:
         return stream_seed(self.seed, epoch, stream)
 
 
-def stream_seed(seed: int, epoch: int, stream: Stream) -> int:
+def stream_seed(seed: int, epoch: int, stream: Stream, *, window: int = 0) -> int:
     """The integer seed a packer, assigner or search of one epoch is seeded with.
 
     Drawn from :class:`numpy.random.SeedSequence` with ``seed`` as entropy and ``(epoch, stream)``
-    as spawn key, so every (seed, epoch, stream) has its own independent stream. It is below
+    as spawn key (plus the window for pack windows after the first; window 0 keeps the run's own
+    seeds), so every (seed, epoch, stream, window) has its own independent stream. It is below
     2**31, so seeding ``np.random.RandomState(s + i)`` for ISF's iterations stays valid.
 
     Example:
@@ -181,7 +187,8 @@ def stream_seed(seed: int, epoch: int, stream: Stream) -> int:
     """
     if stream not in STREAMS:
         raise UsageError(f"unknown random stream {stream!r}", fix=f"use one of: {', '.join(STREAMS)}")
-    sequence = np.random.SeedSequence(entropy=int(seed), spawn_key=(int(epoch), STREAMS.index(stream)))
+    key = (int(epoch), STREAMS.index(stream)) + ((int(window),) if window else ())
+    sequence = np.random.SeedSequence(entropy=int(seed), spawn_key=key)
     return int(sequence.generate_state(1, np.uint32)[0] >> 1)
 
 

@@ -35,7 +35,13 @@ from balancer_cli.manifest import ManifestRows
 from balancer_cli.pack.config import PackConfig
 from balancer_cli.pack.inputs import PackInputs, prepare_inputs
 from balancer_cli.pack.packers import registry
-from balancer_cli.pack.placement import Placement, place_epochs
+from balancer_cli.pack.placement import Placement, merge_windows
+from balancer_cli.pack.windows import (
+    WindowTask,
+    min_window_samples,
+    num_windows,
+    window_members,
+)
 
 __all__ = [
     "PackResult",
@@ -166,15 +172,39 @@ def sample_view(inputs: PackInputs) -> registry.SampleView:
 
 
 def place_packer(name: str, inputs: PackInputs, config: PackConfig, caps_K: np.ndarray,
-                 bounds_K: np.ndarray) -> Placement:
-    """Pack every epoch with the registered packer ``name`` and place its groups like a manifest.
+                 bounds_K: np.ndarray, *, engine: str = "local", engine_options: Any = None) -> Placement:
+    """Pack every epoch with the registered packer ``name``, window by window, and place its groups.
 
     The manifest's own packer and every baseline go through here, with the same step shape, seed
-    streams and epochs, so their metrics compare like with like.
+    streams, epochs and windows (:mod:`balancer_cli.pack.windows`), so their metrics compare like
+    with like. ``engine`` (:data:`~balancer_cli.pack.engines.ENGINES`) runs the windows; every
+    engine gives the same placement.
     """
+    from balancer_cli.pack.engines import get_engine
+
     spec = registry.get(name)
-    packer = spec.build(sample_view(inputs), config, caps_K, bounds_K)
-    return place_epochs(inputs, packer, config, sequential=spec.sequential)
+    view = sample_view(inputs)
+    n = len(view.ids_n)
+    windows = num_windows(n, config.window_samples,
+                          min_window_samples(view.load_nK, caps_K, config.shape.groups_per_step))
+    tasks, members = [], []
+    for epoch in range(config.epochs):
+        for window, positions in enumerate(window_members(view.source_n, windows, seed=config.seed, epoch=epoch)):
+            tasks.append(WindowTask(packer=spec.name, config=config, caps_K=caps_K, bounds_K=bounds_K,
+                                    epoch=epoch, window=window))
+            members.append(positions)
+
+    def view_of(i: int) -> registry.SampleView:
+        positions = members[i]
+        if len(positions) == n:  # one window: the view itself, no copy
+            return view
+        return registry.SampleView(ids_n=view.ids_n[positions], load_nK=view.load_nK[positions],
+                                   cost_nK=view.cost_nK[positions], source_n=view.source_n[positions],
+                                   modules=view.modules)
+
+    results = get_engine(engine)(tasks, view_of, engine_options)
+    by_epoch = [[r for t, r in zip(tasks, results) if t.epoch == epoch] for epoch in range(config.epochs)]
+    return merge_windows(inputs, by_epoch, epochs=config.epochs)
 
 
 def with_phase_ranks(rows: ManifestRows, inputs: PackInputs, world_size: int) -> ManifestRows:
@@ -202,8 +232,11 @@ def pack_manifest(lengths: LengthsTable, config: PackConfig) -> PackResult:
     return pack_inputs(inputs, config, lengths_fingerprint=lengths.fingerprint)
 
 
-def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: str) -> PackResult:
+def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: str, engine: str = "local",
+                engine_options: Any = None) -> PackResult:
     """:func:`pack_manifest` from already prepared inputs (:func:`prepare_inputs` of the lengths table).
+
+    ``engine`` and ``engine_options`` choose where the windows are packed (:func:`place_packer`).
 
     Lets a caller drop the Arrow lengths table while packing (the inputs hold all packing needs),
     which lowers the peak memory of large runs. Same result as :func:`pack_manifest`.
@@ -215,8 +248,8 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
         raise InputError(f"all {inputs.num_samples} samples have a scan error (first: {first})",
                          fix="fix the dataset and re-run `balancer scan`")
     caps_K, bounds_K, search = resolve_thresholds(inputs, config)
-    rows, dropped_sample, dropped_reason, epoch_num_steps = place_packer(config.algorithm, inputs, config,
-                                                                         caps_K, bounds_K)
+    rows, dropped_sample, dropped_reason, epoch_num_steps = place_packer(
+        config.algorithm, inputs, config, caps_K, bounds_K, engine=engine, engine_options=engine_options)
     if config.post_balance:
         rows = with_phase_ranks(rows, inputs, config.world_size)
     summary = evaluate_rows(inputs, rows, dropped_sample, dropped_reason, caps_K=caps_K,

@@ -1,43 +1,40 @@
-"""Placement: packings of every epoch -> manifest rows sorted by (step, rank, micro, order in group).
+"""Placement: placed windows of every epoch -> manifest rows sorted by (step, rank, micro, order in group).
 
-:func:`place_epochs` is the one path every manifest and every baseline goes through: pack the
-epoch (its ``pack`` stream), split groups until their count is a multiple of R x M, assign
-them to (step, rank, micro) with the packer's assigner (or in order, as a plain data loader
-does), number steps globally across epochs and collect dropped samples with their reasons.
+:func:`merge_windows` is the one path every manifest and every baseline goes through: the windows
+of each epoch (:func:`~balancer_cli.pack.windows.place_window`: packed, split to a multiple of
+R x M and assigned to (step, rank, micro)) follow one another, steps are numbered globally across
+windows and epochs, and dropped samples are collected with their reasons.
 
 Example:
     >>> import numpy as np
     >>> from balancer_cli.lengths import make_lengths_table
     >>> from balancer_cli.pack.config import PackConfig
-    >>> from balancer_cli.pack.packers.baselines import pack_random
     >>> from balancer_cli.pack.inputs import prepare_inputs
+    >>> from balancer_cli.pack.windows import WindowTask, place_window
+    >>> from balancer_cli.pack.packers.registry import SampleView
     >>> inputs = prepare_inputs(make_lengths_table(np.arange(1, 9)))
-    >>> rows, dropped, reasons, steps = place_epochs(inputs, lambda e: pack_random(8, 2, seed=e),
-    ...                                              PackConfig(world_size=2, epochs=2))
+    >>> view = SampleView(ids_n=np.arange(8), load_nK=inputs.load_NK, cost_nK=inputs.cost_NK,
+    ...                   source_n=inputs.source_codes_N, modules=inputs.modules)
+    >>> config = PackConfig(world_size=2, epochs=2, batch_size=2)
+    >>> results = [[place_window(WindowTask(packer="random", config=config, caps_K=np.array([20]),
+    ...                                     bounds_K=np.array([20]), epoch=e, window=0), view)] for e in range(2)]
+    >>> rows, dropped, reasons, steps = merge_windows(inputs, results, epochs=2)
     >>> steps, len(rows), dropped.tolist()
     ([2, 2], 16, [])
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
-from balancer_cli.errors import InputError, UsageError
 from balancer_cli.manifest import ManifestRows
-from balancer_cli.pack.assign import assign_groups, group_source_counts, split_to_multiple
 from balancer_cli.pack.inputs import PackInputs
-from balancer_cli.pack.types import Assignment, Packing, group_sums
+from balancer_cli.pack.windows import WindowResult
 
-if TYPE_CHECKING:
-    from balancer_cli.pack.config import PackConfig
-
-__all__ = ["Packer", "Placement", "place_epochs"]
-
-#: ``epoch -> Packing`` over the samples without error (ids are dataset sample ids).
-Packer = Callable[[int], Packing]
+__all__ = ["Placement", "merge_windows"]
 
 
 class Placement(NamedTuple):
@@ -49,71 +46,42 @@ class Placement(NamedTuple):
     epoch_num_steps: list[int]
 
 
-def place_epochs(inputs: PackInputs, pack_epoch: Packer, config: PackConfig, *, sequential: bool = False) -> Placement:
-    """Pack and assign every epoch of ``config``; return sorted rows, dropped samples/reasons, steps per epoch.
+def merge_windows(inputs: PackInputs, results_by_epoch: Sequence[Sequence[WindowResult]], *,
+                  epochs: int) -> Placement:
+    """Concatenate the placed windows of every epoch into sorted rows, dropped samples and steps.
 
     Args:
-        inputs: the load/cost matrices.
-        pack_epoch: ``epoch -> Packing`` over the samples without error (ids are dataset ids).
-        config: the step shape, epochs and seed streams.
-        sequential: place groups in packing order (group g at step g // (R x M)), as a plain
-            distributed data loader does, instead of the balancing assigner.
-
-    Raises:
-        UsageError: fewer groups than one step needs (``world_size * micro_batches``).
+        inputs: the load/cost matrices (for the samples with a scan error).
+        results_by_epoch: per epoch, its windows in order.
+        epochs: number of epochs (a reason that held in every epoch is written plain).
     """
-    shape, epochs = config.shape, config.epochs
-    world_size, micro_batches, per_step = shape.world_size, shape.micro_batches, shape.groups_per_step
     parts, orders, epoch_num_steps = [], [], []
-    base = 0  # first row of the epoch's packing order in the concatenated orders
+    base = 0  # first row of a window's packing order in the concatenated orders
     # sample -> reason -> epochs it applied to; a reason that held in every epoch is written plain.
     dropped: dict[int, dict[str, list[int]]] = {}
     for sample in np.flatnonzero(~inputs.ok_N):
         dropped[int(sample)] = {str(inputs.error_N[sample]): list(range(epochs))}
     offset = 0
-    for epoch in range(epochs):
-        packing = pack_epoch(epoch)
-        if packing.num_groups < per_step:
-            raise UsageError(
-                f"{{world_size}} {world_size} x {{micro_batches}} {micro_batches} needs {per_step} groups per step, "
-                f"but the samples form only {packing.num_groups} groups",
-                fix="lower {world_size} or {micro_batches}, or lower the caps so that more groups form")
-        # The assigner wants G to be a multiple of R x M: split the heaviest groups (caps still hold).
-        try:
-            packing = split_to_multiple(packing, inputs.cost_NK[:, -1], per_step)
-        except InputError as error:
-            raise UsageError(
-                f"{{world_size}} {world_size} x {{micro_batches}} {micro_batches} needs a multiple of {per_step} "
-                f"groups (groups per step), and the {packing.num_groups} groups cannot be split to one "
-                f"({error.message})",
-                fix="lower {world_size} or {micro_batches}, or lower the caps so that more groups form") from None
-        cost_GK = group_sums(packing, inputs.cost_NK)
-        if sequential:
-            step_G, rank_G, micro_G = shape.slots(np.arange(packing.num_groups))
-            assignment = Assignment(step=step_G, rank=rank_G, micro=micro_G, num_steps=packing.num_groups // per_step)
-        else:
-            assignment = assign_groups(cost_GK, world_size=world_size, micro_batches=micro_batches,
-                                       seed=config.epoch_seed(epoch, "assign"),
-                                       mix_GO=group_source_counts(packing, inputs.source_codes_N))
-        step_G = np.asarray(assignment.step, dtype=np.int64)
-        keep_G = step_G >= 0
-        order_P = np.asarray(packing.order, dtype=np.int64)
-        offsets_G = np.asarray(packing.group_offsets, dtype=np.int64)
-        for g in np.flatnonzero(~keep_G):
-            # The assigner left the group out (an incomplete last step).
-            for sample in order_P[offsets_G[g]:offsets_G[g + 1]]:
-                dropped.setdefault(int(sample), {}).setdefault("not in a full step", []).append(epoch)
-        for sample, reason in zip(packing.dropped, packing.dropped_reason):
-            dropped.setdefault(int(sample), {}).setdefault(str(reason), []).append(epoch)
-        # Group-level parts only: rows are expanded once, after sorting the G groups, which needs
-        # a few bytes per sample instead of lexsorting five (P,) int64 columns.
-        parts.append((step_G[keep_G] + offset, np.asarray(assignment.rank, np.int64)[keep_G],
-                      np.asarray(assignment.micro, np.int64)[keep_G], offsets_G[:-1][keep_G] + base,
-                      np.diff(offsets_G)[keep_G]))
-        orders.append(order_P)
-        base += len(order_P)
-        epoch_num_steps.append(int(assignment.num_steps))
-        offset += int(assignment.num_steps)
+    for epoch, results in enumerate(results_by_epoch):
+        epoch_steps = 0
+        for result in results:
+            keep_G = result.step_G >= 0
+            offsets_G = result.offsets_G
+            for g in np.flatnonzero(~keep_G):
+                # The assigner left the group out (an incomplete last step).
+                for sample in result.order_P[offsets_G[g]:offsets_G[g + 1]]:
+                    dropped.setdefault(int(sample), {}).setdefault("not in a full step", []).append(epoch)
+            for sample, reason in zip(result.dropped, result.dropped_reason):
+                dropped.setdefault(int(sample), {}).setdefault(str(reason), []).append(epoch)
+            # Group-level parts only: rows are expanded once, after sorting the groups, which needs
+            # a few bytes per sample instead of lexsorting five (P,) int64 columns.
+            parts.append((result.step_G[keep_G] + offset, result.rank_G[keep_G], result.micro_G[keep_G],
+                          offsets_G[:-1][keep_G] + base, np.diff(offsets_G)[keep_G]))
+            orders.append(result.order_P)
+            base += len(result.order_P)
+            offset += result.num_steps
+            epoch_steps += result.num_steps
+        epoch_num_steps.append(int(epoch_steps))
     rows = _expand_groups(parts, orders)
     dropped_sample = np.array(sorted(dropped), dtype=np.int64)
     reasons = tuple(_drop_reason(dropped[int(s)], epochs) for s in dropped_sample)

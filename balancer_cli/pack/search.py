@@ -38,7 +38,11 @@ import numpy as np
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.manifest import StepShape
 from balancer_cli.metrics import dist_ratio, pad_ratio, step_loads, utilization
-from balancer_cli.pack.assign import assign_groups, group_source_counts, split_to_multiple
+from balancer_cli.pack.assign import (
+    assign_groups,
+    group_source_counts,
+    split_to_multiple,
+)
 from balancer_cli.pack.bounds import groups_lower_bound
 from balancer_cli.pack.evaluate import step_mix_ratio
 from balancer_cli.pack.packers.balanced import BalancedOptions, pack_balanced

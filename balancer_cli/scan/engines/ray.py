@@ -52,8 +52,8 @@ from balancer_cli import __version__
 from balancer_cli._fsutil import atomic_path, bytes_fingerprint
 from balancer_cli.errors import InputError, SampleError, UsageError
 
-__all__ = ["SHARD_KEY", "RayOptions", "parts_dir_for", "run_key", "block_key", "import_ray", "run_blocks",
-           "remove_parts"]
+__all__ = ["SHARD_KEY", "RayOptions", "parts_dir_for", "run_key", "block_key", "import_ray", "ray_session",
+           "run_blocks", "remove_parts"]
 
 #: Schema metadata key of a shard: JSON with the run key, block key and block index.
 SHARD_KEY = b"balancer_shard"
@@ -248,8 +248,12 @@ def _describe(block: Any) -> str:
 
 
 @contextlib.contextmanager
-def _ray_session(options: RayOptions) -> Iterator[Any]:
-    """Connect to ``options.address`` or start a local cluster (stopped on exit); reuse a live one."""
+def ray_session(options: Any) -> Iterator[Any]:
+    """Connect to ``options.address`` or start a local cluster (stopped on exit); reuse a live one.
+
+    ``options`` needs ``address``, ``num_cpus`` and ``object_store_bytes`` (:class:`RayOptions`;
+    ``balancer pack --engine ray`` passes its own options).
+    """
     ray = import_ray()
     started = False
     if not ray.is_initialized():
@@ -359,7 +363,7 @@ def run_blocks(blocks: Iterable[Any], config: Any, jobs: int | None = None, opti
 
     yield from ready()
     if todo:
-        with _ray_session(options) as ray:
+        with ray_session(options) as ray:
             for indices in _stream(ray, blocks, todo, config, parts_dir, key, measure, options):
                 finished.update(indices)
                 yield from ready()

@@ -1,0 +1,224 @@
+"""Pack windows: runs of whole steps, each packed and assigned from its own slice of the samples.
+
+A run of N samples is cut into ``ceil(N / W)`` windows of equal size (within one sample), so no
+window is a small remainder; windows under a minimum (enough samples for a few steps, from the
+caps) merge: there are never more than ``N // minimum`` of them.
+Each epoch draws its windows afresh: every source's samples are shuffled (the epoch's ``window``
+stream) and dealt round-robin over the windows, so every window holds the global source mix
+to within one sample per source. A window is then packed and assigned on its own
+(:func:`place_window`, the unit of work of every engine), with seeds of its own; its steps follow
+the previous window's. One window reproduces the unwindowed run exactly (window 0 keeps the
+run's seeds).
+
+Memory: a window's packer holds ~``BYTES_PER_SAMPLE`` per sample of the window, so
+:func:`window_samples_for` turns a memory budget into W.
+
+Example:
+    >>> import numpy as np
+    >>> members = window_members(np.array([0, 0, 0, 0, 1, 1]), 2, seed=0, epoch=0)
+    >>> [m.tolist() for m in members], num_windows(10, 4), num_windows(3, 4)
+    ([[1, 2, 5], [0, 3, 4]], 3, 1)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from balancer_cli.errors import InputError, UsageError
+from balancer_cli.pack.assign import (
+    assign_groups,
+    group_source_counts,
+    split_to_multiple,
+)
+from balancer_cli.pack.bounds import groups_lower_bound
+from balancer_cli.pack.config import PackConfig, stream_seed
+from balancer_cli.pack.packers import registry
+from balancer_cli.pack.types import Assignment, group_sums
+
+__all__ = [
+    "BYTES_PER_SAMPLE",
+    "DEFAULT_MEMORY_GB",
+    "WindowedConfig",
+    "WindowTask",
+    "WindowResult",
+    "num_windows",
+    "min_window_samples",
+    "window_members",
+    "window_samples_for",
+    "resolve_window_samples",
+    "place_window",
+]
+
+#: Peak bytes per sample of packing one window (packer working arrays, the window's slices of the
+#: load/cost matrices and its rows; measured 10M samples in one window: ~250 B, rounded up).
+BYTES_PER_SAMPLE = 320
+#: Memory budget that sets the default window size when neither W nor a budget is given.
+DEFAULT_MEMORY_GB = 8.0
+#: A window holds at least this many steps' worth of samples (smaller ones merge).
+MIN_WINDOW_STEPS = 4
+
+
+def min_window_samples(load_nK: np.ndarray, caps_K: np.ndarray, groups_per_step: int) -> int:
+    """Samples of :data:`MIN_WINDOW_STEPS` steps at the caps' mean group size (the smallest window).
+
+    Example:
+        >>> min_window_samples(np.full((1000, 1), 10), np.array([40]), 8)  # 4 samples per group
+        128
+    """
+    n = len(load_nK)
+    groups = max(1, groups_lower_bound(np.asarray(load_nK), np.asarray(caps_K)) if n else 1)
+    return int(np.ceil(MIN_WINDOW_STEPS * groups_per_step * n / groups))
+
+
+def window_samples_for(memory_gb: float) -> int:
+    """Samples per window that fit ``memory_gb`` GiB (see :data:`BYTES_PER_SAMPLE`).
+
+    Example:
+        >>> window_samples_for(8.0)
+        26843545
+    """
+    if not memory_gb > 0:
+        raise UsageError(f"{{memory_gb}} must be > 0, not {memory_gb!r}", fix="pass the memory budget in GiB, e.g. 8")
+    return max(1, int(memory_gb * 2**30 // BYTES_PER_SAMPLE))
+
+
+def resolve_window_samples(num_samples: int, window_samples: int | None, memory_gb: float | None) -> int | None:
+    """W for a run: the given one, else the one ``memory_gb`` (default :data:`DEFAULT_MEMORY_GB`)
+    allows; None (one window) when all ``num_samples`` fit in one.
+
+    Example:
+        >>> resolve_window_samples(10, 4, None), resolve_window_samples(10, None, None)
+        (4, None)
+    """
+    if window_samples is not None and memory_gb is not None:
+        raise UsageError("{window_samples} and {memory_gb} both set the window size",
+                         fix="give one of them")
+    if window_samples is not None:
+        return int(window_samples)
+    budget = window_samples_for(DEFAULT_MEMORY_GB if memory_gb is None else memory_gb)
+    return budget if num_samples > budget else None
+
+
+def num_windows(num_samples: int, window_samples: int | None, min_samples: int = 1) -> int:
+    """Windows of a run: ``ceil(N / W)``, but none under ``min_samples`` (at least 1 window)."""
+    if not window_samples:
+        return 1
+    n = int(num_samples)
+    return max(1, min(-(-n // int(window_samples)), n // max(1, int(min_samples))))
+
+
+def window_members(source_n: np.ndarray, windows: int, *, seed: int, epoch: int) -> list[np.ndarray]:
+    """(n_w,) sorted positions of each window's samples: every source dealt round-robin.
+
+    Sources are dealt one after another from where the previous stopped, so window sizes differ
+    by at most one sample and each window's count of every source by at most one.
+    """
+    n = len(source_n)
+    if windows <= 1:
+        return [np.arange(n)]
+    rng = np.random.default_rng(stream_seed(seed, epoch, "window"))
+    # Source by source, shuffled within the source (one stable sort of a random key).
+    order = np.lexsort((rng.random(n), np.asarray(source_n)))
+    window_of = np.empty(n, dtype=np.int64)
+    window_of[order] = np.arange(n) % windows
+    by_window = np.argsort(window_of, kind="stable")  # positions ascending within each window
+    bounds = np.searchsorted(window_of[by_window], np.arange(windows + 1))
+    return [by_window[bounds[w]:bounds[w + 1]] for w in range(windows)]
+
+
+@dataclass(frozen=True)
+class WindowedConfig:
+    """A :class:`PackConfig` as one window sees it: its own seeds, everything else shared.
+
+    Window 0 keeps the run's own seeds, so a single window packs exactly as an unwindowed run.
+    """
+
+    base: PackConfig
+    window: int
+
+    def __getattr__(self, name: str):
+        return getattr(self.base, name)
+
+    def epoch_seed(self, epoch: int, stream: str) -> int:
+        """The seed of ``stream`` in ``epoch`` for this window."""
+        return stream_seed(self.base.seed, epoch, stream, window=self.window)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WindowTask:
+    """One window of one epoch to pack and assign (what an engine runs; picklable)."""
+
+    packer: str
+    config: PackConfig
+    caps_K: np.ndarray
+    bounds_K: np.ndarray
+    epoch: int
+    window: int
+
+
+class WindowResult(NamedTuple):
+    """A placed window: groups in packing order with their slots, and what was left out.
+
+    ``order_P`` holds dataset sample ids group by group (``offsets_G`` (G + 1,)); groups with
+    ``step_G < 0`` were left out by the assigner; steps count from 0 within the window.
+    """
+
+    order_P: np.ndarray
+    offsets_G: np.ndarray
+    step_G: np.ndarray
+    rank_G: np.ndarray
+    micro_G: np.ndarray
+    num_steps: int
+    dropped: np.ndarray
+    dropped_reason: tuple[str, ...]
+
+
+def place_window(task: WindowTask, view: registry.SampleView) -> WindowResult:
+    """Pack ``view`` (one window's samples) with ``task.packer`` and assign its groups to slots.
+
+    Raises:
+        UsageError: fewer groups than one step needs, or no way to reach a multiple of R x M.
+    """
+    config = task.config if task.window == 0 else WindowedConfig(task.config, task.window)
+    shape = task.config.shape
+    R, M, per_step = shape.world_size, shape.micro_batches, shape.groups_per_step
+    spec = registry.get(task.packer)
+    # Pack local positions 0..n-1 (ids are mapped back at the end): the arrays are the window's own.
+    local = registry.SampleView(ids_n=np.arange(len(view.ids_n)), load_nK=view.load_nK, cost_nK=view.cost_nK,
+                                source_n=view.source_n, modules=view.modules)
+    packing = spec.build(local, config, task.caps_K, task.bounds_K)(task.epoch)
+    if packing.num_groups < per_step:
+        raise UsageError(
+            f"{{world_size}} {R} x {{micro_batches}} {M} needs {per_step} groups per step, "
+            f"but the samples form only {packing.num_groups} groups",
+            fix="lower {world_size} or {micro_batches}, or lower the caps so that more groups form"
+                + (", or raise {window_samples}" if task.window or task.config.window_samples else ""))
+    try:
+        # The assigner wants G to be a multiple of R x M: split the heaviest groups (caps still hold).
+        packing = split_to_multiple(packing, view.cost_nK[:, -1], per_step)
+    except InputError as error:
+        raise UsageError(
+            f"{{world_size}} {R} x {{micro_batches}} {M} needs a multiple of {per_step} groups (groups per "
+            f"step), and the {packing.num_groups} groups cannot be split to one ({error.message})",
+            fix="lower {world_size} or {micro_batches}, or lower the caps so that more groups form") from None
+    if spec.sequential:
+        step_G, rank_G, micro_G = shape.slots(np.arange(packing.num_groups))
+        assignment = Assignment(step=step_G, rank=rank_G, micro=micro_G, num_steps=packing.num_groups // per_step)
+    else:
+        assignment = assign_groups(group_sums(packing, view.cost_nK), world_size=R, micro_batches=M,
+                                   seed=config.epoch_seed(task.epoch, "assign"),
+                                   mix_GO=group_source_counts(packing, view.source_n))
+    ids = np.asarray(view.ids_n, dtype=np.int64)
+    return WindowResult(
+        order_P=ids[np.asarray(packing.order, dtype=np.int64)],
+        offsets_G=np.asarray(packing.group_offsets, dtype=np.int64),
+        step_G=np.asarray(assignment.step, dtype=np.int64),
+        rank_G=np.asarray(assignment.rank, dtype=np.int64),
+        micro_G=np.asarray(assignment.micro, dtype=np.int64),
+        num_steps=int(assignment.num_steps),
+        dropped=ids[np.asarray(packing.dropped, dtype=np.int64)],
+        dropped_reason=tuple(str(r) for r in packing.dropped_reason))
+

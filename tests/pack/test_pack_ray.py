@@ -1,0 +1,107 @@
+"""``balancer pack --engine ray``: the local engine's bytes, resumable, failing windows reported.
+
+One small local Ray cluster (2 CPUs) serves the whole module; Ray is an extra, so everything skips
+cleanly when it is not installed (CI installs it).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from balancer_cli.errors import InputError, UsageError
+from balancer_cli.lengths import make_lengths_table, write_lengths
+from balancer_cli.pack.config import PackConfig
+from balancer_cli.pack.windows import WindowTask
+from balancer_cli.run import pack_to_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+FILES = ("manifest.parquet", "dropped.parquet", "report.json")
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray.data")
+    ray.init(address="local", num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False,
+             log_to_driver=False, configure_logging=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def lengths(tmp_path_factory) -> str:
+    rng = np.random.default_rng(4)
+    n = 5000
+    source = rng.choice(["chart", "doc", "text"], n, p=[0.4, 0.4, 0.2])
+    items = np.where(source == "text", 0, rng.integers(1, 7, n))
+    tokens = 256 * items + rng.integers(20, 900, n)
+    error = [None] * n
+    error[11] = "missing_file: d.jsonl:12: x.png not found"
+    path = tmp_path_factory.mktemp("ray_pack") / "lengths.parquet"
+    write_lengths(make_lengths_table(tokens, {"vision": (256 * items, items)}, source=source, error=error), path)
+    return str(path)
+
+
+CONFIG = PackConfig(world_size=4, micro_batches=2, epochs=2, window_samples=1200)
+
+
+def _pack(lengths, out, **kwargs):
+    return pack_to_dir([lengths], out, CONFIG, baselines=("random",), **kwargs)
+
+
+def test_ray_writes_the_local_engines_bytes(ray_session, lengths, tmp_path):
+    _pack(lengths, tmp_path / "local")
+    _pack(lengths, tmp_path / "ray", engine="ray")
+    for name in FILES:
+        assert (tmp_path / "local" / name).read_bytes() == (tmp_path / "ray" / name).read_bytes(), name
+    assert not (tmp_path / "ray.parts").exists()  # removed once the manifest is written
+
+
+def test_a_rerun_resumes_from_the_kept_windows_and_repacks_a_corrupt_one(ray_session, lengths, tmp_path):
+    from balancer_cli.pack.engines.ray import shard_path
+
+    _pack(lengths, tmp_path / "first", engine="ray", keep_parts=True)
+    parts = tmp_path / "first.parts"
+    shards = sorted(parts.glob("balanced-*.npz"))
+    assert len(shards) == 2 * 5  # 2 epochs x ceil(4999 / 1200) windows
+    shards[0].write_bytes(b"not an npz")  # a shard cut short: packed again
+    os.rename(parts, tmp_path / "second.parts")
+    lines = []
+    _pack(lengths, tmp_path / "second", engine="ray", notify=lines.append)
+    assert lines and "9 of 10 windows already packed" in lines[0]
+    for name in FILES:
+        assert (tmp_path / "first" / name).read_bytes() == (tmp_path / "second" / name).read_bytes(), name
+    task = WindowTask(packer="balanced", config=CONFIG, caps_K=np.array([1]), bounds_K=np.array([1]), epoch=0, window=0)
+    assert shard_path(parts, task).name == "balanced-e0000-w000000.npz"
+
+
+def test_a_window_that_keeps_failing_is_reported_and_others_are_kept(ray_session, lengths, tmp_path):
+    parts = tmp_path / "out.parts"
+    blocker = parts / "balanced-e0001-w000002.npz"  # a directory where the shard goes: OSError each try
+    blocker.mkdir(parents=True)
+    (blocker / "keep").write_text("x")
+    with pytest.raises(InputError, match=r"1 of 10 pack windows failed after 3 retries \(epoch 1 window 2: .*"
+                                         r"fix: rerun the same command"):
+        _pack(lengths, tmp_path / "out", engine="ray")
+    assert len(list(parts.glob("balanced-*.npz"))) == 10  # 9 shards + the blocker
+    assert not (tmp_path / "out").exists()
+
+
+def test_data_errors_are_raised_as_the_local_engine_raises_them(ray_session, lengths, tmp_path):
+    too_wide = PackConfig(world_size=8192, window_samples=1200, caps=(("vision", 40), ("llm", 12000)))
+    with pytest.raises(UsageError) as local:
+        pack_to_dir([lengths], tmp_path / "a", too_wide, baselines=())
+    with pytest.raises(UsageError) as remote:
+        pack_to_dir([lengths], tmp_path / "b", too_wide, baselines=(), engine="ray")
+    assert str(local.value) == str(remote.value)
+
+
+def test_ray_options_without_the_ray_engine_are_usage_errors(lengths, tmp_path):
+    with pytest.raises(UsageError, match="applies to the ray engine only"):
+        _pack(lengths, tmp_path / "x", ray_address="auto")
+    with pytest.raises(UsageError, match="applies to the ray engine only"):
+        _pack(lengths, tmp_path / "y", keep_parts=True)

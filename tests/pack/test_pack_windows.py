@@ -1,0 +1,106 @@
+"""Pack windows: stratified slices, every sample placed once per epoch, one window = no windows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from balancer_cli.errors import UsageError
+from balancer_cli.lengths import make_lengths_table
+from balancer_cli.pack.config import PackConfig, stream_seed
+from balancer_cli.pack.inputs import prepare_inputs
+from balancer_cli.pack.pipeline import pack_manifest, place_packer, resolve_thresholds
+from balancer_cli.pack.windows import (
+    num_windows,
+    resolve_window_samples,
+    window_members,
+    window_samples_for,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 400), windows=st.integers(1, 9), sources=st.integers(1, 5), seed=st.integers(0, 3),
+       epoch=st.integers(0, 2))
+def test_windows_partition_the_samples_and_are_stratified(n, windows, sources, seed, epoch):
+    source = np.random.default_rng(seed).integers(0, sources, n)
+    members = window_members(source, windows, seed=seed, epoch=epoch)
+    assert len(members) == max(1, windows) or windows <= 1
+    flat = np.concatenate(members)
+    assert np.array_equal(np.sort(flat), np.arange(n))  # each sample in exactly one window
+    assert all(np.all(np.diff(m) > 0) for m in members)  # sorted positions
+    sizes = [len(m) for m in members]
+    assert max(sizes) - min(sizes) <= 1
+    for o in range(sources):  # every window holds each source's share to within one sample
+        counts = [int((source[m] == o).sum()) for m in members]
+        assert max(counts) - min(counts) <= 1
+    again = window_members(source, windows, seed=seed, epoch=epoch)
+    assert all(np.array_equal(a, b) for a, b in zip(members, again))
+
+
+def test_window_counts_and_budget():
+    assert num_windows(100, None) == 1 and num_windows(100, 30) == 4 and num_windows(100, 30, min_samples=40) == 2
+    assert num_windows(10, 30) == 1
+    assert resolve_window_samples(10**6, None, None) is None  # fits the default budget: one window
+    assert resolve_window_samples(10**6, None, 0.001) == window_samples_for(0.001)
+    with pytest.raises(UsageError, match="both set the window size"):
+        resolve_window_samples(10, 5, 1.0)
+    with pytest.raises(UsageError):
+        window_samples_for(0)
+
+
+def test_window_zero_keeps_the_run_seeds():
+    assert stream_seed(3, 1, "pack", window=0) == stream_seed(3, 1, "pack")
+    assert stream_seed(3, 1, "pack", window=1) != stream_seed(3, 1, "pack")
+
+
+def _inputs(n=6000, seed=0):
+    rng = np.random.default_rng(seed)
+    source = rng.choice(["a", "b", "c"], n, p=[0.5, 0.3, 0.2])
+    items = np.where(source == "a", rng.integers(1, 4, n), rng.integers(2, 7, n))
+    tokens = 256 * items + rng.integers(20, 600, n)
+    error = [None] * n
+    error[7] = "corrupt_image: x"
+    return make_lengths_table(tokens, {"vision": (256 * items, items)}, source=source, error=error)
+
+
+@pytest.mark.parametrize("packer", ["balanced", "isf", "random", "dataloader", "llm-ffd"])
+def test_every_sample_is_placed_once_per_epoch_in_windows(packer):
+    lengths = _inputs()
+    inputs = prepare_inputs(lengths)
+    config = PackConfig(world_size=4, micro_batches=2, epochs=2, window_samples=1500,
+                        caps=(("vision", 24), ("llm", 7000)))
+    caps_K, bounds_K, _ = resolve_thresholds(inputs, config)
+    rows, dropped, _reasons, epoch_steps = place_packer(packer, inputs, config, caps_K, bounds_K)
+    first = 0
+    for steps in epoch_steps:  # per epoch: placed + dropped (this epoch) == every sample, once
+        lo, hi = np.searchsorted(rows.step, [first, first + steps])
+        placed = np.asarray(rows.sample[lo:hi])
+        assert len(np.unique(placed)) == len(placed)
+        assert set(placed.tolist()) | set(dropped.tolist()) == set(range(lengths.num_samples))
+        first += steps
+    assert 7 in dropped.tolist()
+    slot = (np.asarray(rows.step, np.int64) * 4 + rows.rank) * 2 + rows.micro
+    assert np.all(np.diff(slot) >= 0)  # sorted by slot, every slot of every step used
+    assert len(np.unique(slot)) == sum(epoch_steps) * 8
+
+
+def test_one_window_packs_exactly_as_no_windows_and_windows_are_deterministic():
+    lengths = _inputs()
+    plain = pack_manifest(lengths, PackConfig(world_size=4, seed=2))
+    one = pack_manifest(lengths, PackConfig(world_size=4, seed=2, window_samples=10**6))
+    for a, b in zip((plain.rows.step, plain.rows.rank, plain.rows.sample), (one.rows.step, one.rows.rank, one.rows.sample)):
+        assert np.array_equal(a, b)
+    w1 = pack_manifest(lengths, PackConfig(world_size=4, seed=2, window_samples=2000))
+    w2 = pack_manifest(lengths, PackConfig(world_size=4, seed=2, window_samples=2000))
+    assert np.array_equal(w1.rows.sample, w2.rows.sample) and w1.meta == w2.meta
+    assert not np.array_equal(w1.rows.sample, plain.rows.sample)
+    assert w1.meta["params"]["window_samples"] == 2000
+    assert w1.meta["summary"]["step_mix"]["vs_random"] < 1.0  # windows are stratified slices
+
+
+def test_tiny_windows_merge_into_ones_that_hold_whole_steps():
+    lengths = _inputs(n=2000)
+    result = pack_manifest(lengths, PackConfig(world_size=8, window_samples=10))
+    assert len(np.unique(result.rows.sample)) == int(lengths.ok_mask().sum())
