@@ -202,6 +202,7 @@ def test_kernels_pure_python_fallback_gives_identical_packings(monkeypatch):
         _fill_kernels,
         _refine_kernels,
         balanced,
+        baselines,
         isf,
     )
 
@@ -210,13 +211,16 @@ def test_kernels_pure_python_fallback_gives_identical_packings(monkeypatch):
     rng = np.random.default_rng(5)
     load = np.stack([rng.integers(0, 6, 300), rng.integers(20, 900, 300)], 1)
     caps = np.array([12, 3000])
-    fast = (pack_balanced(load, caps, group_multiple=4, seed=1), pack_isf(load, caps, np.array([12, 2900]), iterations=4))
+    fast = (pack_balanced(load, caps, group_multiple=4, seed=1), pack_isf(load, caps, np.array([12, 2900]), iterations=4),
+            baselines.pack_llm_ffd(load, caps, seed=1))
     for user, kernels, names in ((balanced, _fill_kernels, ("deal_rounds", "first_fit")),
+                                 (baselines, _fill_kernels, ("first_fit_tree",)),
                                  (_balanced_refine, _refine_kernels, ("refine_pass", "targeted_pass")),
                                  (isf, _fill_kernels, ("greedy_close",))):
         for name in names:
             monkeypatch.setattr(user, name, getattr(kernels, name).py_func)
-    slow = (pack_balanced(load, caps, group_multiple=4, seed=1), pack_isf(load, caps, np.array([12, 2900]), iterations=4))
+    slow = (pack_balanced(load, caps, group_multiple=4, seed=1), pack_isf(load, caps, np.array([12, 2900]), iterations=4),
+            baselines.pack_llm_ffd(load, caps, seed=1))
     for a, b in zip(fast, slow):
         assert np.array_equal(a.order, b.order) and np.array_equal(a.group_offsets, b.group_offsets)
 

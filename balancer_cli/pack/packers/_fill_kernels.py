@@ -11,7 +11,7 @@ import numpy as np
 
 from balancer_cli._jit import njit
 
-__all__ = ["greedy_close", "first_fit", "deal_rounds"]
+__all__ = ["greedy_close", "first_fit", "first_fit_tree", "deal_rounds"]
 
 
 @njit
@@ -136,6 +136,37 @@ def first_fit(rows, load_NK, caps_K, min_rest_PK, lookback, lsum0_GK):  # pragma
         for k in range(K):
             lsum[placed, k] += load_NK[i, k]
     return gid, G
+
+
+@njit
+def first_fit_tree(sizes, cap, width):  # pragma: no cover - compiled
+    """Exact first fit of one-dimensional ``sizes`` (in order) into bins of ``cap``.
+
+    A max segment tree over ``width`` bins (a power of two, more than first fit can open) holds
+    each bin's remaining room, so the leftmost bin with room is found in O(log width).
+
+    Returns:
+        (n,) bin index per item.
+
+    Example:
+        >>> import numpy as np
+        >>> first_fit_tree(np.array([6, 5, 4, 3, 2]), 9, 4).tolist()
+        [0, 1, 1, 0, 2]
+    """
+    tree = np.full(2 * width, cap, dtype=np.int64)  # remaining room; unopened bins are empty bins
+    bins = np.empty(len(sizes), dtype=np.int64)
+    for i in range(len(sizes)):
+        size = sizes[i]
+        node = 1
+        while node < width:
+            node = 2 * node if tree[2 * node] >= size else 2 * node + 1
+        bins[i] = node - width
+        tree[node] -= size
+        node //= 2
+        while node:
+            tree[node] = max(tree[2 * node], tree[2 * node + 1])
+            node //= 2
+    return bins
 
 
 @njit

@@ -77,8 +77,10 @@ _MAX_STEP_EXCESS = 1.03
 #: Shares of the rows' normalized volume, smallest rows, that fill the dealt groups by first fit,
 #: tried in turn until the groups number at most ``_MAX_STEP_EXCESS`` x the lower bound.
 _FILL_SHARES = (0.15, 0.5)
-#: Above this many rows first fit's groups (kept) are not refined: the assigner balances them.
-_REFINE_FIRST_FIT_BELOW = 300_000
+#: Above this many rows first fit's groups (kept) are not refined (the assigner balances them),
+#: and the fill share is picked on a subsample of ``_PROBE_SIZE`` rows.
+_PROBE_ABOVE = 300_000
+_PROBE_SIZE = 100_000
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -182,7 +184,7 @@ def pack_balanced(
     if passes is None:
         # About 10M pair evaluations' worth of passes: 8 for 70k samples, 2 for 1.2M.
         passes = int(np.clip(round(2.5e6 / len(rows)), 2, 8))
-        if first_fit_kept and len(rows) > _REFINE_FIRST_FIT_BELOW:
+        if first_fit_kept and len(rows) > _PROBE_ABOVE:
             # First fit's groups cluster similar samples; local search cannot make them equal
             # (1.2M synthetic: group CV 0.39 -> 0.32 after 2 passes, 2.5 s) and the assigner's
             # sorting balances them anyway (Dist Ratio 0.0001 / 0.0009 with or without).
@@ -215,7 +217,12 @@ def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed
         return min(-(-(G + num_isolated) // group_multiple) * group_multiple - num_isolated, len(rows))
 
     limit = rounded(int(np.ceil(lb * _MAX_STEP_EXCESS)))
-    for fill_share in _FILL_SHARES:  # more first fit packs tighter, less deals more evenly
+    shares = _FILL_SHARES
+    if len(rows) > _PROBE_ABOVE:
+        # A full deal of 1M rows costs ~0.7 s; how many groups a share needs does not depend on
+        # the size of the sample, so a seeded subsample picks the share and one full deal follows.
+        shares = (_probe_fill_share(rows, load_c, weight, caps_c, seed),)
+    for fill_share in shares:  # more first fit packs tighter, less deals more evenly
         queue, gid = _deal(rows, load_c, weight, caps_c, rounded(lb), rng, fill_share)
         G = rounded(int(gid.max()) + 1)
         if G <= limit:
@@ -234,6 +241,19 @@ def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed
             raise InputError(f"{len(rows)} samples cannot fill {G} groups", fix="lower {world_size} or {micro_batches}")
         _fill_empty(members, count, wsum, lsum, weight, load)
     return members, count, wsum, lsum, first_fit_kept
+
+
+def _probe_fill_share(rows, load, weight, caps, seed):
+    """The first of :data:`_FILL_SHARES` whose deal of a seeded subsample of ``_PROBE_SIZE`` rows
+    stays within ``_MAX_STEP_EXCESS`` x the subsample's lower bound (else the last)."""
+    rng = np.random.default_rng([seed, 7])
+    sub = np.sort(rng.choice(rows, _PROBE_SIZE, replace=False))
+    lb = groups_lower_bound(load[sub][:, :-1], caps[:-1])
+    for share in _FILL_SHARES:
+        _, gid = _deal(sub, load, weight, caps, lb, rng, share)
+        if int(gid.max()) + 1 <= np.ceil(lb * _MAX_STEP_EXCESS):
+            return share
+    return _FILL_SHARES[-1]
 
 
 def _by_size(rows, load, caps, rng):

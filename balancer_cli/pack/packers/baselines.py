@@ -25,6 +25,7 @@ import math
 import numpy as np
 
 from balancer_cli.errors import InputError
+from balancer_cli.pack.packers._fill_kernels import first_fit_tree
 from balancer_cli.pack.types import Packing
 
 __all__ = ["pack_random", "pack_llm_ffd", "default_batch_size"]
@@ -73,30 +74,18 @@ def pack_random(num_samples: int, batch_size: int, *, seed: int = 0, sample_ids:
 
 
 def _first_fit(sizes: np.ndarray, cap: int) -> np.ndarray:
-    """Bin index per item (items in the given order) under first fit; a max segment tree finds
-    the leftmost bin with room in O(log bins), so 100k items take about a second in Python."""
+    """Bin index per item (items in the given order) under exact first fit (leftmost bin with room).
+
+    First fit leaves at most one bin at most half full, so it opens fewer than ``2 * sum / cap + 1``
+    bins: a max segment tree of remaining room that wide always has an unopened bin (and is far
+    smaller than n leaves).
+    """
     n = len(sizes)
-    # First fit leaves at most one bin at most half full, so it opens fewer than 2 * sum / cap + 1
-    # bins: a tree that wide always has an unopened bin (and is far smaller than n leaves).
     most_bins = min(n, 2 * int(np.sum(sizes, dtype=np.int64)) // max(cap, 1) + 2)
     width = 1
     while width < max(most_bins, 1):
         width *= 2
-    tree = [cap] * (2 * width)  # remaining room; unopened bins are empty bins
-    bins = np.empty(n, dtype=np.int64)
-    chunk = 1 << 16  # Python ints for a chunk at a time, not for all n sizes at once
-    for first in range(0, n, chunk):
-        for i, size in enumerate(sizes[first:first + chunk].tolist(), start=first):
-            node = 1
-            while node < width:
-                node = 2 * node if tree[2 * node] >= size else 2 * node + 1
-            bins[i] = node - width
-            tree[node] -= size
-            node //= 2
-            while node:
-                tree[node] = max(tree[2 * node], tree[2 * node + 1])
-                node //= 2
-    return bins
+    return first_fit_tree(np.ascontiguousarray(sizes, dtype=np.int64), int(cap), width)
 
 
 def pack_llm_ffd(load_NK: np.ndarray, caps_K: np.ndarray, *, seed: int = 0, oversize: str = "isolate",
