@@ -17,7 +17,8 @@ Algorithm of :func:`assign_groups` (balance first, then the step's source mix):
    block of the cell takes one group, paired by a random projection of the source deviations
    (the block most short of a source direction takes the group richest in it), so each block's
    source counts approach the cell's mean instead of a random draw's. Leftovers of every cell
-   (< R each) form blocks of neighbouring cells.
+   (< R each) are paired again in cells of a twice coarser grid (discrete modules then on the
+   grid too), up to 4 levels; the last few form blocks in cost order.
 3. **Steps.** Blocks are dealt M per step in M rounds the same way (step deficits against
    block deviations), then steps are shuffled (seeded); a step holding audio holds it on every
    rank.
@@ -48,13 +49,9 @@ __all__ = ["assign_groups", "group_source_counts", "split_to_multiple", "check_a
 
 #: Sources the assigner tracks: the most frequent ones, the rest counted as one.
 MAX_SOURCES = 16
-
-
-def _spread_order(cost_GK: np.ndarray) -> np.ndarray:
-    """Module order for sorting: the widest relative spread (std / mean) first."""
-    mean = cost_GK.mean(axis=0)
-    cv = np.divide(cost_GK.std(axis=0), mean, out=np.zeros_like(mean), where=mean > 0)
-    return np.argsort(-cv, kind="stable")
+#: A cell's leftovers are paired again on a grid this many times coarser, for up to this many levels.
+_COARSEN = 2.0
+_LEVELS = 4
 
 
 def _classes(cost_GK: np.ndarray, R: int, discrete_levels: int) -> np.ndarray:
@@ -85,7 +82,7 @@ def assign_groups(
     micro_batches: int,
     seed: int = 0,
     mix_GO: np.ndarray | None = None,
-    tolerance: float = 0.008,
+    tolerance: float = 0.006,
     discrete_levels: int = 32,
     sparse_factor: float = 10.0,
 ) -> Assignment:
@@ -129,12 +126,11 @@ def assign_groups(
         )
     rng = np.random.default_rng(seed)
     dev_GO = _source_deviation(mix_GO, G)
-    cell_G, grid_GK = _cells(cost, R, discrete_levels, tolerance, sparse_factor)
-    blocks_BR = _blocks(cell_G, grid_GK, cost, dev_GO, R, rng)
+    blocks_BR = _blocks(cost, dev_GO, R, rng, tolerance, discrete_levels, sparse_factor)
     S = G // per_step
     # Blocks -> steps: M rounds, each step takes one block per round (source-paired).
     step_B = _paired_rounds(np.zeros(len(blocks_BR), np.int64), dev_GO[blocks_BR].sum(axis=1),
-                            np.array([S]), M, rng)
+                            np.array([S]), M, rng, principal=True)
     blocks_SMR = blocks_BR[np.argsort(step_B, kind="stable")].reshape(S, M, R)
     blocks_SMR = blocks_SMR[rng.permutation(S)]
     return _ranks(blocks_SMR, cost, rng)
@@ -152,32 +148,50 @@ def _source_deviation(mix_GO: np.ndarray | None, G: int) -> np.ndarray:
     return mix - mix.sum(axis=1, keepdims=True) * share_O
 
 
-def _cells(cost_GK, R, discrete_levels, tolerance, sparse_factor):
-    """(G,) cell id (step 1) and the (G, K) grid coordinates of every group."""
+def _cells(cost_GK, rows, R, discrete_levels, tolerance, sparse_factor, exact_discrete):
+    """(len(rows),) cell id of each of ``rows`` (step 1) and their (len(rows), K) grid coordinates.
+
+    The grid is relative to each module's mean over *all* groups, so cells of successive levels
+    nest; ``exact_discrete`` keys discrete modules by their exact value (the first level).
+    """
     present = cost_GK > 0
     sparse_K = ~present.all(axis=0) & present.any(axis=0)
     mean_K = cost_GK.mean(axis=0)
     tol_K = np.where(sparse_K, tolerance * sparse_factor, tolerance)
     scale_K = np.divide(1.0, tol_K * mean_K, out=np.zeros_like(mean_K), where=mean_K > 0)
-    grid_GK = np.floor(cost_GK * scale_K)
-    key = np.column_stack([_classes(cost_GK, R, discrete_levels), grid_GK])
-    return np.unique(key, axis=0, return_inverse=True)[1].reshape(-1), grid_GK
+    grid = np.floor(cost_GK[rows] * scale_K)
+    if exact_discrete:
+        classes = _classes(cost_GK, R, discrete_levels)[rows]
+    else:  # which sparse modules a group holds stays in the key at every level
+        classes = present[rows][:, sparse_K] @ (1 << np.arange(int(sparse_K.sum()), dtype=np.int64))
+    key = np.column_stack([classes, grid])
+    return np.unique(key, axis=0, return_inverse=True)[1].reshape(-1), key
 
 
-def _blocks(cell_G, grid_GK, cost_GK, dev_GO, R, rng):
-    """(G / R, R) blocks (step 2): source-paired within cells, then the leftovers by cost."""
-    nb_C = np.bincount(cell_G) // R
-    block_G = _paired_rounds(cell_G, dev_GO, nb_C, R, rng)
-    placed = np.flatnonzero(block_G >= 0)
-    full = placed[np.argsort(block_G[placed], kind="stable")].reshape(-1, R)
-    rest = np.flatnonzero(block_G < 0)
-    # Leftovers in cost order (widest-spread module leading), so a block takes neighbouring cells.
-    keys = _spread_order(cost_GK)
-    rest = rest[np.lexsort(grid_GK[rest][:, keys[::-1]].T)]
-    return np.concatenate([full, rest.reshape(-1, R)])
+def _blocks(cost_GK, dev_GO, R, rng, tolerance, discrete_levels, sparse_factor):
+    """(G / R, R) blocks (step 2): source-paired within cells; a cell's leftovers (< R groups) are
+    paired again on a grid ``_COARSEN`` times coarser, up to ``_LEVELS`` levels; the last few go
+    in cost order (sparse classes first), so a block takes neighbouring cells."""
+    rest = np.arange(len(cost_GK))
+    blocks = []
+    key = np.zeros((0, 1))
+    for level in range(_LEVELS):
+        cell, key = _cells(cost_GK, rest, R, discrete_levels, tolerance * _COARSEN**level, sparse_factor,
+                           exact_discrete=level == 0)
+        block = _paired_rounds(cell, dev_GO[rest], np.bincount(cell) // R, R, rng)
+        placed = np.flatnonzero(block >= 0)
+        blocks.append(rest[placed[np.argsort(block[placed], kind="stable")]].reshape(-1, R))
+        keep = block < 0
+        rest, key = rest[keep], key[keep]
+        if len(rest) == 0:
+            break
+    if len(rest):
+        rest = rest[np.lexsort(key.T[::-1])]  # classes first, then the grid
+        blocks.append(rest.reshape(-1, R))
+    return np.concatenate(blocks)
 
 
-def _paired_rounds(cell_I, dev_ID, bins_C, rounds, rng):
+def _paired_rounds(cell_I, dev_ID, bins_C, rounds, rng, principal=False):
     """Deal items into bins of ``rounds`` items each, within their cell; -1 for leftovers.
 
     Cell c has ``bins_C[c]`` bins. In round t every bin of a cell takes one item of the cell:
@@ -199,12 +213,29 @@ def _paired_rounds(cell_I, dev_ID, bins_C, rounds, rng):
     bin_I = np.full(I, -1, dtype=np.int64)
     for t in range(rounds):
         items = order[round_I == t]
-        direction = rng.standard_normal(dev_ID.shape[1])
+        direction = _direction(sum_BD if t else dev_ID[items], rng) if principal else rng.standard_normal(
+            dev_ID.shape[1])
         items = items[np.lexsort((-(dev_ID[items] @ direction), cell_I[items]))]
         bins = np.lexsort((sum_BD @ direction, bin_cell))
         bin_I[items] = bins
         sum_BD[bins] += dev_ID[items]
     return bin_I
+
+
+def _direction(dev_XD: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """(D,) the pairing direction: the deviations' principal axis, jittered by a random draw.
+
+    Pairing along the axis where the bins' sums (the items', in the first round) spread most
+    cancels the largest deviations first; the random part varies the axis between rounds.
+    """
+    noise = rng.standard_normal(dev_XD.shape[1])
+    if dev_XD.shape[1] < 2 or len(dev_XD) < 2:
+        return noise
+    centered = dev_XD - dev_XD.mean(axis=0)
+    scatter = centered.T @ centered
+    top = np.linalg.eigh(scatter)[1][:, -1]
+    scale = float(np.sqrt(max(np.linalg.eigvalsh(scatter)[-1], 0.0) / len(dev_XD)))
+    return top * max(scale, 1e-12) + 0.3 * scale * noise / np.sqrt(dev_XD.shape[1])
 
 
 def _ranks(blocks_SMR, cost_GK, rng) -> Assignment:
