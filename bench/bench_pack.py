@@ -214,9 +214,9 @@ def scale(sizes, M):
         t_search = time.process_time() - t
         print(f"\n## scale: {label}, world_size={R}, micro_batches={M}, searched caps "
               f"{dict(zip(inputs.modules, caps_K.tolist()))} ({t_search:.2f} s CPU)")
-        print("| packing | " + " | ".join(f"{m} dist" for m in inputs.modules)
-              + " | steps (vs bound) | mix vs random | CPU s (x ISF) |")
-        print("|" + "---|" * (4 + len(inputs.modules)))
+        print("| packing | " + " | ".join(f"{m} dist" for m in inputs.modules) + " | "
+              + " | ".join(f"{m} util" for m in inputs.modules) + " | steps (vs bound) | mix vs random | CPU s (x ISF) |")
+        print("|" + "---|" * (4 + 2 * len(inputs.modules)))
         results = []
         for name in ("balanced", "isf", "random", "dataloader", "llm-ffd"):
             t = time.process_time()
@@ -228,6 +228,7 @@ def scale(sizes, M):
         t_isf = next(dt for name, _, dt in results if name == "isf")
         for name, m, dt in results:
             dists = " | ".join(f"{m['modules'][mod]['dist_ratio']:.4f}" for mod in inputs.modules)
+            dists += " | " + " | ".join(f"{m['modules'][mod]['utilization']:.3f}" for mod in inputs.modules)
             print(f"| {'ours' if name == 'balanced' else name} | {dists} | {m['steps']['total']} "
                   f"({m['steps']['vs_lower_bound']:.2f}x) | {m['step_mix']['vs_random']:.2f}x | "
                   f"{dt:.2f} ({dt / t_isf:.2f}x) |")
