@@ -14,7 +14,7 @@ import numpy as np
 from balancer_cli.errors import UsageError
 from balancer_cli.pack.packers._refine_kernels import refine_pass, targeted_pass
 
-__all__ = ["refine", "PARTNERS", "CELL_WIDTH", "SCAN", "MIX_WEIGHT"]
+__all__ = ["refine", "PARTNERS", "CELL_WIDTH", "SCAN", "MIX_WEIGHT", "TARGETED_MIN_SHARE"]
 
 #: Candidate partner groups per group and random-partner pass (half random, half opposite).
 PARTNERS = 3
@@ -25,6 +25,8 @@ SCAN = 8
 #: Weight of the per-source terms in the squared objective (the modules' weigh 1): more costs
 #: LLM balance where sources differ a lot (docs/packing.md, the ``mix_weight`` table).
 MIX_WEIGHT = 1e-2
+#: Targeted swaps stop once a pass improves fewer than this share of the groups.
+TARGETED_MIN_SHARE = 0.01
 #: A group whose objective term is at most this is on target (the passes skip it).
 _TOL = 1e-12
 
@@ -73,10 +75,16 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
         # (e.g. equal item counts), the step stays a random-like mix.
         weight, wsum, target_K, inv_t, inv_t2 = _with_sources(
             np.asarray(source_N).reshape(-1), rows, members_GX, count_G, weight_NK, wsum_GK, max_sources)
+    targeted = True
     for _ in range(passes):
-        group_of, pos = _membership(members_GX, count_G, len(load_NK))
-        changed = targeted_pass(rng.permutation(G), members_GX, count_G, group_of, pos, wsum, lsum_GK, weight,
-                                load_NK, caps_K, target_K, inv_t, inv_t2, *grid, SCAN, _TOL)
+        changed = 0
+        if targeted:
+            group_of, pos = _membership(members_GX, count_G, len(load_NK))
+            changed = targeted_pass(rng.permutation(G), members_GX, count_G, group_of, pos, wsum, lsum_GK, weight,
+                                    load_NK, caps_K, target_K, inv_t, inv_t2, *grid, SCAN, _TOL)
+            # Under tight caps (full groups) targeted swaps find no room in either group: once a pass
+            # improves fewer than TARGETED_MIN_SHARE of the groups, later passes skip it (~45% of a pass).
+            targeted = changed >= TARGETED_MIN_SHARE * G
         cand = _partners(wsum[:, :K], target_K[:K], inv_t[:K], rng)
         changed += refine_pass(rng.permutation(G), cand, members_GX, count_G, wsum, lsum_GK, weight, load_NK,
                                caps_K, target_K, inv_t2, _TOL)
