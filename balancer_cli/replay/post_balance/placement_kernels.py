@@ -202,9 +202,8 @@ def move_back(cost, dest_N, home_N, order, num_ranks, cap, ranks_per_node, padde
 
 
 @njit
-def _rank_position(by_load, load, r):
-    """Position of rank ``r`` in ``by_load`` (ranks sorted by (load, -index)): binary search."""
-    lo, hi = 0, by_load.shape[0]
+def _rank_position(by_load, load, r, lo, hi):
+    """Where rank ``r`` belongs in ``by_load[lo:hi]`` (ranks sorted by (load, -index)): binary search."""
     while lo < hi:
         mid = (lo + hi) >> 1
         q = by_load[mid]
@@ -327,7 +326,7 @@ def place_shed(cost, home_N, dest_N, load, pool, limit, ranks_per_node):
                 if load[r] + c <= limit and (target < 0 or load[r] > load[target]):
                     target = r
         if target >= 0:
-            p = _rank_position(by_load, load, target)
+            p = _rank_position(by_load, load, target, 0, by_load.shape[0])
         else:  # best fit over all ranks: binary search for the end of the prefix
             lo, hi = 0, num_ranks  # by_load[:lo] fit, by_load[hi:] do not
             while lo < hi:
@@ -351,14 +350,7 @@ def place_shed(cost, home_N, dest_N, load, pool, limit, ranks_per_node):
         dest_N[i] = target
         load[target] += c
         # the load rose: the rank moves up past those now before it in (load, -index) order
-        lo, hi = p + 1, num_ranks
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            q = by_load[mid]
-            if load[q] < load[target] or (load[q] == load[target] and q > target):
-                lo = mid + 1
-            else:
-                hi = mid
+        lo = _rank_position(by_load, load, target, p + 1, num_ranks)
         dst, src = by_load[p:lo - 1], by_load[p + 1:lo]  # a forward copy over views (vectorized)
         for q in range(lo - 1 - p):
             dst[q] = src[q]
