@@ -48,7 +48,7 @@ from balancer_cli.manifest import (
 )
 from balancer_cli.pack.config import PackConfig
 from balancer_cli.pack.evaluate import Evaluation, evaluate_rows
-from balancer_cli.pack.inputs import prepare_inputs
+from balancer_cli.pack.inputs import PackInputs, prepare_inputs
 from balancer_cli.pack.packers import registry
 from balancer_cli.pack.pipeline import place_packer
 from balancer_cli.report.markdown import render_markdown
@@ -72,21 +72,25 @@ class Report:
     loads: dict
 
 
-def build_report(manifest: ManifestFile, lengths: LengthsTable, *,
+def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInputs, str], *,
                  baselines: Sequence[str] = registry.names(baseline=True)) -> Report:
     """Compute the report of a written manifest and of the requested baselines.
 
     Args:
         manifest: the opened manifest.
-        lengths: the lengths table it was packed from (checked by fingerprint).
+        lengths: the lengths table it was packed from (checked by fingerprint), or its prepared
+            inputs and fingerprint (what ``pack`` already holds: no second read of the lengths).
         baselines: packer names of :data:`~balancer_cli.pack.packers.registry.PACKERS`; the manifest's own
             algorithm is skipped. A baseline that cannot run (e.g. too few groups for the step
             shape) is reported with its error instead of failing the report.
     """
-    manifest.check_lengths(lengths.fingerprint)
     meta = manifest.meta
     config = PackConfig.from_meta(meta)
-    inputs = prepare_inputs(lengths, config.cost_model, config.cost_presets)
+    if isinstance(lengths, tuple):
+        inputs, fingerprint = lengths
+    else:
+        inputs, fingerprint = prepare_inputs(lengths, config.cost_model, config.cost_presets), lengths.fingerprint
+    manifest.check_lengths(fingerprint)
     caps_K = np.array([meta["params"]["caps"][m] for m in inputs.modules], dtype=np.int64)
     bounds_K = np.array([meta["params"]["bounds"][m] for m in inputs.modules], dtype=np.int64)
     rows = manifest.read_all()
@@ -99,7 +103,7 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable, *,
             "algorithm": config.algorithm, "params": meta.get("params", {}),
             "seed": config.seed, "world_size": config.world_size, "micro_batches": config.micro_batches,
             "epochs": config.epochs, "num_samples": inputs.num_samples, "modules": list(inputs.modules),
-            "lengths_fingerprint": lengths.fingerprint,
+            "lengths_fingerprint": fingerprint,
         },
         **ours.metrics,
         "baselines": {},
