@@ -140,6 +140,8 @@ class WindowedConfig:
     window: int
 
     def __getattr__(self, name: str):
+        if name == "base":  # not set yet (e.g. while unpickling): no recursion
+            raise AttributeError(name)
         return getattr(self.base, name)
 
     def epoch_seed(self, epoch: int, stream: str) -> int:
