@@ -109,12 +109,13 @@ def _with_sources(source_N, rows, members_GX, count_G, weight_NK, wsum_GK, max_s
     col[keep] = np.arange(len(keep))
     O = len(keep) + int(len(freq) > len(keep))
     G, K = wsum_GK.shape
-    mix_NO = np.zeros((len(weight_NK), O))
-    mix_NO[rows, col[code[rows]]] = 1.0
+    # One (N, K + O) matrix filled in place: no separate one-hot block next to its stacked copy.
+    weight = np.zeros((len(weight_NK), K + O))
+    weight[:, :K] = weight_NK
+    weight[rows, K + col[code[rows]]] = 1.0
     mask = np.arange(members_GX.shape[1])[None, :] < count_G[:, None]
-    msum_GO = np.zeros((G, O))
-    np.add.at(msum_GO, (np.repeat(np.arange(G), count_G), col[code[members_GX[mask]]]), 1.0)
-    weight = np.hstack([weight_NK, mix_NO])
+    msum_GO = np.bincount(np.repeat(np.arange(G), count_G) * O + col[code[members_GX[mask]]],
+                          minlength=G * O).reshape(G, O).astype(np.float64)
     wsum = np.ascontiguousarray(np.hstack([wsum_GK, msum_GO]))
     target_K = wsum.sum(axis=0) / G
     inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
