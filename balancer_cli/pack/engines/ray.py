@@ -112,10 +112,11 @@ def run_windows(tasks: Sequence[WindowTask], view_of: Callable[[int], SampleView
 
     options = options or RayPackOptions(run_key="")
     results: list[WindowResult | None] = [None] * len(tasks)
+    keys = [window_key(options.run_key, task, len(tasks)) for task in tasks]
     if options.parts_dir:
         Path(options.parts_dir).mkdir(parents=True, exist_ok=True)
         for i, task in enumerate(tasks):
-            results[i] = read_shard(shard_path(options.parts_dir, task), window_key(options.run_key, task, len(tasks)))
+            results[i] = read_shard(shard_path(options.parts_dir, task), keys[i])
         reused = sum(r is not None for r in results)
         if reused and options.notify:
             options.notify(f"resuming from {options.parts_dir}: {reused} of {len(tasks)} windows already packed")
@@ -125,8 +126,7 @@ def run_windows(tasks: Sequence[WindowTask], view_of: Callable[[int], SampleView
     with ray_session(options) as ray:
         remote = ray.remote(max_retries=options.retries,
                             retry_exceptions=[OSError, MemoryError, ConnectionError])(_place_and_keep)
-        refs = {i: remote.remote(tasks[i], ray.put(view_of(i)), options.parts_dir,
-                                 window_key(options.run_key, tasks[i], len(tasks))) for i in todo}
+        refs = {i: remote.remote(tasks[i], ray.put(view_of(i)), options.parts_dir, keys[i]) for i in todo}
         failures = []
         for i, ref in refs.items():  # in task order: the driver merges as windows finish
             try:
