@@ -61,14 +61,7 @@ def main(argv=None):
             results.extend(out)
         return results
 
-    from balancer_cli.pack import engines
-
-    original = engines.get_engine
-    engines.get_engine = lambda name: timed_local if name == "timed" else original(name)
-    try:
-        placement, t_local, _ = _timed(place_packer, "balanced", inputs, config, caps_K, bounds_K, engine="timed")
-    finally:
-        engines.get_engine = original
+    placement, t_local, _ = _timed(place_packer, "balanced", inputs, config, caps_K, bounds_K, engine=timed_local)
     t_merge = t_local - sum(per_window)
     metrics, t_eval, _ = _timed(evaluate_rows, inputs, placement.rows, placement.dropped_sample,
                                 placement.dropped_reason, caps_K=caps_K, world_size=args.dp, micro_batches=1,

@@ -172,13 +172,14 @@ def sample_view(inputs: PackInputs) -> registry.SampleView:
 
 
 def place_packer(name: str, inputs: PackInputs, config: PackConfig, caps_K: np.ndarray,
-                 bounds_K: np.ndarray, *, engine: str = "local", engine_options: Any = None) -> Placement:
+                 bounds_K: np.ndarray, *, engine: Any = "local", engine_options: Any = None) -> Placement:
     """Pack every epoch with the registered packer ``name``, window by window, and place its groups.
 
     The manifest's own packer and every baseline go through here, with the same step shape, seed
     streams, epochs and windows (:mod:`balancer_cli.pack.windows`), so their metrics compare like
-    with like. ``engine`` (:data:`~balancer_cli.pack.engines.ENGINES`) runs the windows; every
-    engine gives the same placement.
+    with like. ``engine`` (a name of :data:`~balancer_cli.pack.engines.ENGINES`, or a
+    ``run_windows`` function of the same contract) runs the windows; every engine gives the same
+    placement.
     """
     from balancer_cli.pack.engines import get_engine
 
@@ -202,7 +203,8 @@ def place_packer(name: str, inputs: PackInputs, config: PackConfig, caps_K: np.n
                                    cost_nK=view.cost_nK[positions], source_n=view.source_n[positions],
                                    modules=view.modules)
 
-    results = get_engine(engine)(tasks, view_of, engine_options)
+    run_windows = get_engine(engine) if isinstance(engine, str) else engine
+    results = run_windows(tasks, view_of, engine_options)
     by_epoch = [[r for t, r in zip(tasks, results) if t.epoch == epoch] for epoch in range(config.epochs)]
     return merge_windows(inputs, by_epoch, epochs=config.epochs)
 
