@@ -295,8 +295,7 @@ def _deal(rows, load, weight, caps, G, rng, fill_share):
     if len(rest) == 0:
         return queue, gid
     rest = _by_size(rest, load, caps, rng)
-    lsum_GK = np.zeros((G, load.shape[1]), np.int64)
-    np.add.at(lsum_GK, gid[dealt], load[queue[:cut][dealt]])
+    lsum_GK = _load_sums(gid[dealt], queue[:cut][dealt], load, G)
     rest_gid, _ = first_fit(rest, load, caps, _min_rest(rest, load), LOOKBACK, lsum_GK)
     return np.concatenate([queue[:cut][dealt], rest]), np.concatenate([gid[dealt], rest_gid])
 
@@ -316,9 +315,14 @@ def _padded(queue, gid, G, weight, load, width):
     sorted_g = gid[order]
     members[sorted_g, np.arange(len(order)) - starts[sorted_g]] = queue[order]
     wsum = np.stack([np.bincount(gid, weight[queue, k], minlength=G) for k in range(weight.shape[1])], axis=1)
-    lsum = np.stack([np.bincount(gid, load[queue, k], minlength=G) for k in range(load.shape[1])], axis=1)
-    lsum = np.rint(lsum).astype(np.int64)
+    lsum = _load_sums(gid, queue, load, G)
     return members, count, wsum, lsum
+
+
+def _load_sums(gid, rows, load, G):
+    """(G, K) int64 load sums of ``rows`` by group id (bincount per module, exact for integer loads)."""
+    sums = np.stack([np.bincount(gid, load[rows, k], minlength=G) for k in range(load.shape[1])], axis=1)
+    return np.rint(sums).astype(np.int64)
 
 
 def _fill_empty(members, count, wsum, lsum, weight, load):
