@@ -92,10 +92,21 @@ def step_mix_ratio(step_P: np.ndarray, source_P: np.ndarray, num_steps: int) -> 
     """
     source_P = np.asarray(source_P, dtype=np.int64)
     num_sources = int(source_P.max()) + 1 if len(source_P) else 1
-    mean = step_mix_distances(step_P, source_P, num_steps, num_sources).mean() if num_steps else 0.0
-    shuffled = source_P[np.random.default_rng(0).permutation(len(source_P))]
-    reference = step_mix_distances(step_P, shuffled, num_steps, num_sources).mean() if num_steps else 0.0
-    return float(mean / reference) if reference > 0 else 1.0
+    distances, reference = _mix_and_reference(step_P, source_P, num_steps, num_sources)
+    mean, shuffled = _mean(distances), _mean(reference)
+    return float(mean / shuffled) if shuffled > 0 else 1.0
+
+
+def _mix_and_reference(step_P, source_P, num_steps, num_sources):
+    """(S,) step-mix distances of the placement, and of the same steps filled by a seeded shuffle
+    of the placed samples (what random batching gives; small steps deviate by chance alone)."""
+    distances = step_mix_distances(step_P, source_P, num_steps, num_sources)
+    shuffled_P = source_P[np.random.default_rng(0).permutation(len(source_P))]
+    return distances, step_mix_distances(step_P, shuffled_P, num_steps, num_sources)
+
+
+def _mean(x: np.ndarray) -> float:
+    return float(x.mean()) if len(x) else 0.0
 
 
 def reason_kind(reason: str) -> str:
@@ -221,13 +232,8 @@ def _groups(inputs, group_P: np.ndarray, sample_P: np.ndarray, caps_K: np.ndarra
 
 def _step_mix(inputs, step_P: np.ndarray, sample_P: np.ndarray, num_steps: int) -> dict:
     source_P = inputs.source_codes_N[sample_P]
-    distances = step_mix_distances(step_P, source_P, num_steps, len(inputs.source_names))
-    # Reference: the same step sizes filled by an i.i.d. shuffle (what random batching gives;
-    # small steps deviate from the global mix by chance alone).
-    shuffled_P = source_P[np.random.default_rng(0).permutation(len(source_P))]
-    reference = step_mix_distances(step_P, shuffled_P, num_steps, len(inputs.source_names))
-    mean = float(distances.mean()) if len(distances) else 0.0
-    shuffled = float(reference.mean()) if len(reference) else 0.0
+    distances, reference = _mix_and_reference(step_P, source_P, num_steps, len(inputs.source_names))
+    mean, shuffled = _mean(distances), _mean(reference)
     return {"mean_distance": _round(mean),
             "max_distance": _round(distances.max()) if len(distances) else 0.0,
             "shuffled_mean_distance": _round(shuffled),
