@@ -1,9 +1,10 @@
 """Packing benchmark: our packer vs OmniBal's ISF (and random batching) in the same process.
 
 Prints, per scenario: Dist Ratio and utilization per module, steps vs their lower bound, step
-mix (mean total-variation distance between each step's source histogram and the global one,
-as a ratio to random batching with the same number of steps), dropped samples, and wall times
-with their ratio to ISF.
+mix vs random (mean total-variation distance between each step's source histogram and the
+global one, over the same for the same steps holding a shuffle of the placed samples:
+:func:`balancer_cli.pack.evaluate.step_mix_ratio`, the report's measure), dropped samples, and
+wall times with their ratio to ISF.
 
 Usage (from the repository root):
     python -m bench.bench_pack                       # all scenarios
@@ -23,8 +24,13 @@ from pathlib import Path
 import numpy as np
 
 from balancer_cli.metrics import dist_ratio, step_loads, utilization
-from balancer_cli.pack.assign import assign_groups, split_to_multiple
+from balancer_cli.pack.assign import (
+    assign_groups,
+    group_source_counts,
+    split_to_multiple,
+)
 from balancer_cli.pack.bounds import groups_lower_bound
+from balancer_cli.pack.evaluate import step_mix_ratio
 from balancer_cli.pack.packers.balanced import pack_balanced
 from balancer_cli.pack.packers.isf import pack_isf
 from balancer_cli.pack.search import default_caps, search_thresholds
@@ -34,23 +40,15 @@ from bench.synthetic import make_synthetic
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def step_mix(source_P: np.ndarray, step_P: np.ndarray, num_steps: int) -> float:
-    """Mean over steps of the total-variation distance between the step's source histogram and
-    the global one (0 = every step has the global mix)."""
-    _, src = np.unique(source_P, return_inverse=True)
-    n_src = int(src.max()) + 1
-    hist = np.bincount(step_P * n_src + src, minlength=num_steps * n_src).reshape(num_steps, n_src).astype(float)
-    hist /= np.maximum(hist.sum(axis=1, keepdims=True), 1)
-    glob_mix = np.bincount(src, minlength=n_src) / len(src)
-    return float(0.5 * np.abs(hist - glob_mix).sum(axis=1).mean())
+def source_codes(source_N: np.ndarray) -> np.ndarray:
+    """(N,) int code of each sample's source label."""
+    return np.unique(source_N, return_inverse=True)[1].reshape(-1)
 
 
-def random_batching_mix(source_N: np.ndarray, num_steps: int, seed: int = 0) -> float:
-    """Step mix of plain random batching: shuffle, cut into ``num_steps`` equal steps."""
-    perm = np.random.default_rng(seed).permutation(len(source_N))
-    step = np.empty(len(source_N), np.int64)
-    step[perm] = np.arange(len(source_N)) * num_steps // len(source_N)
-    return step_mix(source_N, step, num_steps)
+def assign(packing, cost_NK, source_N, R, M):
+    """Our assigner as the pack pipeline runs it (group costs and per-group source counts)."""
+    return assign_groups(group_sums(packing, cost_NK), world_size=R, micro_batches=M,
+                         mix_GO=group_source_counts(packing, source_codes(source_N)))
 
 
 def evaluate(packing, assignment, cost_NK, source_N, R):
@@ -64,8 +62,7 @@ def evaluate(packing, assignment, cost_NK, source_N, R):
         load_SR = step_loads(step_P, rank_P, cost_NK[samples, k], num_steps=assignment.num_steps, world_size=R)
         out[f"dist{k}"] = dist_ratio(load_SR)
         out[f"util{k}"] = utilization(load_SR)
-    out["mix"] = step_mix(source_N[samples], step_P, assignment.num_steps)
-    out["mix_random"] = random_batching_mix(source_N, assignment.num_steps)
+    out["mix"] = step_mix_ratio(step_P, source_codes(source_N)[samples], assignment.num_steps)
     return out
 
 
@@ -96,12 +93,12 @@ def run_scenario(name, load_NK, cost_NK, source_N, modules, caps_K, R, M, isf_bo
     a_random = random_assign(p_isf.num_groups, R, M)
     rows.append(("ISF + random sampler", evaluate(p_isf, a_random, cost_NK, source_N, R), t_isf))
     t = time.process_time()
-    a = assign_groups(group_sums(p_isf, cost_NK), world_size=R, micro_batches=M)
+    a = assign(p_isf, cost_NK, source_N, R, M)
     rows.append(("ISF + our assigner", evaluate(p_isf, a, cost_NK, source_N, R), t_isf + time.process_time() - t))
     caps_ours = caps_K
     t = time.process_time()
     p = pack_balanced(load_NK, caps_ours, cost_NK=cost_NK, group_multiple=R * M, seed=0, source_N=source_N)
-    a = assign_groups(group_sums(p, cost_NK), world_size=R, micro_batches=M)
+    a = assign(p, cost_NK, source_N, R, M)
     t_ours = time.process_time() - t
     check_packing(p, len(load_NK), load_NK, caps_ours)
     rows.append(("ours", evaluate(p, a, cost_NK, source_N, R), t_ours))
@@ -112,7 +109,7 @@ def run_scenario(name, load_NK, cost_NK, source_N, modules, caps_K, R, M, isf_bo
     for label, r, dt in rows:
         dist = " | ".join(f"{r[f'dist{k}']:.4f}" for k in range(len(modules)))
         util = " | ".join(f"{r[f'util{k}']:.4f}" for k in range(len(modules)))
-        print(f"| {label} | {dist} | {util} | {r['steps']} ({lb_steps}) | {r['mix'] / r['mix_random']:.2f}x "
+        print(f"| {label} | {dist} | {util} | {r['steps']} ({lb_steps}) | {r['mix']:.2f}x "
               f"| {r['dropped']} | {dt:.2f} ({dt / t_isf:.2f}x) |")
 
 
@@ -165,7 +162,7 @@ def speed(n, R, M):
     p = pack_balanced(load, res.best_caps_K, cost_NK=cost, group_multiple=R * M, seed=0, source_N=d["source"])
     t_pack = time.process_time() - t
     t = time.process_time()
-    a = assign_groups(group_sums(p, cost), world_size=R, micro_batches=M)
+    a = assign(p, cost, d["source"], R, M)
     t_assign = time.process_time() - t
     r = evaluate(p, a, cost, d["source"], R)
     t = time.process_time()
@@ -179,7 +176,7 @@ def speed(n, R, M):
           f"best caps {res.best_caps_K.tolist()}, {p.num_groups} groups; Dist Ratio "
           f"{dists}, steps {r['steps']} "
           f"(lower bound {-(-groups_lower_bound(load, res.best_caps_K) // (R * M))}), "
-          f"mix {r['mix'] / r['mix_random']:.2f}x")
+          f"mix {r['mix']:.2f}x")
 
 
 def scale(sizes, M):
