@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +147,7 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
         raise UsageError("{keep_parts} applies to the ray engine only", fix="add {engine} ray")
     # Pack from the per-sample matrices alone and drop the Arrow table: the report works on the same
     # matrices (no second read of the lengths), and at 10M samples that keeps ~0.5 GB off the peak.
-    inputs = prepare_inputs(table, config.cost_model, config.cost_presets)
+    inputs = prepare_inputs(table, config.cost_model, config.cost_presets, costs=config.costs)
     fingerprint = table.fingerprint
     del table
     _release_arrow_memory()
@@ -192,7 +192,7 @@ def _pack_engine_options(engine: str, out: str | os.PathLike, fingerprint: str, 
 
 
 def report_dir(out: str | os.PathLike, *, lengths_files: Sequence[str | os.PathLike] = (),
-               baselines: Sequence[str] | None = None) -> dict[str, Any]:
+               baselines: Sequence[str] | None = None, cost: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Recompute ``out/report.json``, ``report.md`` and ``report.png`` from the written manifest.
 
     Args:
@@ -200,6 +200,8 @@ def report_dir(out: str | os.PathLike, *, lengths_files: Sequence[str | os.PathL
         lengths_files: the lengths files it was packed from (default: the paths it recorded);
             checked by fingerprint.
         baselines: packers to compare with (default: those the manifest was reported with).
+        cost: measure with another cost model than the packing's: ``{"cost_model", "cost_presets",
+            "costs"}`` (see :func:`balancer_cli.report.build.build_report`).
 
     Returns:
         The summary, as :func:`pack_to_dir` returns it.
@@ -217,7 +219,7 @@ def report_dir(out: str | os.PathLike, *, lengths_files: Sequence[str | os.PathL
                             fix="pass the lengths files as {lengths_files}")
     table = read_lengths(paths)
     try:
-        return _report(out, table, baselines)
+        return _report(out, table, baselines, cost)
     except OSError as error:
         raise InputError(f"cannot write the report into {out}: {error.strerror or error}",
                          fix="make the manifest directory writable") from None
@@ -249,7 +251,7 @@ def search_to_files(lengths_files: Sequence[str | os.PathLike], config: PackConf
 
     done = on_phase or (lambda phase: None)
     table = read_lengths([str(p) for p in lengths_files])
-    inputs = prepare_inputs(table, config.cost_model, config.cost_presets)
+    inputs = prepare_inputs(table, config.cost_model, config.cost_presets, costs=config.costs)
     done("read")
     result = run_search(inputs, config, grid=grid, sample_size=sample_size)
     done("search")
@@ -269,9 +271,10 @@ def search_to_files(lengths_files: Sequence[str | os.PathLike], config: PackConf
     return {**data, "files": files}
 
 
-def _report(out: str | os.PathLike, lengths, baselines: Sequence[str]) -> dict[str, Any]:
+def _report(out: str | os.PathLike, lengths, baselines: Sequence[str],
+            cost: Mapping[str, Any] | None = None) -> dict[str, Any]:
     from balancer_cli.report.build import build_report, write_report
 
-    report = build_report(open_manifest(out), lengths, baselines=baselines)
+    report = build_report(open_manifest(out), lengths, baselines=baselines, cost=cost)
     written = write_report(out, report)
     return {"out": str(Path(out)), "files": {k: str(v) for k, v in written.items()}, **report.data}

@@ -5,8 +5,10 @@
   ``--max-<m>-items`` / ``--cap`` (the library's ``caps``), the baselines the report compares
   with; :func:`caps_from_options`, :func:`parse_pairs`, :func:`parse_baselines` and
   :func:`cost_presets` turn their values into library parameters.
-- :func:`cost_model_options` (``pack``, ``search``): ``--cost-model`` and the model
-  presets/files of the ``flops`` cost model; :func:`costs_from_options` turns them into costs.
+- :data:`cost_model_options` (``pack``, ``search``; :data:`report_cost_options` for ``report``):
+  ``--cost-model``, the model presets/files of the ``flops`` cost model and the ``--costs`` of the
+  ``measured`` one; :func:`cost_fields` turns them into PackConfig fields, :func:`costs_from_options`
+  into costs.
 - :func:`model_options` and :func:`workload_options` (``plan-partition``, ``plan-recompute``):
   the MLLM, pipeline stages and parallelism, and where the planned groups come from
   (:class:`~balancer_cli.planners.workload.WorkloadSpec`).
@@ -18,10 +20,10 @@ Example:
     >>> import click
     >>> @click.command()
     ... @cost_model_options
-    ... def cmd(cost_model, vision_model, audio_model, llm_model):
+    ... def cmd(cost_model, vision_model, audio_model, llm_model, costs):
     ...     pass
     >>> [p.name for p in cmd.params]
-    ['cost_model', 'vision_model', 'audio_model', 'llm_model']
+    ['cost_model', 'vision_model', 'audio_model', 'llm_model', 'costs']
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from balancer_cli.lengths import LLM, LengthsTable
 from balancer_cli.pack.packers import registry
 from balancer_cli.planners.workload import DEFAULT_GROUP_LLM_TOKENS
 
-__all__ = ["cost_model_options", "costs_from_options", "model_options", "workload_options", "step_shape_options",
+__all__ = ["cost_model_options", "report_cost_options", "cost_fields", "costs_from_options", "model_options", "workload_options", "step_shape_options",
            "cap_options", "baselines_option", "quiet_option", "parse_pairs", "parse_baselines", "caps_from_options",
            "cost_presets"]
 
@@ -53,39 +55,63 @@ def _apply(fn: Decorated, options: list[Callable[[Decorated], Decorated]]) -> De
     return fn
 
 
-def cost_model_options(fn: Decorated) -> Decorated:
-    """Add ``--cost-model tokens|flops`` and the model presets/files the flops model needs.
+def _cost_options(default: str | None) -> Callable[[Decorated], Decorated]:
+    """``--cost-model`` (default ``default``; None: the manifest's own), the flops models, ``--costs``."""
+    help_ = ("Module cost: token counts, training FLOPs of the models below, or seconds measured by "
+             "`balancer calibrate` (--costs)." if default else
+             "Measure the report with this cost model instead of the one the manifest was packed with.")
+
+    def decorate(fn: Decorated) -> Decorated:
+        return _apply(fn, [
+            click.option("--cost-model", type=click.Choice(tuple(COST_MODELS)), default=default,
+                         show_default=default is not None, help=help_),
+            click.option("--vision-model", metavar="PRESET|FILE", help="Vision encoder for --cost-model flops."),
+            click.option("--audio-model", metavar="PRESET|FILE", help="Audio encoder for --cost-model flops."),
+            click.option("--llm-model", metavar="PRESET|FILE", help="LLM for --cost-model flops (required there)."),
+            click.option("--costs", type=click.Path(dir_okay=False), metavar="COSTS.json",
+                         help="Calibration for --cost-model measured (written by `balancer calibrate`)."),
+        ])
+    return decorate
+
+
+#: ``pack``, ``search``: ``--cost-model tokens|flops|measured`` (default tokens), the flops models and
+#: ``--costs``.
+#:
+#: Example:
+#:     >>> @click.command()
+#:     ... @cost_model_options
+#:     ... def cmd(cost_model, vision_model, audio_model, llm_model, costs):
+#:     ...     pass
+#:     >>> cmd.params[0].default, list(cmd.params[0].type.choices)
+#:     ('tokens', ['tokens', 'flops', 'measured'])
+cost_model_options = _cost_options("tokens")
+#: ``report``: the same options, where no ``--cost-model`` means the manifest's own.
+report_cost_options = _cost_options(None)
+
+
+def cost_fields(cost_model: str, costs: str | None, **presets: str | None) -> dict[str, Any]:
+    """The :class:`~balancer_cli.pack.config.PackConfig` cost fields of :data:`cost_model_options`.
 
     Example:
-        >>> @click.command()
-        ... @cost_model_options
-        ... def cmd(cost_model, vision_model, audio_model, llm_model):
-        ...     pass
-        >>> cmd.params[0].default, list(cmd.params[0].type.choices)
-        ('tokens', ['tokens', 'flops'])
+        >>> cost_fields("flops", None, llm="qwen2-7b", vision=None)
+        {'cost_model': 'flops', 'cost_presets': (('llm', 'qwen2-7b'),), 'costs': None}
     """
-    return _apply(fn, [
-        click.option("--cost-model", type=click.Choice(tuple(COST_MODELS)), default="tokens", show_default=True,
-                     help="Module cost: token counts, or training FLOPs of the models below."),
-        click.option("--vision-model", metavar="PRESET|FILE", help="Vision encoder for --cost-model flops."),
-        click.option("--audio-model", metavar="PRESET|FILE", help="Audio encoder for --cost-model flops."),
-        click.option("--llm-model", metavar="PRESET|FILE", help="LLM for --cost-model flops (required there)."),
-    ])
+    return {"cost_model": cost_model, "cost_presets": cost_presets(cost_model, **presets), "costs": costs}
 
 
 def costs_from_options(lengths: LengthsTable, cost_model: str, vision_model: str | None, audio_model: str | None,
-                       llm_model: str | None) -> dict[str, np.ndarray]:
-    """:func:`~balancer_cli.cost.samples.sample_costs` for the options of :func:`cost_model_options`.
+                       llm_model: str | None, costs: str | None = None) -> dict[str, np.ndarray]:
+    """:func:`~balancer_cli.cost.samples.sample_costs` for the options of :data:`cost_model_options`.
 
     Raises:
-        UsageError, InputError: an unknown preset, a bad model file, or no model for a module.
+        UsageError, InputError: an unknown preset, a bad model or costs file, or no model for a module.
 
     Example:
         >>> from balancer_cli.lengths import make_lengths_table
         >>> costs_from_options(make_lengths_table(np.array([7, 9])), "tokens", None, None, None)["llm"].tolist()
         [7.0, 9.0]
     """
-    return sample_costs(lengths, cost_model, vision=vision_model, audio=audio_model, llm=llm_model)
+    return sample_costs(lengths, cost_model, vision=vision_model, audio=audio_model, llm=llm_model, costs=costs)
 
 
 def model_options(fn: Decorated) -> Decorated:

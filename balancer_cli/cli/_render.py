@@ -15,7 +15,7 @@ from typing import Any
 
 from balancer_cli.lengths import LLM
 
-__all__ = ["NAMED_ENCODERS", "render_scan", "render_pack", "render_search", "render_caps_hint"]
+__all__ = ["NAMED_ENCODERS", "render_scan", "render_pack", "render_search", "render_caps_hint", "render_calibrate"]
 
 #: Encoders with a dedicated ``--max-<m>-items`` option; any other module uses ``--cap m=V``.
 NAMED_ENCODERS = ("vision", "audio", "video")
@@ -97,4 +97,23 @@ def render_search(summary: Mapping[str, Any]) -> str:
     if summary.get("files"):
         lines += ["", "wrote " + ", ".join(summary["files"].values())]
     lines += ["", render_caps_hint(best["caps"], world_size=summary["world_size"])]
+    return "\n".join(lines)
+
+
+# -- calibrate --------------------------------------------------------------------------------
+
+def render_calibrate(summary: Mapping[str, Any]) -> str:
+    """``calibrate``: per module the fitted coefficients and the held-out quality against the proxies."""
+    lines = [f"calibrated {', '.join(summary['modules'])} on {summary['device']} ({summary['dtype']}, "
+             f"{summary['attention']}) -> {summary['out']}",
+             f"  {'module':<8} {'a (s/l^2)':>10} {'b (s/l)':>10} {'c (s/seq)':>10} {'d (s)':>10} "
+             f"{'R2':>7} {'max err':>8} {'FLOPs R2':>9} {'tokens R2':>10}"]
+    for module, entry in summary["modules"].items():
+        c = entry["coeffs"]
+        lines.append(f"  {module:<8} {c['quadratic']:>10.3g} {c['linear']:>10.3g} {c['count']:>10.3g} "
+                     f"{c['constant']:>10.3g} {entry.get('r2_heldout', float('nan')):>7.3f} "
+                     f"{entry.get('max_rel_err_heldout', float('nan')):>8.1%} "
+                     f"{entry.get('flops_r2_heldout', float('nan')):>9.3f} {entry.get('tokens_r2_heldout', float('nan')):>10.3f}")
+    lines.append("  R2 and max err are on held-out groups of real lengths; FLOPs and tokens are scaled to their "
+                 "best constant. Use: balancer pack ... --cost-model measured --costs " + summary["out"])
     return "\n".join(lines)

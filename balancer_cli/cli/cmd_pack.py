@@ -10,7 +10,7 @@ from balancer_cli.cli._options import (
     cap_options,
     caps_from_options,
     cost_model_options,
-    cost_presets,
+    cost_fields,
     parse_baselines,
     parse_pairs,
     quiet_option,
@@ -60,7 +60,7 @@ __all__ = ["command"]
 @handle_errors
 def command(lengths, out, world_size, micro_batches, algorithm, max_llm_tokens, max_vision_items, max_audio_items,
             max_video_items, caps, bounds, iterations, oversize, epochs, seed, cost_model, vision_model,
-            audio_model, llm_model, target_group_size, baselines, post_balance, window_samples, memory_gb, engine,
+            audio_model, llm_model, costs, target_group_size, baselines, post_balance, window_samples, memory_gb, engine,
             ray_address, keep_parts, quiet, as_json):
     """Pack LENGTHS (lengths Parquet and/or OmniBal token-length JSON files, concatenated in order)
     into balanced mini-batches; write OUT/manifest.parquet, dropped.parquet and report.json/.md/.png.
@@ -82,8 +82,7 @@ def command(lengths, out, world_size, micro_batches, algorithm, max_llm_tokens, 
         caps=caps_from_options(max_llm_tokens, {"vision": max_vision_items, "audio": max_audio_items,
                                                 "video": max_video_items}, caps),
         bounds=tuple(sorted(parse_pairs(bounds, "--bound").items())), iterations=iterations, oversize=oversize,
-        epochs=epochs, seed=seed, cost_model=cost_model,
-        cost_presets=cost_presets(cost_model, vision=vision_model, audio=audio_model, llm=llm_model),
+        epochs=epochs, seed=seed, **cost_fields(cost_model, costs, vision=vision_model, audio=audio_model, llm=llm_model),
         target_group_size=target_group_size, post_balance=post_balance, window_samples=window_samples)
     with progress(len(PACK_PHASES), quiet, "pack") as bar:
         summary = pack_to_dir(lengths, out, config, baselines=parse_baselines(baselines),

@@ -16,7 +16,7 @@ __all__ = ["command"]
 @click.command("plan-partition")
 @model_options
 @workload_options
-@click.option("--profile", type=click.Path(dir_okay=False), help="Measured per-layer times (JSON) instead of FLOPs.")
+@click.option("--profile", type=click.Path(dir_okay=False), help="Measured per-layer times (JSON, or the costs.json of `balancer calibrate`) instead of FLOPs.")
 @click.option("--method", type=click.Choice(["bmp", "exact"]), default="bmp", show_default=True,
               help="bmp: OmniBal's search (anchor + radius + top-K); exact: the min-max optimum.")
 @click.option("--radius", type=click.IntRange(min=0), default=2, show_default=True, help="BMP search radius r (layers).")

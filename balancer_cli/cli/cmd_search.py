@@ -9,7 +9,7 @@ from balancer_cli.cli._options import (
     cap_options,
     caps_from_options,
     cost_model_options,
-    cost_presets,
+    cost_fields,
     quiet_option,
     step_shape_options,
 )
@@ -40,7 +40,7 @@ __all__ = ["command"]
 @handle_errors
 def command(lengths, world_size, micro_batches, algorithm, max_llm_tokens, max_vision_items, max_audio_items,
             max_video_items, caps, target_group_size, grid, sample_size, seed, cost_model, vision_model,
-            audio_model, llm_model, out, plot, top, quiet, as_json):
+            audio_model, llm_model, costs, out, plot, top, quiet, as_json):
     """Search packing caps for LENGTHS (lengths Parquet and/or OmniBal JSON files): print the ranked
     candidates, optionally write them as JSON (-o) and a heat map of the objective (--plot).
 
@@ -57,8 +57,7 @@ def command(lengths, world_size, micro_batches, algorithm, max_llm_tokens, max_v
         world_size=world_size, micro_batches=micro_batches, algorithm=algorithm, seed=seed,
         caps=caps_from_options(max_llm_tokens, {"vision": max_vision_items, "audio": max_audio_items,
                                                 "video": max_video_items}, caps),
-        cost_model=cost_model, cost_presets=cost_presets(cost_model, vision=vision_model, audio=audio_model,
-                                                         llm=llm_model),
+        **cost_fields(cost_model, costs, vision=vision_model, audio=audio_model, llm=llm_model),
         target_group_size=target_group_size)
     with progress(len(SEARCH_PHASES), quiet, "search") as bar:
         data = search_to_files(lengths, config, grid=grid, sample_size=sample_size, out=out, plot=plot,

@@ -5,7 +5,9 @@
 real model, from the presets of :mod:`balancer_cli.cost.presets` and the formulas of
 :mod:`balancer_cli.cost.flops`: the matmul term per token plus the attention term per sequence (per
 image/tile for encoders, per sample for the LLM, whose samples are packed sub-sequences with
-variable-length attention). :data:`COST_MODELS` maps each name to its implementation.
+variable-length attention). ``measured``: seconds on the user's hardware, fitted by ``balancer
+calibrate`` (:mod:`balancer_cli.cost.measured`). :data:`COST_MODELS` maps each name to its
+implementation.
 
 How encoder workloads are read from the lengths table:
 
@@ -29,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -36,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 
 from balancer_cli.cost import flops
+from balancer_cli.cost.measured import MeasuredCosts, measured_sample_costs, read_costs
 from balancer_cli.cost.presets import PRESETS, ModelConfig, get_model
 from balancer_cli.errors import UsageError
 from balancer_cli.lengths import LLM, LengthsTable
@@ -185,44 +189,59 @@ def module_features(lengths: LengthsTable, module: str, model: ModelConfig) -> t
     return tokens, sumsq, tokens / model.merge
 
 
-def _token_costs(lengths: LengthsTable, model: Callable[[], CostModel]) -> dict[str, np.ndarray]:
+def _token_costs(lengths: LengthsTable, model: Callable[[], CostModel],
+                 measured: Callable[[], MeasuredCosts]) -> dict[str, np.ndarray]:
     """The ``tokens`` cost model: tokens each module processes (needs no model)."""
     costs = {m: lengths.tokens(m).astype("float64") for m in lengths.modules}
     costs[LLM] = lengths.llm_tokens().astype("float64")
     return costs
 
 
-def _flops_costs(lengths: LengthsTable, model: Callable[[], CostModel]) -> dict[str, np.ndarray]:
+def _flops_costs(lengths: LengthsTable, model: Callable[[], CostModel],
+                 measured: Callable[[], MeasuredCosts]) -> dict[str, np.ndarray]:
     """The ``flops`` cost model: training FLOPs of the resolved models."""
     return model().sample_flops(lengths)
 
 
-#: Cost model name -> implementation ``(lengths, model) -> {module: (N,) float64}``, where
-#: ``model()`` resolves the :class:`CostModel` of the call's presets (only when it is needed).
-COST_MODELS: dict[str, Callable[[LengthsTable, Callable[[], CostModel]], dict[str, np.ndarray]]] = {
+def _measured_costs(lengths: LengthsTable, model: Callable[[], CostModel],
+                    measured: Callable[[], MeasuredCosts]) -> dict[str, np.ndarray]:
+    """The ``measured`` cost model: seconds from a ``balancer calibrate`` fit."""
+    return measured_sample_costs(lengths, measured())
+
+
+#: Cost model name -> implementation ``(lengths, model, measured) -> {module: (N,) float64}``, where
+#: ``model()`` resolves the :class:`CostModel` of the call's presets and ``measured()`` the
+#: calibration of ``costs=`` (each only when it is needed).
+COST_MODELS: dict[str, Callable[[LengthsTable, Callable[[], CostModel], Callable[[], MeasuredCosts]],
+                                dict[str, np.ndarray]]] = {
     "tokens": _token_costs,
     "flops": _flops_costs,
+    "measured": _measured_costs,
 }
 
 
 def sample_costs(lengths: LengthsTable, cost_model: str = "tokens", *, vision: str | ModelConfig | None = None,
                  audio: str | ModelConfig | None = None, llm: str | ModelConfig | None = None,
                  encoders: Mapping[str, str | ModelConfig] | None = None, model: CostModel | None = None,
-                 attention: str = "flash") -> dict[str, np.ndarray]:
+                 attention: str = "flash", costs: MeasuredCosts | str | os.PathLike | None = None
+                 ) -> dict[str, np.ndarray]:
     """Per-sample cost of every module: ``{module: (N,) float64}``, encoders first, ``llm`` last.
 
     Args:
         lengths: the lengths table.
         cost_model: a name of :data:`COST_MODELS`: ``tokens`` (cost = tokens the module
-            processes) or ``flops`` (training FLOPs of the given models).
+            processes), ``flops`` (training FLOPs of the given models) or ``measured`` (seconds
+            fitted by ``balancer calibrate``, :mod:`balancer_cli.cost.measured`).
         vision, audio: encoder presets/model files for the ``vision``/``audio`` modules (flops).
         llm: the LLM preset/model file (flops; required).
         encoders: presets of other encoder modules, ``{module: preset}`` (flops).
         model: a ready :class:`CostModel` (flops; replaces the preset arguments).
         attention: ``flash`` or ``eager`` (flops).
+        costs: the calibration, or the path of its costs.json (measured; required).
 
     Raises:
-        UsageError: unknown cost model or preset, no LLM preset, or a module without a model.
+        UsageError: unknown cost model or preset, no LLM preset or costs, or a module without a model.
+        InputError: an unreadable or invalid costs.json.
 
     Example:
         >>> import numpy as np
@@ -244,4 +263,10 @@ def sample_costs(lengths: LengthsTable, cost_model: str = "tokens", *, vision: s
         specs = {"vision": vision, "audio": audio, **dict(encoders or {})}
         return CostModel.build(llm, specs, attention=attention)
 
-    return COST_MODELS[cost_model](lengths, resolve)
+    def calibration() -> MeasuredCosts:
+        if costs is None:
+            raise UsageError("the measured cost model needs a calibration",
+                             fix="pass --costs costs.json (written by balancer calibrate)")
+        return costs if isinstance(costs, MeasuredCosts) else read_costs(costs)
+
+    return COST_MODELS[cost_model](lengths, resolve, calibration)

@@ -35,7 +35,7 @@ from balancer_cli.pack.types import OVERSIZE_POLICIES, Oversize
 if TYPE_CHECKING:
     from balancer_cli.pack.packers.registry import Algorithm
 
-CostModelName = Literal["tokens", "flops"]
+CostModelName = Literal["tokens", "flops", "measured"]
 
 __all__ = ["PackConfig", "CostModelName", "Stream", "STREAMS", "rng", "stream_seed"]
 
@@ -81,6 +81,8 @@ class PackConfig:
         seed: base seed (>= 0).
         cost_model: a cost model of :data:`balancer_cli.cost.samples.COST_MODELS`.
         cost_presets: ``{module: preset or model file}`` for the ``flops`` cost model.
+        costs: the calibration of the ``measured`` cost model
+            (:class:`~balancer_cli.cost.measured.MeasuredCosts` or the path of a costs.json, read here).
         target_group_size: optional samples-per-group target handed to the search.
         batch_size: fixed samples per group of the ``random`` packer (default: the mean group size
             the caps give, rounded).
@@ -101,6 +103,7 @@ class PackConfig:
     seed: int = 0
     cost_model: CostModelName = "tokens"
     cost_presets: tuple[tuple[str, str], ...] = ()
+    costs: Any = None
     target_group_size: float | None = None
     batch_size: int | None = None
     lengths_files: tuple[str, ...] = ()
@@ -127,6 +130,7 @@ class PackConfig:
         set_(self, "caps", _pairs(self.caps, "caps"))
         set_(self, "bounds", _pairs(self.bounds, "bounds"))
         presets = self.cost_presets
+        set_(self, "costs", _calibration(self.cost_model, self.costs))
         set_(self, "cost_presets", tuple(presets.items()) if isinstance(presets, Mapping) else tuple(map(tuple, presets)))
         set_(self, "lengths_files", tuple(str(p) for p in self.lengths_files))
         set_(self, "shape", StepShape(world_size=int(self.world_size), micro_batches=int(self.micro_batches)))
@@ -137,7 +141,9 @@ class PackConfig:
             "algorithm": self.algorithm,
             "params": {
                 "iterations": self.iterations, "oversize": self.oversize, "cost_model": self.cost_model,
-                "cost_presets": dict(self.cost_presets), "target_group_size": self.target_group_size,
+                "cost_presets": dict(self.cost_presets),
+                **({"costs": self.costs.to_json()} if self.costs is not None else {}),
+                "target_group_size": self.target_group_size,
                 "batch_size": self.batch_size, "post_balance": self.post_balance,
                 "window_samples": self.window_samples,
                 "caps": dict(self.caps), "bounds": dict(self.bounds),
@@ -160,6 +166,7 @@ class PackConfig:
             epochs=int(meta.get("epochs", len(meta.get("epoch_num_steps", [1])))), seed=int(meta.get("seed", 0)),
             cost_model=str(params.get("cost_model", "tokens")),
             cost_presets=tuple(sorted(dict(params.get("cost_presets", {})).items())),
+            costs=_costs_from_meta(params.get("costs")),
             target_group_size=params.get("target_group_size"), batch_size=params.get("batch_size"),
             lengths_files=tuple(meta.get("lengths_files", ())), post_balance=bool(params.get("post_balance", False)),
             window_samples=params.get("window_samples"))
@@ -169,6 +176,27 @@ class PackConfig:
     def epoch_seed(self, epoch: int, stream: Stream) -> int:
         """The integer seed of ``stream`` in ``epoch`` (see :func:`stream_seed`)."""
         return stream_seed(self.seed, epoch, stream)
+
+
+def _calibration(cost_model: str, costs: Any) -> Any:
+    """The checked calibration of ``costs`` (None unless the cost model is ``measured``)."""
+    from balancer_cli.cost.measured import MeasuredCosts, read_costs
+
+    if cost_model != "measured":
+        if costs is not None:
+            raise UsageError(f"a calibration (costs) was given but {{cost_model}} is {cost_model!r}",
+                             fix="add --cost-model measured, or leave --costs out")
+        return None
+    if costs is None:
+        raise UsageError("the measured cost model needs a calibration", fix="pass --costs costs.json (balancer calibrate)")
+    return costs if isinstance(costs, MeasuredCosts) else read_costs(costs)
+
+
+def _costs_from_meta(doc: Any) -> Any:
+    """The calibration a manifest recorded (None when it has none)."""
+    from balancer_cli.cost.measured import MeasuredCosts
+
+    return None if doc is None else MeasuredCosts.from_json(doc, where="the manifest's recorded costs")
 
 
 def stream_seed(seed: int, epoch: int, stream: Stream, *, window: int = 0) -> int:

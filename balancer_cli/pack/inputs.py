@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from balancer_cli.cost.measured import MeasuredCosts
 from balancer_cli.cost.samples import sample_costs
 from balancer_cli.errors import InputError
 from balancer_cli.lengths import LLM, LengthsTable
@@ -77,22 +78,24 @@ def _check_columns(lengths: LengthsTable) -> None:
 
 
 def prepare_inputs(lengths: LengthsTable, cost_model: str = "tokens",
-                   cost_presets: Mapping[str, str] | Sequence[tuple[str, str]] = ()) -> PackInputs:
+                   cost_presets: Mapping[str, str] | Sequence[tuple[str, str]] = (), *,
+                   costs: MeasuredCosts | None = None) -> PackInputs:
     """Build the load and cost matrices of a lengths table (raises on unknown columns).
 
     Args:
         lengths: the lengths table.
         cost_model: ``tokens`` or ``flops`` (:func:`balancer_cli.cost.samples.sample_costs`).
         cost_presets: ``{module: preset or model file}`` for ``flops`` (``llm`` required there).
+        costs: the calibration of ``measured``.
     """
     _check_columns(lengths)
     presets = dict(cost_presets)
-    if cost_model == "tokens":
-        costs = sample_costs(lengths, cost_model)
-    else:
+    if cost_model == "flops":
         named = {m: presets.pop(m, None) for m in ("vision", "audio", LLM)}
-        costs = sample_costs(lengths, cost_model, vision=named["vision"], audio=named["audio"], llm=named[LLM],
-                             encoders=presets or None)
+        by_module = sample_costs(lengths, cost_model, vision=named["vision"], audio=named["audio"], llm=named[LLM],
+                                 encoders=presets or None)
+    else:
+        by_module = sample_costs(lengths, cost_model, costs=costs)
     modules = tuple(lengths.modules) + (LLM,)
     num_samples = lengths.table.num_rows
     # Filled column by column: no (K,) list of int64/float64 copies next to the stacked matrices.
@@ -102,8 +105,8 @@ def prepare_inputs(lengths: LengthsTable, cost_model: str = "tokens",
     load_NK[:, -1] = lengths.llm_tokens()
     cost_NK = np.empty((num_samples, len(modules)), dtype=np.float64)
     for k, module in enumerate(modules):
-        cost_NK[:, k] = costs[module]
-    del costs  # the (N,) per-module costs are no longer needed
+        cost_NK[:, k] = by_module[module]
+    del by_module  # the (N,) per-module costs are no longer needed
     source = lengths.table.column("source").combine_chunks()
     names = tuple(str(x) for x in source.dictionary.to_pylist())
     codes = np.asarray(source.indices.to_numpy(zero_copy_only=False), dtype=np.int32)

@@ -230,7 +230,7 @@ def pack_manifest(lengths: LengthsTable, config: PackConfig) -> PackResult:
         InputError: no sample can be packed (every one has a scan error) or unknown columns.
         UsageError: bad options, caps below every sample, more ranks x micro-batches than groups.
     """
-    inputs = prepare_inputs(lengths, config.cost_model, config.cost_presets)
+    inputs = prepare_inputs(lengths, config.cost_model, config.cost_presets, costs=config.costs)
     return pack_inputs(inputs, config, lengths_fingerprint=lengths.fingerprint)
 
 

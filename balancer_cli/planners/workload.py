@@ -32,7 +32,7 @@ import numpy as np
 from balancer_cli.cost.presets import ModelConfig
 from balancer_cli.cost.samples import CostModel
 from balancer_cli.errors import InputError, ManifestError, UsageError, check_int
-from balancer_cli.lengths import LengthsTable, read_lengths
+from balancer_cli.lengths import LLM, LengthsTable, read_lengths
 from balancer_cli.manifest import StepShape, open_manifest
 from balancer_cli.planners.chain import (
     Layer,
@@ -256,9 +256,33 @@ def manifest_groups(manifest: str | os.PathLike, table: LengthsTable) -> tuple[n
     return groups, {"source": "manifest", "manifest": str(path), "steps": int(first_epoch)}
 
 
+def _calibration_profile(path: str | os.PathLike, doc: dict, modules: set[str]) -> dict[str, float]:
+    """The ``{kind: seconds}`` profile of a costs.json for the chain's ``modules`` (see :func:`load_profile`)."""
+    from balancer_cli.cost.measured import MeasuredCosts
+
+    costs = MeasuredCosts.from_json(doc, where=str(path))
+    profile: dict[str, float] = {}
+    for module, fit in costs.modules:
+        if module not in modules:
+            continue  # calibrated, but not part of this plan's model
+        per_layer = fit.extra("per_layer_seconds")
+        if not per_layer:
+            raise InputError(f"{path}: module {module!r} has no per_layer_seconds",
+                             fix="re-run balancer calibrate (this version records them)")
+        other = float(fit.extra("other_seconds", 0.0))
+        profile[f"{module}.layer"] = float(np.mean(per_layer))
+        if module == LLM:
+            profile.update({f"{LLM}.embedding": 0.0, f"{LLM}.head": other})
+        else:
+            profile.update({f"{module}.stem": 0.0, f"{module}.projector": other})
+    return profile
+
+
 def load_profile(path: str | os.PathLike, chain: Sequence[Layer]) -> np.ndarray:
-    """Measured per-layer times: a JSON list (chain order) or an object mapping layer names
-    (``llm.layer.3``) or kinds (``llm.layer``: every LLM layer) to seconds.
+    """Measured per-layer times: a JSON list (chain order), an object mapping layer names
+    (``llm.layer.3``) or kinds (``llm.layer``: every LLM layer) to seconds, or the costs.json of
+    ``balancer calibrate`` (its ``per_layer_seconds`` per layer; its ``other_seconds``, what is not
+    a layer, on the LLM head and each encoder's projector; 0 on embeddings and stems).
 
     Raises:
         InputError: an unreadable file, unknown or missing layers, or times that are not finite
@@ -277,6 +301,8 @@ def load_profile(path: str | os.PathLike, chain: Sequence[Layer]) -> np.ndarray:
     except (OSError, json.JSONDecodeError) as exc:
         raise InputError(f"{path}: cannot read profile JSON ({exc})", fix="pass a JSON list or {layer: seconds}") from None
     names = [layer.name for layer in chain]
+    if isinstance(data, dict) and "schema_version" in data and "modules" in data:
+        data = _calibration_profile(path, data, {layer.module for layer in chain})
     if isinstance(data, list):
         if len(data) != len(chain):
             raise InputError(f"{path}: {len(data)} times for {len(chain)} layers",

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -73,7 +74,8 @@ class Report:
 
 
 def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInputs, str], *,
-                 baselines: Sequence[str] = registry.names(baseline=True)) -> Report:
+                 baselines: Sequence[str] = registry.names(baseline=True),
+                 cost: Mapping[str, Any] | None = None) -> Report:
     """Compute the report of a written manifest and of the requested baselines.
 
     Args:
@@ -83,13 +85,17 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInput
         baselines: packer names of :data:`~balancer_cli.pack.packers.registry.PACKERS`; the manifest's own
             algorithm is skipped. A baseline that cannot run (e.g. too few groups for the step
             shape) is reported with its error instead of failing the report.
+        cost: evaluate under another cost model than the one packed with: ``{"cost_model": ...,
+            "cost_presets": ..., "costs": ...}`` (PackConfig fields), e.g. a token-packed manifest
+            under measured seconds. Baselines are evaluated under it too.
     """
     meta = manifest.meta
-    config = PackConfig.from_meta(meta)
+    cost = dict(cost or {})
+    config = PackConfig.from_meta(meta, **cost)
     if isinstance(lengths, tuple):
         inputs, fingerprint = lengths
     else:
-        inputs, fingerprint = prepare_inputs(lengths, config.cost_model, config.cost_presets), lengths.fingerprint
+        inputs, fingerprint = prepare_inputs(lengths, config.cost_model, config.cost_presets, costs=config.costs), lengths.fingerprint
     manifest.check_lengths(fingerprint)
     caps_K = np.array([meta["params"]["caps"][m] for m in inputs.modules], dtype=np.int64)
     bounds_K = np.array([meta["params"]["bounds"][m] for m in inputs.modules], dtype=np.int64)
@@ -104,6 +110,8 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInput
             "seed": config.seed, "world_size": config.world_size, "micro_batches": config.micro_batches,
             "epochs": config.epochs, "num_samples": inputs.num_samples, "modules": list(inputs.modules),
             "lengths_fingerprint": fingerprint,
+            # what the metrics below measure with (the packing's own, unless the report was asked for another)
+            "cost_model": config.cost_model,
         },
         **ours.metrics,
         "baselines": {},
@@ -113,7 +121,7 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInput
     placed_per_epoch = len(rows) / max(config.epochs, 1)
     del rows  # the baselines below pack from the lengths alone
     groups_per_epoch = max(manifest.num_steps * config.shape.groups_per_step / max(config.epochs, 1), 1)
-    base_config = PackConfig.from_meta(meta, batch_size=max(1, round(placed_per_epoch / groups_per_epoch)))
+    base_config = PackConfig.from_meta(meta, batch_size=max(1, round(placed_per_epoch / groups_per_epoch)), **cost)
     for name in baselines:
         if name == config.algorithm:
             continue

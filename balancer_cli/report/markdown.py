@@ -81,7 +81,9 @@ def render_markdown(data: Mapping[str, Any]) -> str:
         f"iterations {params.get('iterations')}; oversize {params.get('oversize')}; "
         f"cost model {params.get('cost_model')}"
         + (f" ({', '.join(f'{m}: {p}' for m, p in params['cost_presets'].items())})"
-           if params.get("cost_presets") else ""),
+           if params.get("cost_presets") else "")
+        + (f"; metrics measured with cost model {man['cost_model']}"
+           if man.get("cost_model", params.get("cost_model")) != params.get("cost_model") else ""),
         "", "## Balance (lower is better for dist/pad/mix; higher for util)", "",
         markdown_table(*summary_table(data)), "",
         "dist = Dist Ratio (mean over steps of sum_r (max T - T_r) / (max T x R)); pad = Pad Ratio if each group "

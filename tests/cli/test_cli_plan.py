@@ -146,8 +146,8 @@ def test_cost_model_options_for_other_commands():
     @click.command()
     @cost_model_options
     @handle_errors
-    def cmd(cost_model, vision_model, audio_model, llm_model):
-        costs = costs_from_options(lt, cost_model, vision_model, audio_model, llm_model)
+    def cmd(cost_model, vision_model, audio_model, llm_model, costs):
+        costs = costs_from_options(lt, cost_model, vision_model, audio_model, llm_model, costs)
         click.echo(json.dumps({m: c.tolist() for m, c in costs.items()}))
 
     runner = CliRunner()

@@ -12,7 +12,7 @@ from balancer_cli.lengths import make_lengths_table
 
 
 def test_registry_names_every_cost_model_and_rejects_others():
-    assert list(COST_MODELS) == ["tokens", "flops"]
+    assert list(COST_MODELS) == ["tokens", "flops", "measured"]
     lt = make_lengths_table(np.array([10, 20]))
     assert sample_costs(lt, "tokens", llm="no-such-llm")["llm"].tolist() == [10.0, 20.0]  # tokens needs no model
     with pytest.raises(UsageError, match="unknown cost model 'time'"):

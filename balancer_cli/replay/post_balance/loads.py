@@ -46,16 +46,20 @@ def phase_loads(cost_N: np.ndarray, rank_N: np.ndarray, world_size: int, attenti
     return _LOADS[attention](np.asarray(cost_N, dtype=np.float64), np.asarray(rank_N, dtype=np.int64), world_size)
 
 
-def apply_cost_coeffs(lengths_nK: np.ndarray, cost_coeffs: Sequence[tuple[float, float] | None]) -> np.ndarray:
-    """Turn per-module lengths into costs ``alpha * len + beta * len**2`` (None keeps the column).
+def apply_cost_coeffs(lengths_nK: np.ndarray, cost_coeffs: Sequence[tuple[float, ...] | None]) -> np.ndarray:
+    """Turn per-module lengths into costs ``alpha*len + beta*len**2 (+ gamma if len > 0)``; None keeps
+    the column. ``(alpha, beta, gamma)`` is what a calibration gives for one sequence per sample
+    (:meth:`balancer_cli.cost.measured.MeasuredCosts.cost_coeffs`): gamma is its per-sample time.
 
     Example:
-        >>> apply_cost_coeffs(np.array([[10., 3.]]), [(1.0, 0.1), None]).tolist()
-        [[20.0, 3.0]]
+        >>> apply_cost_coeffs(np.array([[10., 3.], [0., 1.]]), [(1.0, 0.1, 5.0), None]).tolist()
+        [[25.0, 3.0], [0.0, 1.0]]
     """
     out = np.array(lengths_nK, dtype=np.float64, copy=True)
     for m, coeff in enumerate(cost_coeffs):
         if coeff is not None:
-            alpha, beta = coeff
-            out[:, m] = alpha * out[:, m] + beta * out[:, m] ** 2
+            alpha, beta, *rest = coeff
+            gamma = rest[0] if rest else 0.0
+            col = out[:, m]
+            out[:, m] = alpha * col + beta * col ** 2 + gamma * (col > 0)
     return out

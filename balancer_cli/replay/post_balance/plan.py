@@ -184,7 +184,9 @@ def _check_inputs(costs_by_rank, modules, attention, cost_coeffs, matching):
     if len(modes) != width or any(a not in ATTENTION_MODES for a in modes):
         raise UsageError(f"{{attention}} must be one of {ATTENTION_MODES} or one per module, got {attention!r}")
     if cost_coeffs is not None and len(cost_coeffs) != width:
-        raise UsageError(f"cost_coeffs needs one (alpha, beta) or None per module ({width}), got {len(cost_coeffs)}")
+        raise UsageError(f"cost_coeffs needs one (alpha, beta[, gamma]) or None per module ({width}), got {len(cost_coeffs)}")
+    if cost_coeffs is not None and any(c is not None and len(c) not in (2, 3) for c in cost_coeffs):
+        raise UsageError(f"each cost_coeffs entry is (alpha, beta), (alpha, beta, gamma) or None, got {list(cost_coeffs)!r}")
     if matching not in MATCHINGS:
         raise UsageError(f"unknown matching {matching!r}", fix=f"use one of: {', '.join(MATCHINGS)}")
     return cost_NK, counts, names, modes
@@ -196,7 +198,7 @@ def plan_post_balance(
     *,
     modules: Sequence[str] | None = None,
     attention: str | Sequence[str] = "varlen",
-    cost_coeffs: Sequence[tuple[float, float] | None] | None = None,
+    cost_coeffs: Sequence[tuple[float, ...] | None] | None = None,
     balance_llm: bool = False,
     matching: str = "greedy",
     move_tolerance: float = 0.0,
@@ -212,8 +214,10 @@ def plan_post_balance(
         modules: K module names (default ``m0, m1, ..., llm``).
         attention: ``"varlen"`` (packed sequences: load = summed cost) or ``"padded"`` (padded
             micro-batch: load = count x largest cost), one for all modules or one per module.
-        cost_coeffs: per module ``(alpha, beta)`` for cost = ``alpha*len + beta*len**2`` or None
-            to take the column as a precomputed cost.
+        cost_coeffs: per module ``(alpha, beta)`` for cost = ``alpha*len + beta*len**2``, or
+            ``(alpha, beta, gamma)`` adding ``gamma`` per sample (a calibration's
+            :meth:`~balancer_cli.cost.measured.MeasuredCosts.cost_coeffs`), or None to take the
+            column as a precomputed cost.
         balance_llm: also rebalance the LLM phase (only applied if it lowers the LLM maximum).
         matching: ``"greedy"`` (fast, default) or ``"hungarian"`` (exact max overlap; scipy).
         move_tolerance: accept a maximum load up to this fraction above the plan made without
