@@ -89,7 +89,7 @@ PARAMETERS = frozenset({
     "out", "lengths_files", "engine", "ray_address", "keep_parts",
     # cost models and planners
     "attention", "tp", "stages", "dp", "zero_stage", "cuts", "manifest", "lengths",
-    "group_llm_tokens", "group_vision_items", "group_vision_tokens", "group_audio_items",
+    "group_llm_tokens", "group_vision_items", "group_vision_tokens", "group_audio_items", "gpu_memory_gb",
     # replay
     "rank", "epoch", "step",
 })

@@ -20,6 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
+from balancer_cli.metrics import dist_ratio_per_step
+
 LENGTHS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "internvl-lengths"
 
 #: The tiny Qwen2-VL-style config of the CPU run (2 ViT layers of width 64, 2 LLM layers of width 96).
@@ -63,12 +67,15 @@ def main(argv=None):
     ap.add_argument("lengths", nargs="*", help="lengths files (default: the four InternVL sources)")
     ap.add_argument("--config", default=None, help="model config folder (default: the tiny Qwen2-VL config)")
     ap.add_argument("--dp", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=8, help="steps of each manifest replayed on the model")
+    ap.add_argument("--steps", type=int, default=32, help="steps of each manifest replayed on the model")
+    ap.add_argument("--replay-modules", default="llm",
+                    help="modules timed in the replay (default llm: on the InternVL lengths every item is 256 patches, "
+                         "so tokens, FLOPs and measured vision costs are proportional and balance vision alike)")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--attention", default="sdpa")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=8, help="timed rounds (each group keeps its median)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
@@ -100,21 +107,27 @@ def main(argv=None):
                                                           cost_presets=tuple(sorted(models.items()))), baselines=())
     measured = pack_to_dir(files, work / "measured", PackConfig(**common, caps=caps, cost_model="measured", costs=costs),
                            baselines=())
-    print(f"\nmeasured-time Dist Ratio of the first {args.steps} steps ({args.dp} ranks, lower is better):")
-    print(f"  {'packed with':<12} {'vision':>8} {'llm':>8} {'step':>8}   predicted llm (measured costs)")
+    modules = [m.strip() for m in args.replay_modules.split(",") if m.strip()]
+    print(f"\nmeasured-time Dist Ratio of the first {args.steps} steps ({args.dp} ranks, {', '.join(modules)}; "
+          f"lower is better), mean over steps +- standard error:")
     packings = {"tokens": tokens, "flops": flops, "measured": measured}
     begin = time.perf_counter()
     # All three manifests are timed in the same rounds: a slow spell of the machine hits them alike.
     replays = replay_times(config_dir, [s["out"] for s in packings.values()], lengths, steps=args.steps,
-                           layers=args.layers, device=args.device, dtype=args.dtype, attention=args.attention,
-                           repeats=args.repeats)
-    for (name, summary), times in zip(packings.items(), replays):
-        d = times["dist_ratio"]
+                           modules=modules, layers=args.layers, device=args.device, dtype=args.dtype,
+                           attention=args.attention, repeats=args.repeats)
+    per_step = {name: dist_ratio_per_step(sum(np.array(t["seconds"][m]) for m in modules))
+                for name, t in zip(packings, replays)}
+    print(f"  {'packed with':<12} {'measured time':>16} {'vs measured (paired)':>22} {'predicted (fitted s)':>21}")
+    for name, summary in packings.items():
+        d = per_step[name]
+        diff = d - per_step["measured"]
         predicted = report_dir(summary["out"], baselines=(), cost={"cost_model": "measured", "costs": costs})
-        print(f"  {name:<12} {d.get('vision', 0):>8.4f} {d['llm']:>8.4f} {times['step_dist_ratio']:>8.4f}   "
-              f"{predicted['modules']['llm']['dist_ratio']:.4f}")
-    print(f"(replayed in {time.perf_counter() - begin:.0f} s; timing noise alone gives a floor of about the "
-          f"vision column, where all three packings are equal: every InternVL item is 256 patches)")
+        fitted = np.mean([predicted["modules"][m]["dist_ratio"] for m in modules])
+        paired = "" if name == "measured" else f"{diff.mean():+.4f} +- {diff.std(ddof=1) / np.sqrt(len(diff)):.4f}"
+        print(f"  {name:<12} {d.mean():>8.4f} +- {d.std(ddof=1) / np.sqrt(len(d)):.4f} {paired:>22} {fitted:>21.4f}")
+    print(f"(replayed in {time.perf_counter() - begin:.0f} s; the fitted column is the same Dist Ratio in the "
+          f"calibration's seconds, free of timing noise)")
     print(f"\n(work folder {work})")
 
 

@@ -51,4 +51,7 @@ def main() -> None:
       balancer scan data.jsonl -o lengths.parquet --model qwen2-vl --tokenizer qwen2
       balancer pack lengths.parquet --dp 8 -o out/
       balancer report out/
+    Optionally balance measured time instead of tokens (needs torch + transformers):
+      balancer calibrate model_config_dir/ --lengths lengths.parquet -o costs.json
+      balancer pack lengths.parquet --dp 8 --cost-model measured --costs costs.json -o out/
     """

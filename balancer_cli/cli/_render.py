@@ -114,6 +114,10 @@ def render_calibrate(summary: Mapping[str, Any]) -> str:
                      f"{c['constant']:>10.3g} {entry.get('r2_heldout', float('nan')):>7.3f} "
                      f"{entry.get('max_rel_err_heldout', float('nan')):>8.1%} "
                      f"{entry.get('flops_r2_heldout', float('nan')):>9.3f} {entry.get('tokens_r2_heldout', float('nan')):>10.3f}")
+    caps = {m: e["memory"]["cap"] for m, e in summary["modules"].items() if "cap" in e.get("memory", {})}
+    if caps:
+        lines.append("  largest caps that fit the GPU memory: " + ", ".join(
+            f"{m} {c:,} {summary['modules'][m]['memory']['cap_unit']}" for m, c in caps.items()))
     lines.append("  R2 and max err are on held-out groups of real lengths; FLOPs and tokens are scaled to their "
                  "best constant. Use: balancer pack ... --cost-model measured --costs " + summary["out"])
     return "\n".join(lines)

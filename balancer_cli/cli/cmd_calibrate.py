@@ -26,15 +26,19 @@ __all__ = ["command"]
               help="Largest LLM group timed, in tokens (default: 8 median samples); use the cap you pack with.")
 @click.option("--max-vision-items", type=click.IntRange(min=1), default=None,
               help="Largest vision group timed, in items (default: 8 median samples' items).")
-@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Timed rounds over all shapes (each keeps its fastest).")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Timed rounds over all shapes (each shape keeps its median).")
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Untimed runs per shape first.")
+@click.option("--gpu-memory-gb", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="GPU memory, GB: also report per module the largest cap whose groups fit (peak memory, GPU only).")
+@click.option("--margin", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True,
+              help="Share of --gpu-memory-gb kept free.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), metavar="COSTS.json")
 @quiet_option
 @json_option
 @handle_errors
 def command(config_dir, lengths_files, modules, layers, device, dtype, attention, max_llm_tokens, max_vision_items,
-            repeats, warmup, seed, out, quiet, as_json):
+            repeats, warmup, gpu_memory_gb, margin, seed, out, quiet, as_json):
     """Time forward + backward of packed groups of each module of the model in CONFIG_DIR (a
     transformers config.json; random weights, no checkpoint), on shapes drawn from the lengths, and
     fit cost = a*sum(l^2) + b*sum(l) + c*count + d per module into COSTS.json.
@@ -58,5 +62,6 @@ def command(config_dir, lengths_files, modules, layers, device, dtype, attention
     summary = calibrate_to_file(config_dir, lengths_files, out,
                                 modules=[m.strip() for m in modules.split(",") if m.strip()] if modules else None,
                                 layers=layers, device=device, dtype=dtype, attention=attention, seed=seed,
-                                limits=limits or None, repeats=repeats, warmup=warmup, progress=not quiet)
+                                limits=limits or None, repeats=repeats, warmup=warmup, gpu_memory_gb=gpu_memory_gb,
+                                margin=margin, progress=not quiet)
     emit(summary, as_json, render_calibrate)

@@ -26,10 +26,14 @@ __all__ = ["command"]
               help="Micro-batches per step and pipeline (default: --stages, so stage i holds P - i in flight).")
 @click.option("--cuts", default=None, metavar="C1,C2,..",
               help="Stage boundaries (first layer of stages 1..P-1) instead of planning them with BMP.")
+@click.option("--profile", type=click.Path(dir_okay=False),
+              help="Measured per-layer times (JSON, or the costs.json of `balancer calibrate`): the stages are "
+                   "BMP's partition of these times instead of FLOPs.")
 @json_option
 @handle_errors
 def command(vision, audio, llm, stages, attention, tp, lengths, manifest, group_llm_tokens, group_vision_items,
-            group_vision_tokens, group_audio_items, gpu_memory_gb, margin, zero_stage, dp, micro_batches, cuts, as_json):
+            group_vision_tokens, group_audio_items, gpu_memory_gb, margin, zero_stage, dp, micro_batches, cuts, profile,
+            as_json):
     """Choose, per pipeline stage, which layers to recompute (none / selective / full) so the
     heaviest group fits --gpu-memory-gb under 1F1B, adding as little compute as possible.
 
@@ -46,5 +50,6 @@ def command(vision, audio, llm, stages, attention, tp, lengths, manifest, group_
                             group_audio_items=group_audio_items)
     summary = plan_recompute_summary(llm=llm, vision=vision, audio=audio, stages=stages, attention=attention, tp=tp,
                                      workload=workload, gpu_memory_gb=gpu_memory_gb, margin=margin,
-                                     zero_stage=zero_stage, dp=dp, micro_batches=micro_batches, cuts=cuts)
+                                     zero_stage=zero_stage, dp=dp, micro_batches=micro_batches, cuts=cuts,
+                                     profile=profile)
     emit(summary, as_json, render_recompute)

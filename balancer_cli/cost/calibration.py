@@ -225,3 +225,39 @@ def group_shapes(lengths: LengthsTable, module: str, samples_by_group: list[np.n
         each = np.divide(tokens, items, out=np.zeros(len(items)), where=items > 0).astype(np.int64)
         return [tuple(l for s in g for l in (int(max(each[s], 1)),) * int(items[s])) for g in samples_by_group]
     return [tuple(l for s in g for l in per_sample[s]) for g in samples_by_group]
+
+
+def memory_cap(coeffs: np.ndarray, budget_bytes: float, module: str, *, shortest: int, longest: int) -> int:
+    """The largest cap whose every group fits ``budget_bytes`` under the fitted peak memory
+    ``coeffs`` (``a*sum(l^2) + b*sum(l) + c*count + d`` bytes); 0 when not even one sequence fits.
+
+    For the LLM the cap is in tokens and a group of ``T`` tokens is judged at its worst: one
+    sequence of ``T`` (attention memory grows with ``l^2``) or ``T / shortest`` sequences of
+    ``shortest`` (per-sequence memory). For an encoder the cap is in items, each of ``longest``
+    tokens.
+
+    Example:
+        >>> memory_cap(np.array([0.0, 2.0, 0.0, 100.0]), 1100.0, "llm", shortest=10, longest=400)
+        500
+        >>> memory_cap(np.array([0.0, 1.0, 0.0, 0.0]), 1100.0, "vision", shortest=10, longest=100)
+        11
+    """
+    a, b, c, d = (float(x) for x in coeffs)
+    room = budget_bytes - d
+    if module != LLM:
+        per_item = a * longest ** 2 + b * longest + c
+        return max(int(room // per_item), 0) if per_item > 0 else 0
+
+    def worst(tokens: int) -> float:
+        many = max(tokens // max(shortest, 1), 1)
+        return max(a * tokens ** 2 + b * tokens + c, a * many * shortest ** 2 + b * tokens + c * many)
+
+    if room <= 0 or worst(1) > room:
+        return 0
+    lo, hi = 1, 1
+    while worst(hi) <= room and hi < 1 << 40:
+        lo, hi = hi, hi * 2
+    while lo < hi - 1:  # worst() grows with the tokens: bisect for the last that fits
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if worst(mid) <= room else (lo, mid)
+    return lo

@@ -25,7 +25,7 @@ from typing import Any
 
 from balancer_cli.errors import InputError, UsageError
 
-__all__ = ["KINDS", "ModelConfig", "PRESETS", "get_model", "load_model_file", "preset_names"]
+__all__ = ["KINDS", "PRESETS", "ModelConfig", "get_model", "load_model_file", "preset_names"]
 
 #: Model kinds: the encoder modules with presets, then ``llm``.
 KINDS = ("vision", "audio", "llm")

@@ -44,7 +44,7 @@ from balancer_cli.cost.presets import PRESETS, ModelConfig, get_model
 from balancer_cli.errors import UsageError
 from balancer_cli.lengths import LLM, LengthsTable
 
-__all__ = ["COST_MODELS", "CostModel", "sample_costs", "module_features"]
+__all__ = ["COST_MODELS", "CostModel", "module_features", "sample_costs"]
 
 #: Encoder modules with a parameter of their own in :func:`sample_costs`, and the option that
 #: gives it on the commands (``pack``, ``search``, ``report``, ``plan-*``); any other encoder is

@@ -86,8 +86,8 @@ def plan_partition_summary(*, llm: str | ModelConfig, vision: str | ModelConfig 
 def plan_recompute_summary(*, llm: str | ModelConfig, vision: str | ModelConfig | None = None, audio: str | ModelConfig | None = None, stages: int,
                            attention: str = "flash", tp: int = 1, workload: WorkloadSpec = WorkloadSpec(),
                            gpu_memory_gb: float, margin: float = 0.1, zero_stage: int = 0, dp: int = 1,
-                           micro_batches: int | None = None, cuts: str | Sequence[int] | None = None
-                           ) -> dict[str, Any]:
+                           micro_batches: int | None = None, cuts: str | Sequence[int] | None = None,
+                           profile: str | os.PathLike | None = None) -> dict[str, Any]:
     """Per stage, the least recomputation with which the heaviest group of ``workload`` fits GPU memory.
 
     Args:
@@ -96,6 +96,9 @@ def plan_recompute_summary(*, llm: str | ModelConfig, vision: str | ModelConfig 
         micro_batches: micro-batches per step and pipeline (default ``stages``).
         cuts: the first layer of stages 1..P-1 (a sequence, or its comma-separated text);
             default: BMP's partition for the typical group.
+        profile: measured per-layer times (as :func:`plan_partition_summary`): the default stages
+            are BMP's partition of those times instead of FLOPs (the recomputation's own cost stays
+            in FLOPs).
 
     Returns:
         :func:`~balancer_cli.planners.summary.recompute_summary` plus ``models``, ``workload``,
@@ -115,8 +118,8 @@ def plan_recompute_summary(*, llm: str | ModelConfig, vision: str | ModelConfig 
     if cuts:
         bounds = _cut_bounds(cuts, stages, len(chain))
     else:
-        bounds = plan_partition(layer_costs(chain, loaded.typical), layer_out_bytes(chain, loaded.typical),
-                                stages).chosen.bounds
+        costs = load_profile(profile, chain) if profile else layer_costs(chain, loaded.typical)
+        bounds = plan_partition(costs, layer_out_bytes(chain, loaded.typical), stages).chosen.bounds
     micro = micro_batches or stages
     plan = plan_recompute(chain, bounds, loaded.typical, loaded.per_group, gpu_memory_gb=gpu_memory_gb, margin=margin,
                           zero_stage=zero_stage, dp=dp, micro_batches=micro)
@@ -126,7 +129,8 @@ def plan_recompute_summary(*, llm: str | ModelConfig, vision: str | ModelConfig 
         "workload": loaded.describe() + f"; memory for the heaviest of {loaded.source['num_groups']} groups",
         "workload_source": loaded.source,
         "settings": {"gpu_memory_gb": gpu_memory_gb, "margin": margin, "zero_stage": zero_stage, "dp": dp,
-                     "micro_batches": micro, "tp": tp, "attention": attention},
+                     "micro_batches": micro, "tp": tp, "attention": attention,
+                     "stages_from": "cuts" if cuts else ("profile" if profile else "FLOPs")},
         "title": (f"plan-recompute: {_title_names(model)}, {stages} stages, {gpu_memory_gb:g} GB/GPU, "
                   f"ZeRO-{zero_stage} dp {dp}, tp {tp}, {micro} micro-batches, {attention} attention"),
     })

@@ -1,4 +1,4 @@
-"""Timing groups: warm-up, rounds of repeats, the fastest round; CUDA events and peak memory on a GPU.
+"""Timing groups: warm-up, rounds of repeats, the median; CUDA events and peak memory on a GPU.
 
 Example:
     >>> [m] = measure(lambda lengths: None, [(4, 4)], device="cpu", warmup=1, repeats=3)
@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ __all__ = ["Measurement", "device_name", "measure"]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Measurement:
-    """One shape's fastest time over the rounds, and (on a GPU) its peak allocated memory."""
+    """One shape's median time over the rounds, and (on a GPU) its peak allocated memory."""
 
     seconds: float
     peak_bytes: int | None = None
@@ -31,13 +32,13 @@ class Measurement:
 def measure(run: Runner, shapes: Sequence[Sequence[int]], *, device: str | torch.device, warmup: int = 1,
             repeats: int = 3, on_run: Callable[[], Any] | None = None) -> list[Measurement]:
     """Time ``run(shape)`` for every shape: ``warmup`` untimed runs each, then ``repeats`` rounds over
-    all shapes; each shape's time is its fastest round.
+    all shapes; each shape's time is the median of its rounds.
 
     Rounds go over all shapes in turn (not one shape ``repeats`` times in a row), so a slow spell of
     the machine (another process, a frequency drop) lands on many shapes once instead of on one
-    shape every time; the fastest round is the shape's own cost with the least interference (what
-    ``timeit`` reports). On CUDA each run is timed with CUDA events and its peak allocated memory is
-    recorded; on CPU with ``perf_counter``. ``on_run`` is called after every run (a progress bar).
+    shape every time, and the median drops it. On CUDA each run is timed with CUDA events and its
+    peak allocated memory is recorded; on CPU with ``perf_counter``. ``on_run`` is called after
+    every run (a progress bar).
     """
     done = on_run or (lambda: None)
     cuda = torch.device(device).type == "cuda"
@@ -45,7 +46,7 @@ def measure(run: Runner, shapes: Sequence[Sequence[int]], *, device: str | torch
         for _ in range(warmup):
             run(shape)
             done()
-    best = [float("inf")] * len(shapes)
+    times: list[list[float]] = [[] for _ in shapes]
     peaks: list[int | None] = [None] * len(shapes)
     for _ in range(max(repeats, 1)):
         for i, shape in enumerate(shapes):
@@ -63,9 +64,9 @@ def measure(run: Runner, shapes: Sequence[Sequence[int]], *, device: str | torch
                 begin = time.perf_counter()
                 run(shape)
                 seconds = time.perf_counter() - begin
-            best[i] = min(best[i], seconds)
+            times[i].append(seconds)
             done()
-    return [Measurement(seconds=float(t), peak_bytes=p) for t, p in zip(best, peaks)]
+    return [Measurement(seconds=float(statistics.median(t)), peak_bytes=p) for t, p in zip(times, peaks)]
 
 
 def device_name(device: str | torch.device) -> str:

@@ -28,7 +28,7 @@ from balancer_cli.manifest import open_manifest
 from balancer_cli.metrics import dist_ratio
 from balancer_cli.runtime.calibrate.families import family_for
 from balancer_cli.runtime.calibrate.measure import measure
-from balancer_cli.runtime.calibrate.run import DTYPES, load_config
+from balancer_cli.runtime.calibrate.run import DTYPES, Measure, load_config
 
 __all__ = ["manifest_groups", "replay_times"]
 
@@ -51,15 +51,18 @@ def manifest_groups(manifest_dir: str | os.PathLike, steps: int) -> tuple[list[n
 
 def replay_times(config_dir: str | os.PathLike, manifest_dirs: Sequence[str | os.PathLike], lengths: LengthsTable, *,
                  steps: int = 8, modules: Sequence[str] | None = None, layers: int | None = None, device: str = "cpu",
-                 dtype: str = "float32", attention: str = "sdpa", warmup: int = 1, repeats: int = 3
-                 ) -> list[dict[str, Any]]:
+                 dtype: str = "float32", attention: str = "sdpa", warmup: int = 1, repeats: int = 3,
+                 measure_fn: Measure | None = None) -> list[dict[str, Any]]:
     """Time the first ``steps`` steps of each manifest on the model of ``config_dir``.
 
     Returns:
         Per manifest ``{"steps", "world_size", "seconds": {module: (S, R) list}, "dist_ratio":
         {module: float}, "step_dist_ratio": float}``: per module the measured seconds of each rank
         at each step; the step's Dist Ratio counts modules one after another (step time = the sum).
+        ``measure_fn`` replaces the timer (as in :func:`~balancer_cli.runtime.calibrate.run.calibrate`).
     """
+    timer = measure_fn or (lambda run, shapes, on_run: measure(run, shapes, device=device, warmup=warmup,
+                                                               repeats=repeats, on_run=on_run))
     config = load_config(config_dir)
     family = family_for(config)
     chosen = [m for m in (modules or family.modules) if m == LLM or m in lengths.modules]
@@ -72,7 +75,7 @@ def replay_times(config_dir: str | os.PathLike, manifest_dirs: Sequence[str | os
         jobs = []  # (manifest, step, rank, shape) of every non-empty group of every manifest
         for i, (groups, step_G, rank_G, _, _) in enumerate(plans):
             jobs += [(i, s, r, shape) for shape, s, r in zip(group_shapes(lengths, module, groups), step_G, rank_G) if shape]
-        timed = measure(run, [job[3] for job in jobs], device=device, warmup=warmup, repeats=repeats)
+        timed = timer(run, [job[3] for job in jobs], lambda: None)
         seconds = [np.zeros_like(t) for t in totals]
         for (i, s, r, _), m in zip(jobs, timed):
             seconds[i][s, r] += m.seconds

@@ -35,6 +35,7 @@ from balancer_cli.cost.calibration import (
     Shape,
     default_limits,
     group_proxies,
+    memory_cap,
     plan_shapes,
     sequence_lengths,
 )
@@ -88,21 +89,25 @@ def load_config(config_dir: str | os.PathLike):
 
 def _fit_module(family: Family, config, module: str, shapes: tuple[tuple[Shape, ...], tuple[Shape, ...]], *,
                 layers: int | None, device: str, dtype: torch.dtype, attention: str, measure_fn: Measure,
-                tick: Callable[[], Any]) -> tuple[ModuleFit, dict[str, Any]]:
+                tick: Callable[[], Any], budget_bytes: float | None = None) -> tuple[ModuleFit, dict[str, Any]]:
     fit_shapes, held_shapes = shapes
     full = family.num_layers(config, module)
     n = full if layers is None else max(1, min(layers, full))
     runner = family.build(config, module, n, torch.device(device), dtype, attention)
     runner0 = family.build(config, module, 0, torch.device(device), dtype, attention)
 
-    def timed(shapes: tuple[Shape, ...]) -> tuple[np.ndarray, np.ndarray, list[int | None]]:
-        ms = measure_fn(runner, shapes, tick)
-        t = np.array([m.seconds for m in ms])
-        t0 = np.array([m.seconds for m in measure_fn(runner0, shapes, tick)]) if n < full else np.zeros(len(shapes))
-        return (t0 + (full / n) * (t - t0) if n < full else t), t0, [m.peak_bytes for m in ms]
-
-    t_fit, _, peaks_fit = timed(fit_shapes)
-    t_held, t0_held, peaks_held = timed(held_shapes)
+    # Fit and held-out shapes are timed in the same rounds: a change in the machine's load during
+    # the calibration then shifts both alike instead of biasing the judgement of the fit.
+    shapes_all = fit_shapes + held_shapes
+    ms = measure_fn(runner, shapes_all, tick)
+    t_all = np.array([m.seconds for m in ms])
+    t0_all = np.array([m.seconds for m in measure_fn(runner0, shapes_all, tick)]) if n < full else np.zeros(len(shapes_all))
+    if n < full:
+        t_all = t0_all + (full / n) * (t_all - t0_all)
+    peaks = [m.peak_bytes for m in ms]
+    split = len(fit_shapes)
+    t_fit, t_held, t0_held = t_all[:split], t_all[split:], t0_all[split:]
+    peaks_fit, peaks_held = peaks[:split], peaks[split:]
     f_fit = np.stack([group_features(s) for s in fit_shapes])
     f_held = np.stack([group_features(s) for s in held_shapes])
     coeffs = nnls_fit(f_fit, t_fit)
@@ -122,6 +127,12 @@ def _fit_module(family: Family, config, module: str, shapes: tuple[tuple[Shape, 
                           "typical_group": list(held_shapes[typical])})
     if all(p is not None for p in peaks_fit + peaks_held):
         extras["memory"] = _memory_fit(f_fit, np.array(peaks_fit, float), f_held, np.array(peaks_held, float))
+        if budget_bytes is not None:
+            lengths_seen = [l for shape in fit_shapes + held_shapes for l in shape]
+            coeffs_mem = np.array([extras["memory"]["coeffs"][f] for f in FEATURES])
+            extras["memory"]["cap"] = memory_cap(coeffs_mem, budget_bytes, module, shortest=min(lengths_seen),
+                                                 longest=max(lengths_seen))
+            extras["memory"]["cap_unit"] = "tokens" if module == LLM else "items"
     fit = ModuleFit(**{name: float(c) for name, c in zip(FEATURES, coeffs)},
                     extras=tuple((k, extras[k]) for k in sorted(extras)))
     return fit, {"fit": (fit_shapes, t_fit), "heldout": (held_shapes, t_held)}
@@ -146,7 +157,7 @@ def calibrate(config_dir: str | os.PathLike, lengths: LengthsTable, *, modules: 
               layers: int | None = None, device: str = "cpu", dtype: str = "float32", attention: str = "sdpa",
               seed: int = 0, limits: Mapping[str, Mapping[str, int]] | None = None, num_lengths: int = 6,
               num_heldout: int = 16, warmup: int = 1, repeats: int = 3, measure_fn: Measure | None = None,
-              progress: bool = False) -> MeasuredCosts:
+              gpu_memory_gb: float | None = None, margin: float = 0.1, progress: bool = False) -> MeasuredCosts:
     """Calibrate the modules of the model in ``config_dir`` on shapes drawn from ``lengths``.
 
     Args:
@@ -160,8 +171,11 @@ def calibrate(config_dir: str | os.PathLike, lengths: LengthsTable, *, modules: 
         limits: per module ``{"max_total": tokens}`` (LLM) or ``{"max_count": items}`` (encoders):
             the largest group timed (default: 8 median samples, at least the 99th percentile).
         num_lengths, num_heldout: shape grid sizes; warmup, repeats: untimed runs per shape, then
-            timed rounds over all shapes (each shape keeps its fastest).
+            timed rounds over all shapes (each shape keeps its median).
         measure_fn: how a shape is timed (default: :func:`~balancer_cli.runtime.calibrate.measure.measure`).
+        gpu_memory_gb, margin: with peak memory measured (GPU), each module's ``memory.cap``: the
+            largest cap (LLM tokens, encoder items) whose groups fit ``(1 - margin) x gpu_memory_gb``
+            GB (1e9 bytes) under the fitted memory.
         progress: show a progress bar (stderr).
 
     Raises:
@@ -174,6 +188,12 @@ def calibrate(config_dir: str | os.PathLike, lengths: LengthsTable, *, modules: 
         raise UsageError(f"unknown dtype {dtype!r}", fix=f"use one of: {', '.join(DTYPES)}")
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"device {device!r} is not available (torch {torch.__version__} sees no GPU)", fix="use --device cpu")
+    if gpu_memory_gb is not None and not (gpu_memory_gb > 0 and 0 <= margin < 1):
+        raise UsageError(f"gpu_memory_gb must be > 0 and margin in [0, 1), got {gpu_memory_gb!r} and {margin!r}")
+    if gpu_memory_gb is not None and measure_fn is None and torch.device(device).type != "cuda":
+        raise UsageError("{gpu_memory_gb} needs a GPU: peak memory is measured on CUDA devices only",
+                         fix="add --device cuda, or leave --gpu-memory-gb out")
+    budget = None if gpu_memory_gb is None else (1.0 - margin) * gpu_memory_gb * 1e9
     config = load_config(config_dir)
     family = family_for(config)
     available = [m for m in family.modules if m == LLM or m in lengths.modules]
@@ -205,7 +225,7 @@ def calibrate(config_dir: str | os.PathLike, lengths: LengthsTable, *, modules: 
     with tqdm(total=total, desc="calibrate", unit="run", disable=not progress) as bar:
         for m in sorted(chosen, key=lambda name: name == LLM):
             fit, _ = _fit_module(family, config, m, shapes[m], layers=layers, device=device, dtype=DTYPES[dtype],
-                                 attention=attention, measure_fn=timer, tick=lambda: bar.update())
+                                 attention=attention, measure_fn=timer, tick=lambda: bar.update(), budget_bytes=budget)
             fits.append((m, fit))
     import transformers
 
