@@ -272,3 +272,15 @@ def test_peak_memory_is_fitted_and_gives_the_largest_cap_that_fits(model_dir, le
             assert group_features([longest] * cap) @ mem["vision"] <= budget < group_features([longest] * (cap + 1)) @ mem["vision"]
     with pytest.raises(Exception, match="needs a GPU"):
         calibrate(model_dir, read_lengths(lengths_file), gpu_memory_gb=1.0)
+
+
+def test_missing_transformers_is_one_clear_line(monkeypatch, model_dir, lengths_file, tmp_path):
+    import sys
+
+    for name in [m for m in sys.modules if m.startswith("balancer_cli.runtime.calibrate")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
+    result = CliRunner().invoke(main, ["calibrate", str(model_dir), "--lengths", str(lengths_file), "-o",
+                                       str(tmp_path / "c.json")])
+    assert result.exit_code == 1 and "needs torch and transformers" in result.output and "pip install" in result.output
+    assert "Traceback" not in result.output

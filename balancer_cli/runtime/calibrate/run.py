@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import transformers  # a hard requirement of calibration: missing, the command says so before any work
 
 from balancer_cli import __version__
 from balancer_cli._fsutil import file_fingerprint
@@ -227,8 +228,6 @@ def calibrate(config_dir: str | os.PathLike, lengths: LengthsTable, *, modules: 
             fit, _ = _fit_module(family, config, m, shapes[m], layers=layers, device=device, dtype=DTYPES[dtype],
                                  attention=attention, measure_fn=timer, tick=lambda: bar.update(), budget_bytes=budget)
             fits.append((m, fit))
-    import transformers
-
     return MeasuredCosts(
         modules=tuple(fits), device=device_name(device), dtype=dtype, attention=attention,
         versions=(("balancer_cli", __version__), ("torch", torch.__version__), ("transformers", transformers.__version__)),
