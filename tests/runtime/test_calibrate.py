@@ -178,6 +178,10 @@ def test_cli_errors_are_one_line(model_dir, lengths_file, tmp_path):
     assert result.exit_code == 2 and "no module 'audio'" in result.output
     result = runner.invoke(main, base + ["-o", str(lengths_file)])
     assert result.exit_code == 2 and "one of the inputs" in result.output
+    result = runner.invoke(main, base + ["--device", "gpu", "-o", str(tmp_path / "c.json")])
+    assert result.exit_code == 2 and "unknown device 'gpu'" in result.output
+    result = runner.invoke(main, base + ["--attention", "flash_attention_2", "--quiet", "-o", str(tmp_path / "c.json")])
+    assert result.exit_code == 2 and "CUDA devices only" in result.output
     result = runner.invoke(main, base + ["--device", "cuda:7", "-o", str(tmp_path / "c.json")])
     if not torch.cuda.is_available():
         assert result.exit_code == 2 and "--device cpu" in result.output

@@ -49,7 +49,7 @@ from balancer_cli.cost.fit import (
 )
 from balancer_cli.cost.measured import MeasuredCosts, ModuleFit
 from balancer_cli.cost.samples import CostModel
-from balancer_cli.errors import InputError, UsageError
+from balancer_cli.errors import BalancerError, InputError, UsageError
 from balancer_cli.lengths import LLM, LengthsTable
 from balancer_cli.runtime.calibrate.families import (
     ATTENTIONS,
@@ -94,13 +94,25 @@ def _fit_module(family: Family, config, module: str, shapes: tuple[tuple[Shape, 
     fit_shapes, held_shapes = shapes
     full = family.num_layers(config, module)
     n = full if layers is None else max(1, min(layers, full))
-    runner = family.build(config, module, n, torch.device(device), dtype, attention)
-    runner0 = family.build(config, module, 0, torch.device(device), dtype, attention)
+    try:
+        runner = family.build(config, module, n, torch.device(device), dtype, attention)
+        runner0 = family.build(config, module, 0, torch.device(device), dtype, attention)
+    except (ImportError, ValueError, TypeError, KeyError, AttributeError, RuntimeError) as exc:
+        where = Path(getattr(config, "_name_or_path", "") or ".") / "config.json"
+        raise InputError(f"{where}: transformers cannot build the {module} module of {config.model_type!r} "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
+                         fix="check the config's fields, or --attention (flash_attention_2 needs the flash-attn package)"
+                         ) from None
 
     # Fit and held-out shapes are timed in the same rounds: a change in the machine's load during
     # the calibration then shifts both alike instead of biasing the judgement of the fit.
     shapes_all = fit_shapes + held_shapes
-    ms = measure_fn(runner, shapes_all, tick)
+    try:
+        ms = measure_fn(runner, shapes_all, tick)
+    except torch.cuda.OutOfMemoryError:
+        raise BalancerError(f"the {module} module ran out of GPU memory on the largest calibration groups "
+                            f"({max(sum(s) for s in shapes_all):,} tokens)",
+                            fix="lower --max-llm-tokens / --max-vision-items, --layers, or use bfloat16") from None
     t_all = np.array([m.seconds for m in ms])
     t0_all = np.array([m.seconds for m in measure_fn(runner0, shapes_all, tick)]) if n < full else np.zeros(len(shapes_all))
     if n < full:
@@ -187,11 +199,17 @@ def calibrate(config_dir: str | os.PathLike, lengths: LengthsTable, *, modules: 
         raise UsageError(f"unknown {{attention}} {attention!r}", fix=f"use one of: {', '.join(ATTENTIONS)}")
     if dtype not in DTYPES:
         raise UsageError(f"unknown dtype {dtype!r}", fix=f"use one of: {', '.join(DTYPES)}")
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        raise UsageError(f"unknown device {device!r}", fix="use --device cpu, cuda or cuda:<index>") from None
+    if attention == "flash_attention_2" and kind != "cuda" and measure_fn is None:
+        raise UsageError("{attention} flash_attention_2 runs on CUDA devices only", fix="add --device cuda, or use sdpa")
+    if kind == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"device {device!r} is not available (torch {torch.__version__} sees no GPU)", fix="use --device cpu")
     if gpu_memory_gb is not None and not (gpu_memory_gb > 0 and 0 <= margin < 1):
         raise UsageError(f"gpu_memory_gb must be > 0 and margin in [0, 1), got {gpu_memory_gb!r} and {margin!r}")
-    if gpu_memory_gb is not None and measure_fn is None and torch.device(device).type != "cuda":
+    if gpu_memory_gb is not None and measure_fn is None and kind != "cuda":
         raise UsageError("{gpu_memory_gb} needs a GPU: peak memory is measured on CUDA devices only",
                          fix="add --device cuda, or leave --gpu-memory-gb out")
     budget = None if gpu_memory_gb is None else (1.0 - margin) * gpu_memory_gb * 1e9
