@@ -15,7 +15,6 @@ Usage (from the repository root):
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -43,23 +42,9 @@ def write_tiny_config(folder: Path) -> Path:
     return folder
 
 
-def write_model_files(config_dir: Path, folder: Path) -> dict[str, str]:
-    """JSON model files (the FLOPs cost model's shapes) of each module of the model in ``config_dir``."""
-    import dataclasses
-
-    from balancer_cli.runtime.calibrate import load_config
-    from balancer_cli.runtime.calibrate.families import family_for
-
-    config = load_config(config_dir)
-    family = family_for(config)
-    files = {}
-    for module in family.modules:
-        fields = dataclasses.asdict(family.model_config(config, module))
-        fields.pop("name"), fields.pop("source")
-        path = folder / f"{module}_model.json"
-        path.write_text(json.dumps(fields))
-        files[module] = str(path)
-    return files
+def _stderr(values: np.ndarray) -> float:
+    """Standard error of the mean (0 for a single value)."""
+    return float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else 0.0
 
 
 def main(argv=None):
@@ -82,7 +67,11 @@ def main(argv=None):
     from balancer_cli.lengths import read_lengths
     from balancer_cli.pack.config import PackConfig
     from balancer_cli.run import pack_to_dir, report_dir
-    from balancer_cli.runtime.calibrate import calibrate_to_file, replay_times
+    from balancer_cli.runtime.calibrate import (
+        calibrate_to_file,
+        flops_model_files,
+        replay_times,
+    )
 
     work = Path(tempfile.mkdtemp(prefix="bench_calibrate_"))
     config_dir = Path(args.config) if args.config else write_tiny_config(work / "model")
@@ -102,7 +91,7 @@ def main(argv=None):
     for module, entry in calibration["modules"].items():
         print(f"  {module:<7} held-out R^2 measured {entry['r2_heldout']:.3f} (max err {entry['max_rel_err_heldout']:.1%}), "
               f"FLOPs {entry['flops_r2_heldout']:.3f}, tokens {entry['tokens_r2_heldout']:.3f}")
-    models = write_model_files(config_dir, work)
+    models = flops_model_files(config_dir, work)
     flops = pack_to_dir(files, work / "flops", PackConfig(**common, caps=caps, cost_model="flops",
                                                           cost_presets=tuple(sorted(models.items()))), baselines=())
     measured = pack_to_dir(files, work / "measured", PackConfig(**common, caps=caps, cost_model="measured", costs=costs),
@@ -124,8 +113,8 @@ def main(argv=None):
         diff = d - per_step["measured"]
         predicted = report_dir(summary["out"], baselines=(), cost={"cost_model": "measured", "costs": costs})
         fitted = np.mean([predicted["modules"][m]["dist_ratio"] for m in modules])
-        paired = "" if name == "measured" else f"{diff.mean():+.4f} +- {diff.std(ddof=1) / np.sqrt(len(diff)):.4f}"
-        print(f"  {name:<12} {d.mean():>8.4f} +- {d.std(ddof=1) / np.sqrt(len(d)):.4f} {paired:>22} {fitted:>21.4f}")
+        paired = "" if name == "measured" else f"{diff.mean():+.4f} +- {_stderr(diff):.4f}"
+        print(f"  {name:<12} {d.mean():>8.4f} +- {_stderr(d):.4f} {paired:>22} {fitted:>21.4f}")
     print(f"(replayed in {time.perf_counter() - begin:.0f} s; the fitted column is the same Dist Ratio in the "
           f"calibration's seconds, free of timing noise)")
     print(f"\n(work folder {work})")

@@ -207,10 +207,9 @@ def test_measured_costs_give_the_lowest_measured_time_imbalance(model_dir, tmp_p
     """End to end with a known truth: the timer's times are a fixed function of the shape (a large
     per-sample overhead tokens and FLOPs do not see); the packing with the calibration fitted on it
     has the lowest Dist Ratio of that time, below tokens and FLOPs, when the manifests are replayed."""
-    import dataclasses
-
     from balancer_cli.pack.config import PackConfig
     from balancer_cli.run import pack_to_dir
+    from balancer_cli.runtime.calibrate.run import flops_model_files
 
     truth = {"vision": np.array([1e-9, 2e-6, 3e-3, 1e-3]), "llm": np.array([3e-9, 1e-6, 4e-3, 1e-3])}
 
@@ -227,19 +226,12 @@ def test_measured_costs_give_the_lowest_measured_time_imbalance(model_dir, tmp_p
     path = tmp_path / "lengths.parquet"
     write_lengths(lt, path)
     costs = calibrate(model_dir, lt, measure_fn=measure, num_lengths=5, num_heldout=8)
-    family = family_for(transformers.AutoConfig.from_pretrained(str(model_dir)))
-    config = transformers.AutoConfig.from_pretrained(str(model_dir))
-    models = {}
-    for module in family.modules:
-        fields = dataclasses.asdict(family.model_config(config, module))
-        fields.pop("name"), fields.pop("source")
-        models[module] = tmp_path / f"{module}.json"
-        models[module].write_text(json.dumps(fields))
+    models = flops_model_files(model_dir, tmp_path)
     common = dict(world_size=4, caps=(("llm", 4096), ("vision", 6)), seed=1)
     packed = {
         "tokens": pack_to_dir([path], tmp_path / "tokens", PackConfig(**common), baselines=()),
         "flops": pack_to_dir([path], tmp_path / "flops", PackConfig(**common, cost_model="flops", cost_presets=tuple(
-            sorted((m, str(p)) for m, p in models.items()))), baselines=()),
+            sorted(models.items()))), baselines=()),
         "measured": pack_to_dir([path], tmp_path / "measured", PackConfig(**common, cost_model="measured", costs=costs),
                                 baselines=()),
     }

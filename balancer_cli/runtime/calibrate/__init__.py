@@ -19,7 +19,9 @@ from balancer_cli.runtime.calibrate.run import (
     DTYPES,
     calibrate,
     calibrate_to_file,
+    flops_model_files,
     load_config,
 )
 
-__all__ = ["ATTENTIONS", "DTYPES", "FAMILIES", "calibrate", "calibrate_to_file", "load_config", "replay_times"]
+__all__ = ["ATTENTIONS", "DTYPES", "FAMILIES", "calibrate", "calibrate_to_file", "flops_model_files", "load_config",
+           "replay_times"]

@@ -59,7 +59,7 @@ from balancer_cli.runtime.calibrate.families import (
 )
 from balancer_cli.runtime.calibrate.measure import Measurement, device_name, measure
 
-__all__ = ["DTYPES", "Measure", "calibrate", "calibrate_to_file", "load_config"]
+__all__ = ["DTYPES", "Measure", "calibrate", "calibrate_to_file", "flops_model_files", "load_config"]
 
 #: ``--dtype`` name -> torch dtype.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -253,6 +253,26 @@ def calibrate(config_dir: str | os.PathLike, lengths: LengthsTable, *, modules: 
         settings=(("model_type", config.model_type), ("seed", seed), ("layers", layers),
                   ("limits", {m: {k: v for k, v in (("max_total", s.max_total), ("max_count", s.max_count)) if v}
                               for m, s in specs.items()})))
+
+
+def flops_model_files(config_dir: str | os.PathLike, folder: str | os.PathLike) -> dict[str, str]:
+    """Write the shapes of each module of the model in ``config_dir`` as model files (JSON) for
+    ``--cost-model flops`` into ``folder``: ``{module: path}``. This is how the FLOPs proxy of the
+    same model is packed with, to compare it with a calibration.
+    """
+    import dataclasses
+    import json
+
+    config = load_config(config_dir)
+    family = family_for(config)
+    files = {}
+    for module in family.modules:
+        fields = dataclasses.asdict(family.model_config(config, module))
+        fields.pop("name"), fields.pop("source")
+        path = Path(folder) / f"{module}_model.json"
+        path.write_text(json.dumps(fields, sort_keys=True))
+        files[module] = str(path)
+    return files
 
 
 def calibrate_to_file(config_dir: str | os.PathLike, lengths_files: Sequence[str | os.PathLike],
