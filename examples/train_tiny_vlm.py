@@ -98,16 +98,16 @@ class SyntheticVLMData(torch.utils.data.Dataset):
 
 
 class RandomGroups(torch.utils.data.Sampler):
-    """Baseline: each step's samples in random groups of equal sample count (length-unaware batching)."""
+    """Baseline: each step's samples in random groups of equal sample count (length-unaware batching),
+    dealt to this job's ranks, whatever world size the manifest was packed for."""
 
     def __init__(self, manifest: str, rank: int, world_size: int, seed: int = 0) -> None:
-        self.reader, self.rank, self.seed = ManifestReader(manifest), rank, seed
-        if world_size != self.reader.world_size:
-            raise SystemExit(f"--baseline random needs the manifest's world size {self.reader.world_size}")
+        self.reader, self.rank, self.world_size, self.seed = ManifestReader(manifest), rank, world_size, seed
         self.batches_per_step = self.reader.micro_batches
 
     def __iter__(self):
-        G, M = self.reader.groups_per_step, self.reader.micro_batches
+        M = self.reader.micro_batches
+        G = self.world_size * M
         for step in range(self.reader.num_steps):
             samples = np.random.default_rng([self.seed, step]).permutation(self.reader.step_samples(step))
             groups = np.array_split(samples, G)

@@ -146,3 +146,22 @@ def test_example_trains_with_torchrun_on_two_processes(packed, tmp_path):
         summary = json.loads(out.read_text())
         assert summary["batching"] == baseline and summary["steps"] == 2 and 0 <= summary["wait_share"] < 1
         assert np.all(np.array(summary["compute_s_per_rank"]) > 0)
+
+
+def test_example_random_baseline_replays_on_any_world_size(tmp_path):
+    """The README's `--baseline random` on fewer ranks than the manifest was packed for: every sample of
+    each manifest step goes to exactly one of this job's ranks (it refused before)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_tiny_vlm", ROOT / "examples" / "train_tiny_vlm.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    out = pack_random(tmp_path, num_samples=160, world_size=4, micro_batches=1, lengths=random_lengths(160, seed=2))
+    from balancer_cli.replay.reader import ManifestReader
+
+    reader = ManifestReader(out)
+    for world in (1, 2, 3, 4):
+        per_rank = [list(example.RandomGroups(str(out), rank, world)) for rank in range(world)]
+        for step in range(reader.num_steps):
+            got = sorted(i for r in per_rank for i in r[step])
+            assert got == sorted(reader.step_samples(step).tolist())
