@@ -30,13 +30,21 @@ except ImportError:  # pragma: no cover - scipy is in the test extra
     MATCHINGS = ["greedy"]
 
 
-def plain_lpt_max(cost_n: np.ndarray, num_ranks: int) -> float:
-    """Reference LPT (heapq): largest first (stable), each to the least loaded bin (lowest index)."""
+def plain_lpt(cost_n: np.ndarray, num_ranks: int) -> tuple[np.ndarray, float]:
+    """Reference LPT (heapq): largest first (stable), each to the least loaded bin (lowest index).
+    Returns each sample's bin and the largest bin load."""
     heap = [(0.0, r) for r in range(num_ranks)]
-    for c in cost_n[np.argsort(-cost_n, kind="stable")]:
+    bins = np.empty(len(cost_n), np.int64)
+    for i in np.argsort(-cost_n, kind="stable"):
         load, r = heapq.heappop(heap)
-        heapq.heappush(heap, (load + float(c), r))
-    return max(load for load, _ in heap)
+        bins[i] = r
+        heapq.heappush(heap, (load + float(cost_n[i]), r))
+    return bins, max(load for load, _ in heap)
+
+
+def plain_lpt_max(cost_n: np.ndarray, num_ranks: int) -> float:
+    """The largest bin load of :func:`plain_lpt`."""
+    return plain_lpt(cost_n, num_ranks)[1]
 
 
 @st.composite
@@ -185,12 +193,7 @@ def _lpt_keep_in_place_moves(cost_n, home_n, num_ranks):
     """Reference: plain LPT bins (heapq), matched to ranks for the most samples kept (Hungarian)."""
     from scipy.optimize import linear_sum_assignment
 
-    heap = [(0.0, r) for r in range(num_ranks)]
-    bins = np.empty(len(cost_n), np.int64)
-    for i in np.argsort(-cost_n, kind="stable"):
-        load, r = heapq.heappop(heap)
-        bins[i] = r
-        heapq.heappush(heap, (load + float(cost_n[i]), r))
+    bins, _ = plain_lpt(cost_n, num_ranks)
     overlap = np.zeros((num_ranks, num_ranks))
     np.add.at(overlap, (bins, home_n), 1.0)
     rows, cols = linear_sum_assignment(overlap, maximize=True)
