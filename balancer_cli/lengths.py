@@ -132,6 +132,23 @@ class LengthsTable:
         """Encoder items (images/tiles/clips) of ``module`` per sample, int64."""
         return _as_int64(self.table.column(f"{module}_items"))
 
+    def item_sumsq(self, module: str) -> np.ndarray:
+        """Sum over each sample's items of its squared item tokens, (N,) float64: from
+        ``<m>_seqlens`` when the table has it, else ``tokens^2 / items`` (items of equal size);
+        0 for samples with an error (the attention term of an encoder's cost).
+        """
+        ok = self.ok_mask()
+        column = f"{module}_seqlens"
+        if column in self.table.column_names:
+            seqlens = self.table.column(column).combine_chunks()
+            flat = np.asarray(pa.compute.list_flatten(seqlens).cast(pa.float64()).to_numpy(zero_copy_only=False))
+            offsets = np.asarray(seqlens.offsets.to_numpy(), dtype=np.int64)
+            cum = np.concatenate([[0.0], np.cumsum(flat * flat)])
+            return np.where(ok, cum[offsets[1:]] - cum[offsets[:-1]], 0.0)
+        items = np.where(ok, self.items(module), 0).astype(np.float64)
+        tokens = np.where(ok, self.tokens(module), 0).astype(np.float64)
+        return np.divide(tokens * tokens, items, out=np.zeros_like(tokens), where=items > 0)
+
     def sources(self) -> np.ndarray:
         """Source name per sample (object array of str)."""
         return np.asarray(self.table.column("source").cast(pa.string()).to_numpy(zero_copy_only=False))

@@ -5,7 +5,12 @@ from __future__ import annotations
 import click
 
 from balancer_cli.cli._common import emit, handle_errors, json_option
-from balancer_cli.cli._options import baselines_option, cost_fields, parse_baselines, report_cost_options
+from balancer_cli.cli._options import (
+    baselines_option,
+    cost_fields,
+    parse_baselines,
+    report_cost_options,
+)
 from balancer_cli.cli._render import render_pack
 from balancer_cli.pack.packers import registry
 

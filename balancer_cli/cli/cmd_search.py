@@ -8,8 +8,8 @@ from balancer_cli.cli._common import emit, handle_errors, json_option, progress
 from balancer_cli.cli._options import (
     cap_options,
     caps_from_options,
-    cost_model_options,
     cost_fields,
+    cost_model_options,
     quiet_option,
     step_shape_options,
 )

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from balancer_cli.cost.fit import FEATURES
 from balancer_cli.errors import InputError, UsageError
@@ -222,15 +221,7 @@ def sequence_features(lengths: LengthsTable, module: str) -> np.ndarray:
         return out
     items = np.where(ok, lengths.items(module), 0).astype(np.float64)
     tokens = np.where(ok, lengths.tokens(module), 0).astype(np.float64)
-    column = f"{module}_seqlens"
-    if column in lengths.table.column_names:
-        seqlens = lengths.table.column(column).combine_chunks()
-        flat = np.asarray(pa.compute.list_flatten(seqlens).cast(pa.float64()).to_numpy(zero_copy_only=False))
-        offsets = np.asarray(seqlens.offsets.to_numpy(), dtype=np.int64)
-        cum = np.concatenate([[0.0], np.cumsum(flat * flat)])
-        out[:, 0] = np.where(ok, cum[offsets[1:]] - cum[offsets[:-1]], 0.0)
-    else:
-        out[:, 0] = np.divide(tokens * tokens, items, out=np.zeros_like(tokens), where=items > 0)
+    out[:, 0] = lengths.item_sumsq(module)
     out[:, 1], out[:, 2] = tokens, items
     return out
 

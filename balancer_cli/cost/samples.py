@@ -36,7 +36,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 
 from balancer_cli.cost import flops
 from balancer_cli.cost.measured import MeasuredCosts, measured_sample_costs, read_costs
@@ -175,17 +174,7 @@ def module_features(lengths: LengthsTable, module: str, model: ModelConfig) -> t
         t = float(model.tokens_per_item)
         return items * t, items * t * t, items * model.llm_tokens_per_item
     tokens = np.where(ok, lengths.tokens(module), 0).astype(np.float64)
-    column = f"{module}_seqlens"
-    if column in lengths.table.column_names:
-        seqlens = lengths.table.column(column).combine_chunks()
-        sq = pa.compute.multiply(pa.compute.list_flatten(seqlens).cast(pa.float64()),
-                                 pa.compute.list_flatten(seqlens).cast(pa.float64()))
-        offsets = np.asarray(seqlens.offsets.to_numpy(), dtype=np.int64)
-        flat = np.concatenate([[0.0], np.cumsum(np.asarray(sq.to_numpy(zero_copy_only=False)))])
-        sumsq = flat[offsets[1:]] - flat[offsets[:-1]]
-        sumsq = np.where(ok, sumsq, 0.0)
-    else:
-        sumsq = np.divide(tokens ** 2, items, out=np.zeros_like(tokens), where=items > 0)
+    sumsq = lengths.item_sumsq(module)
     return tokens, sumsq, tokens / model.merge
 
 

@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -102,7 +103,7 @@ def _attention_name(attention: str) -> str:
 
 def _packed_kwargs(lengths: Sequence[int], device: torch.device) -> dict[str, Any]:
     """Position ids restarting per sample and the ``cu_seqlens`` of a packed group."""
-    cu = torch.tensor([0, *torch.tensor(list(lengths)).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
     positions = torch.cat([torch.arange(n, device=device) for n in lengths])[None]
     longest = int(max(lengths))
     return {"position_ids": positions, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,

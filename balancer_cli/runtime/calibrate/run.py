@@ -90,7 +90,7 @@ def load_config(config_dir: str | os.PathLike):
 
 def _fit_module(family: Family, config, module: str, shapes: tuple[tuple[Shape, ...], tuple[Shape, ...]], *,
                 layers: int | None, device: str, dtype: torch.dtype, attention: str, measure_fn: Measure,
-                tick: Callable[[], Any], budget_bytes: float | None = None) -> tuple[ModuleFit, dict[str, Any]]:
+                tick: Callable[[], Any], budget_bytes: float | None = None) -> ModuleFit:
     fit_shapes, held_shapes = shapes
     full = family.num_layers(config, module)
     n = full if layers is None else max(1, min(layers, full))
@@ -148,7 +148,7 @@ def _fit_module(family: Family, config, module: str, shapes: tuple[tuple[Shape, 
             extras["memory"]["cap_unit"] = "tokens" if module == LLM else "items"
     fit = ModuleFit(**{name: float(c) for name, c in zip(FEATURES, coeffs)},
                     extras=tuple((k, extras[k]) for k in sorted(extras)))
-    return fit, {"fit": (fit_shapes, t_fit), "heldout": (held_shapes, t_held)}
+    return fit
 
 
 def _memory_fit(f_fit: np.ndarray, b_fit: np.ndarray, f_held: np.ndarray, b_held: np.ndarray) -> dict[str, Any]:
@@ -243,8 +243,8 @@ def calibrate(config_dir: str | os.PathLike, lengths: LengthsTable, *, modules: 
     fits = []
     with tqdm(total=total, desc="calibrate", unit="run", disable=not progress) as bar:
         for m in sorted(chosen, key=lambda name: name == LLM):
-            fit, _ = _fit_module(family, config, m, shapes[m], layers=layers, device=device, dtype=DTYPES[dtype],
-                                 attention=attention, measure_fn=timer, tick=lambda: bar.update(), budget_bytes=budget)
+            fit = _fit_module(family, config, m, shapes[m], layers=layers, device=device, dtype=DTYPES[dtype],
+                              attention=attention, measure_fn=timer, tick=lambda: bar.update(), budget_bytes=budget)
             fits.append((m, fit))
     return MeasuredCosts(
         modules=tuple(fits), device=device_name(device), dtype=dtype, attention=attention,
