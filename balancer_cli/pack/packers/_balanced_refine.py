@@ -64,81 +64,98 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
         ([4.0, 4.0], [[0, 3], [1, 2]])
     """
     G, K = wsum_GK.shape
+    if source_N is not None and len(source_N) != len(load_NK):
+        raise UsageError(f"source_N has {len(source_N)} rows, loads {len(load_NK)}", fix="pass one source per sample")
+    # The kernels read each visited group's rows many times: on rows renumbered in group order
+    # (compact copies of their weights and loads) a group's rows are neighbours in memory, which
+    # halves a pass at 1M rows (random reads of (N, K) tables were its cost, not the arithmetic).
+    mask = np.arange(members_GX.shape[1])[None, :] < count_G[:, None]
+    rows_F = members_GX[mask]
+    local_GX = np.full_like(members_GX, -1)
+    local_GX[mask] = np.arange(len(rows_F))
+    weight_FK = np.ascontiguousarray(weight_NK[rows_F])
+    load_FK = np.ascontiguousarray(load_NK[rows_F])
     target_K = wsum_GK.sum(axis=0) / G
     inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
     inv_t2 = inv_t**2
-    grid = _weight_grid(rows, weight_NK, inv_t, CELL_WIDTH)
-    weight, wsum = weight_NK, wsum_GK
+    grid = _weight_grid(weight_FK, inv_t, CELL_WIDTH)
+    wsum, code = wsum_GK, np.zeros(0, np.int8)
     if source_N is not None:
         # Per-source sample counts join the objective with a small weight: groups become
         # equal mixes of sources too, so whatever class of groups the assigner puts in a step
         # (e.g. equal item counts), the step stays a random-like mix.
-        weight, wsum, target_K, inv_t, inv_t2 = _with_sources(
-            np.asarray(source_N).reshape(-1), rows, members_GX, count_G, weight_NK, wsum_GK, max_sources)
+        code, wsum, target_K, inv_t, inv_t2 = _with_sources(
+            np.asarray(source_N).reshape(-1)[rows_F], count_G, wsum_GK, max_sources)
     targeted = True
     for _ in range(passes):
         changed = 0
         if targeted:
-            group_of, pos = _membership(members_GX, count_G, len(load_NK))
-            changed = targeted_pass(rng.permutation(G), members_GX, count_G, group_of, pos, wsum, lsum_GK, weight,
-                                    load_NK, caps_K, target_K, inv_t, inv_t2, *grid, SCAN, _TOL)
+            group_of, pos = _membership(local_GX, count_G)
+            changed = targeted_pass(rng.permutation(G), local_GX, count_G, group_of, pos, wsum, lsum_GK, weight_FK,
+                                    code, load_FK, caps_K, target_K, inv_t, inv_t2, *grid, SCAN, _TOL)
             # Under tight caps (full groups) targeted swaps find no room in either group: once a pass
             # improves fewer than TARGETED_MIN_SHARE of the groups, later passes skip it (~45% of a pass).
             targeted = changed >= TARGETED_MIN_SHARE * G
         cand = _partners(wsum[:, :K], target_K[:K], inv_t[:K], rng)
-        changed += refine_pass(rng.permutation(G), cand, members_GX, count_G, wsum, lsum_GK, weight, load_NK,
-                               caps_K, target_K, inv_t2, _TOL)
+        changed += refine_pass(rng.permutation(G), cand, local_GX, count_G, wsum, lsum_GK, weight_FK, code,
+                               load_FK, caps_K, target_K, inv_t2, _TOL)
         if changed == 0:
             break
+    valid = local_GX >= 0
+    members_GX[:] = -1
+    members_GX[valid] = rows_F[local_GX[valid]]
 
 
-def _with_sources(source_N, rows, members_GX, count_G, weight_NK, wsum_GK, max_sources):
-    """Append per-source one-hot columns to the weights and group sums (the ``max_sources - 1``
-    most frequent sources, the rest as one); their objective terms get :data:`MIX_WEIGHT`.
+def _with_sources(source_F, count_G, wsum_GK, max_sources):
+    """Per-source columns of the group sums (the ``max_sources - 1`` most frequent sources, the
+    rest as one); their objective terms get :data:`MIX_WEIGHT`.
+
+    A row's source is one column of ones, so the kernels take its column index (``code``)
+    instead of an (F, O) one-hot block.
+
+    Args:
+        source_F: (F,) source of each packed row, rows in group order (group 0's first).
+        count_G: (G,) rows per group.
+        wsum_GK: (G, K) weight sums per group.
+        max_sources: sources tracked.
 
     Returns:
-        (weight, wsum, target, inv_t, inv_t2), each extended by the source columns.
+        (code_F, wsum, target, inv_t, inv_t2): each row's source column (int8 up to 127
+        columns), and the sums, targets and weights extended by the O source columns.
     """
-    if len(source_N) != len(weight_NK):
-        raise UsageError(f"source_N has {len(source_N)} rows, loads {len(weight_NK)}", fix="pass one source per sample")
-    _, code = np.unique(source_N, return_inverse=True)
+    _, code = np.unique(source_F, return_inverse=True)
     code = code.reshape(-1)
-    freq = np.bincount(code[rows])
+    freq = np.bincount(code)
     keep = np.argsort(-freq, kind="stable")[: max(1, max_sources - 1)]
     col = np.full(len(freq), len(keep), dtype=np.int64)  # rare sources share the last column
     col[keep] = np.arange(len(keep))
     O = len(keep) + int(len(freq) > len(keep))
+    code_F = col[code].astype(np.int8 if O <= 127 else np.int32)
     G, K = wsum_GK.shape
-    # One (N, K + O) matrix filled in place: no separate one-hot block next to its stacked copy.
-    weight = np.zeros((len(weight_NK), K + O))
-    weight[:, :K] = weight_NK
-    weight[rows, K + col[code[rows]]] = 1.0
-    mask = np.arange(members_GX.shape[1])[None, :] < count_G[:, None]
-    msum_GO = np.bincount(np.repeat(np.arange(G), count_G) * O + col[code[members_GX[mask]]],
-                          minlength=G * O).reshape(G, O).astype(np.float64)
-    wsum = np.ascontiguousarray(np.hstack([wsum_GK, msum_GO]))
+    msum_GO = np.bincount(np.repeat(np.arange(G), count_G) * O + code_F, minlength=G * O).reshape(G, O)
+    wsum = np.ascontiguousarray(np.hstack([wsum_GK, msum_GO.astype(np.float64)]))
     target_K = wsum.sum(axis=0) / G
     inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
     inv_t2 = inv_t**2
     inv_t2[K:] *= MIX_WEIGHT
-    return weight, wsum, target_K, inv_t, inv_t2
+    return code_F, wsum, target_K, inv_t, inv_t2
 
 
-def _membership(members_GX, count_G, num_rows):
-    """(group_of_N, pos_N) for the packed rows (-1 elsewhere)."""
+def _membership(members_GX, count_G):
+    """(group_of_F, pos_F): each row's group and position in it (rows numbered 0 .. F-1)."""
     G, X = members_GX.shape
     mask = np.arange(X)[None, :] < count_G[:, None]
-    group_of = np.full(num_rows, -1, dtype=np.int64)
-    pos = np.full(num_rows, -1, dtype=np.int64)
     rows = members_GX[mask]
+    group_of = np.empty(len(rows), dtype=np.int64)
+    pos = np.empty(len(rows), dtype=np.int64)
     group_of[rows] = np.repeat(np.arange(G), count_G)
     pos[rows] = np.nonzero(mask)[1]
     return group_of, pos
 
 
-def _weight_grid(rows, weight_NK, inv_t_K, width):
+def _weight_grid(weight_FK, inv_t_K, width):
     """Bucket rows by normalized weight (cells of ``width`` per module, at most ~2M cells)."""
-    u = weight_NK[rows] * inv_t_K
+    u = weight_FK * inv_t_K
     top = u.max(axis=0)
     while np.prod(np.floor(top / width) + 1) > 2**21:
         width *= 1.5
@@ -147,9 +164,7 @@ def _weight_grid(rows, weight_NK, inv_t_K, width):
     cell = np.ravel_multi_index(cell_k.T, dims)
     order = np.argsort(cell, kind="stable")
     cell_start = np.concatenate([[0], np.cumsum(np.bincount(cell, minlength=int(np.prod(dims))))]).astype(np.int64)
-    cell_of = np.full(len(weight_NK), -1, dtype=np.int64)
-    cell_of[rows] = cell
-    return cell_of, cell_start, rows[order].astype(np.int64), float(width), dims
+    return cell.astype(np.int64), cell_start, order.astype(np.int64), float(width), dims
 
 
 def _partners(wsum_GK, target_K, inv_t_K, rng):

@@ -11,7 +11,7 @@ import numpy as np
 
 from balancer_cli._jit import njit
 
-__all__ = ["greedy_close", "first_fit", "first_fit_tree", "deal_rounds"]
+__all__ = ["greedy_close", "first_fit", "first_fit_tree", "deal_rounds", "row_shares"]
 
 
 @njit
@@ -167,6 +167,42 @@ def first_fit_tree(sizes, cap, width):  # pragma: no cover - compiled
             tree[node] = max(tree[2 * node], tree[2 * node + 1])
             node //= 2
     return bins
+
+
+@njit
+def row_shares(rows, load_NK, caps_K, weight_NK, inv_t_K):  # pragma: no cover - compiled
+    """Per row of ``rows``: its largest share of a cap, its summed shares, its normalized weight.
+
+    One pass instead of numpy's (P, K) gathers and temporaries (a third of dealing at 1M rows).
+
+    Returns:
+        (hard_P, size_P, norm_P): ``max_k load/cap``, ``sum_k load/cap``, ``sum_k weight * inv_t``.
+
+    Example:
+        >>> import numpy as np
+        >>> load_NK = np.array([[1, 10], [4, 20]]); weight_NK = load_NK.astype(float)
+        >>> [a.tolist() for a in row_shares(np.array([1, 0]), load_NK, np.array([8, 40]), weight_NK, np.array([0.5, 0.1]))]
+        [[0.5, 0.25], [1.0, 0.375], [4.0, 1.5]]
+    """
+    P = len(rows)
+    hard = np.empty(P)
+    size = np.empty(P)
+    norm = np.empty(P)
+    for p in range(P):
+        i = rows[p]
+        h = 0.0
+        s = 0.0
+        for k in range(len(caps_K)):
+            share = load_NK[i, k] / caps_K[k]
+            s += share
+            h = max(h, share)
+        w = 0.0
+        for k in range(len(inv_t_K)):
+            w += weight_NK[i, k] * inv_t_K[k]
+        hard[p] = h
+        size[p] = s
+        norm[p] = w
+    return hard, size, norm
 
 
 @njit

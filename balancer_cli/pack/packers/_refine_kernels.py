@@ -16,17 +16,68 @@ __all__ = ["refine_pass", "targeted_pass"]
 
 
 @njit
-def _penalty(sum_GK, g, delta_K, sign, target_K, inv_t2_K):  # pragma: no cover
-    """Group g's objective term after adding ``sign * delta_K`` to its sums."""
+def _penalty(sum_GK, g, target_K, inv_t2_K):  # pragma: no cover
+    """Group g's objective term ``sum_k (sum_gk - target_k)^2 / target_k^2`` (times mix weights)."""
     total = 0.0
     for k in range(len(target_K)):
-        d = sum_GK[g, k] + sign * delta_K[k] - target_K[k]
+        d = sum_GK[g, k] - target_K[k]
         total += d * d * inv_t2_K[k]
     return total
 
 
 @njit
-def refine_pass(order_G, cand_GC, members_GX, count_G, sum_GK, lsum_GK, weight_NK, load_NK, caps_K,
+def _pair_weights(sum_GK, g, h, inv_t2_K, e_K):  # pragma: no cover
+    """Fill ``e_K`` with ``(sum_gk - sum_hk) * inv_t2_k``: the pair's part of every exchange's gain."""
+    for k in range(len(e_K)):
+        e_K[k] = (sum_GK[g, k] - sum_GK[h, k]) * inv_t2_K[k]
+
+
+@njit
+def _exchange_cost(weight_NK, code_N, i, j, e_K, inv_t2_K, K, has_sources):  # pragma: no cover
+    """Half the objective change of the pair (g, h) when row i leaves g for h and j leaves h for g.
+
+    With ``d = w_j - w_i`` the pair's objective changes by
+    ``2 * sum_k d_k * ((sum_gk - sum_hk) + d_k) / t_k^2`` (the targets cancel), so one exchange
+    costs K multiply-adds plus at most two source columns: a row's source is one column of ones.
+    -1 for i or j means no row (a move). Negative: the exchange helps.
+    """
+    total = 0.0
+    for k in range(K):
+        d = (weight_NK[j, k] if j >= 0 else 0.0) - (weight_NK[i, k] if i >= 0 else 0.0)
+        total += d * (e_K[k] + d * inv_t2_K[k])
+    if has_sources:
+        ci = code_N[i] + K if i >= 0 else -1
+        cj = code_N[j] + K if j >= 0 else -1
+        if ci != cj:
+            if cj >= 0:
+                total += e_K[cj] + inv_t2_K[cj]
+            if ci >= 0:
+                total += inv_t2_K[ci] - e_K[ci]
+    return total
+
+
+@njit
+def _apply_exchange(sum_GK, lsum_GK, g, h, i, j, weight_NK, code_N, load_NK, K, has_sources):  # pragma: no cover
+    """Update both groups' sums for row i moving g -> h and row j moving h -> g (-1: none)."""
+    for k in range(K):
+        dw = (weight_NK[j, k] if j >= 0 else 0.0) - (weight_NK[i, k] if i >= 0 else 0.0)
+        sum_GK[g, k] += dw
+        sum_GK[h, k] -= dw
+    if has_sources:
+        if i >= 0:
+            sum_GK[g, K + code_N[i]] -= 1.0
+            sum_GK[h, K + code_N[i]] += 1.0
+        if j >= 0:
+            sum_GK[g, K + code_N[j]] += 1.0
+            sum_GK[h, K + code_N[j]] -= 1.0
+    for k in range(load_NK.shape[1]):
+        dl = (load_NK[j, k] if j >= 0 else 0) - (load_NK[i, k] if i >= 0 else 0)
+        lsum_GK[g, k] += dl
+        lsum_GK[h, k] -= dl
+
+
+@njit
+def refine_pass(order_G, cand_GC, members_GX, count_G, sum_GK, lsum_GK, weight_NK, code_N, load_NK, caps_K,
                 target_K, inv_t2_K, tol):  # pragma: no cover
     """One pass of random-partner local search, in place.
 
@@ -40,14 +91,15 @@ def refine_pass(order_G, cand_GC, members_GX, count_G, sum_GK, lsum_GK, weight_N
         cand_GC: (G, C) candidate partner groups of each group.
         members_GX: (G, X) member rows of each group, the first ``count_G[g]`` valid.
         count_G: (G,) members per group; a group keeps 1 to X members.
-        sum_GK: (G, K) balanced sums per group; may have more columns than ``load_NK``
-            (balance-only terms, e.g. per-source counts).
+        sum_GK: (G, K + O) balanced sums per group: K weight columns, then O per-source sample
+            counts (O may be 0).
         lsum_GK: (G, KL) load sums per group, checked against ``caps_K``.
-        weight_NK: (N, K) balanced weight of each row (the columns of ``sum_GK``).
+        weight_NK: (N, K) balanced weight of each row.
+        code_N: (N,) source column (0 .. O-1) of each row; ignored (any length) when O is 0.
         load_NK: (N, KL) capped load of each row.
         caps_K: (KL,) caps of the load columns.
-        target_K: (K,) per-group target of each ``sum_GK`` column.
-        inv_t2_K: (K,) weight of each squared term (``1 / target^2``, times a mix weight).
+        target_K: (K + O,) per-group target of each ``sum_GK`` column.
+        inv_t2_K: (K + O,) weight of each squared term (``1 / target^2``, times a mix weight).
         tol: groups whose objective term is at most this are left alone.
 
     Returns:
@@ -60,77 +112,91 @@ def refine_pass(order_G, cand_GC, members_GX, count_G, sum_GK, lsum_GK, weight_N
         >>> members_GX = np.array([[0, 1], [2, 3]]); count_G = np.array([2, 2])
         >>> weight_NK = np.array([[4.0], [3.0], [1.0], [0.0]]); sum_GK = np.array([[7.0], [1.0]])
         >>> refine_pass(np.arange(2), np.array([[1], [0]]), members_GX, count_G, sum_GK, sum_GK.astype(np.int64),
-        ...             weight_NK, weight_NK.astype(np.int64), np.array([9]), np.array([4.0]), np.array([1 / 16]),
-        ...             1e-12)
+        ...             weight_NK, np.zeros(0, np.int64), weight_NK.astype(np.int64), np.array([9]),
+        ...             np.array([4.0]), np.array([1 / 16]), 1e-12)
         1
         >>> sum_GK.ravel().tolist(), members_GX.tolist()
         ([4.0, 4.0], [[1, 2], [3, 0]])
     """
     G, X = members_GX.shape
-    K = len(target_K)
+    K = weight_NK.shape[1]
+    KS = sum_GK.shape[1]
+    O = KS - K
     C = cand_GC.shape[1]
     KL = load_NK.shape[1]
-    zero = np.zeros(K)
-    delta = np.zeros(K)
+    e = np.zeros(KS)
+    # Per source column: the cost of the pair's g gaining one row of it (gain_O) and losing one
+    # (lose_O); index O stands for "no row", so exchanges need no branch on it.
+    gain_O = np.zeros(O + 1)
+    lose_O = np.zeros(O + 1)
+    # Both groups' rows copied side by side (row X: "no row", zeros): the (ng + 1) x (nh + 1)
+    # exchanges then read small local tables, branch-free (1.6x faster than reading the row tables).
+    wg = np.zeros((X + 1, K))
+    lg = np.zeros((X + 1, KL), np.int64)
+    cg = np.full(X + 1, O, np.int64)
+    wh = np.zeros((X + 1, K))
+    lh = np.zeros((X + 1, KL), np.int64)
+    ch = np.full(X + 1, O, np.int64)
+    room_g = np.zeros(KL, np.int64)
+    room_h = np.zeros(KL, np.int64)
     changes = 0
     for idx in range(G):
         g = order_G[idx]
-        fg = _penalty(sum_GK, g, zero, 0.0, target_K, inv_t2_K)
-        if fg <= tol:
+        if _penalty(sum_GK, g, target_K, inv_t2_K) <= tol:
             continue
-        best_gain = 1e-15
+        best = -5e-16  # an exchange must lower the objective by more than rounding
         best_h = -1
         best_a = -1
         best_b = -1  # a, b: positions in g and h; -1 means "nothing" (a move)
+        ng = count_G[g]
+        _gather(members_GX, g, ng, weight_NK, load_NK, code_N, O, wg, lg, cg)
+        for k in range(KL):
+            room_g[k] = caps_K[k] - lsum_GK[g, k]
         for c in range(C):
             h = cand_GC[g, c]
             if h == g:
                 continue
-            fh = _penalty(sum_GK, h, zero, 0.0, target_K, inv_t2_K)
-            base = fg + fh
-            ng = count_G[g]
             nh = count_G[h]
-            for a in range(-1, ng):
-                i = members_GX[g, a] if a >= 0 else -1
-                for b in range(-1, nh):
-                    if a < 0 and b < 0:
-                        continue
-                    j = members_GX[h, b] if b >= 0 else -1
+            _gather(members_GX, h, nh, weight_NK, load_NK, code_N, O, wh, lh, ch)
+            for k in range(KL):
+                room_h[k] = caps_K[k] - lsum_GK[h, k]
+            # With d = w_j - w_i the pair's objective changes by 2 * sum_k d_k (s_gk - s_hk + d_k) / t_k^2
+            # (the targets cancel); a source column changes by +-1 only where i and j differ.
+            for k in range(KS):
+                e[k] = (sum_GK[g, k] - sum_GK[h, k]) * inv_t2_K[k]
+            for o in range(O):
+                gain_O[o] = e[K + o] + inv_t2_K[K + o]
+                lose_O[o] = inv_t2_K[K + o] - e[K + o]
+            for a in range(ng + 1):
+                out_g = 1 if a < ng else 0
+                for b in range(nh + 1):
+                    out_h = 1 if b < nh else 0
                     # sizes after the exchange must stay in [1, X] (the member table's width)
-                    new_ng = ng - (a >= 0) + (b >= 0)
-                    new_nh = nh - (b >= 0) + (a >= 0)
-                    if new_ng < 1 or new_nh < 1 or new_ng > X or new_nh > X:
-                        continue
-                    ok = True
+                    new_ng = ng - out_g + out_h
+                    new_nh = nh - out_h + out_g
+                    ok = (new_ng >= 1) & (new_nh >= 1) & (new_ng <= X) & (new_nh <= X)
                     for k in range(KL):
-                        dl = (load_NK[j, k] if j >= 0 else 0) - (load_NK[i, k] if i >= 0 else 0)
-                        if lsum_GK[g, k] + dl > caps_K[k] or lsum_GK[h, k] - dl > caps_K[k]:
-                            ok = False
-                            break
-                    if not ok:
-                        continue
+                        dl = lh[b, k] - lg[a, k]
+                        ok = ok & (dl <= room_g[k]) & (-dl <= room_h[k])
+                    cost = 0.0
                     for k in range(K):
-                        delta[k] = (weight_NK[j, k] if j >= 0 else 0.0) - (weight_NK[i, k] if i >= 0 else 0.0)
-                    gain = base - _penalty(sum_GK, g, delta, 1.0, target_K, inv_t2_K) - _penalty(
-                        sum_GK, h, delta, -1.0, target_K, inv_t2_K)
-                    if gain > best_gain:
-                        best_gain = gain
+                        d = wh[b, k] - wg[a, k]
+                        cost += d * (e[k] + d * inv_t2_K[k])
+                    ci = cg[a]
+                    cj = ch[b]
+                    cost += (gain_O[cj] + lose_O[ci]) * (ci != cj)
+                    cost = cost if ok else 1.0
+                    if cost < best:
+                        best = cost
                         best_h = h
-                        best_a = a
-                        best_b = b
+                        best_a = a if a < ng else -1
+                        best_b = b if b < nh else -1
         if best_h < 0:
             continue
         h = best_h
         i = members_GX[g, best_a] if best_a >= 0 else -1
         j = members_GX[h, best_b] if best_b >= 0 else -1
-        for k in range(K):
-            dw = (weight_NK[j, k] if j >= 0 else 0.0) - (weight_NK[i, k] if i >= 0 else 0.0)
-            sum_GK[g, k] += dw
-            sum_GK[h, k] -= dw
-        for k in range(KL):
-            dl = (load_NK[j, k] if j >= 0 else 0) - (load_NK[i, k] if i >= 0 else 0)
-            lsum_GK[g, k] += dl
-            lsum_GK[h, k] -= dl
+        _apply_exchange(sum_GK, lsum_GK, g, h, i, j, weight_NK, code_N, load_NK, K, O > 0)
         # remove i from g / j from h (swap with the last member), then append the other.
         if best_a >= 0:
             count_G[g] -= 1
@@ -149,7 +215,25 @@ def refine_pass(order_G, cand_GC, members_GX, count_G, sum_GK, lsum_GK, weight_N
 
 
 @njit
-def targeted_pass(order_G, members_GX, count_G, group_of_N, pos_N, sum_GK, lsum_GK, weight_NK, load_NK,
+def _gather(members_GX, g, n, weight_NK, load_NK, code_N, O, w_XK, l_XK, c_X):  # pragma: no cover
+    """Copy group g's n rows' weights, loads and source columns into rows 0 .. n-1 of the local
+    tables, and "no row" (zeros, source column O) into row n."""
+    for a in range(n):
+        i = members_GX[g, a]
+        for k in range(w_XK.shape[1]):
+            w_XK[a, k] = weight_NK[i, k]
+        for k in range(l_XK.shape[1]):
+            l_XK[a, k] = load_NK[i, k]
+        c_X[a] = code_N[i] if O > 0 else O
+    for k in range(w_XK.shape[1]):
+        w_XK[n, k] = 0.0
+    for k in range(l_XK.shape[1]):
+        l_XK[n, k] = 0
+    c_X[n] = O
+
+
+@njit
+def targeted_pass(order_G, members_GX, count_G, group_of_N, pos_N, sum_GK, lsum_GK, weight_NK, code_N, load_NK,
                   caps_K, target_K, inv_t_K, inv_t2_K, cell_of_N, cell_start, cell_rows, width, dims_K, scan,
                   tol):  # pragma: no cover
     """One pass of targeted swaps, in place.
@@ -160,7 +244,7 @@ def targeted_pass(order_G, members_GX, count_G, group_of_N, pos_N, sum_GK, lsum_
     is applied.
 
     Args:
-        order_G, members_GX, count_G, sum_GK, lsum_GK, weight_NK, load_NK, caps_K, target_K,
+        order_G, members_GX, count_G, sum_GK, lsum_GK, weight_NK, code_N, load_NK, caps_K, target_K,
             inv_t2_K, tol: as in :func:`refine_pass`.
         group_of_N: (N,) group of each packed row (-1 for rows not packed), updated.
         pos_N: (N,) position of each packed row in its group's member row, updated.
@@ -184,25 +268,24 @@ def targeted_pass(order_G, members_GX, count_G, group_of_N, pos_N, sum_GK, lsum_
         >>> weight_NK = np.array([[4.0], [3.0], [1.0], [0.0]]); sum_GK = np.array([[7.0], [1.0]])
         >>> grid = (np.array([4, 3, 1, 0]), np.array([0, 1, 2, 2, 3, 4]), np.array([3, 2, 1, 0]), 0.25, np.array([5]))
         >>> targeted_pass(np.arange(2), members_GX, np.array([2, 2]), group_of_N, pos_N, sum_GK,
-        ...               sum_GK.astype(np.int64), weight_NK, weight_NK.astype(np.int64), np.array([9]),
+        ...               sum_GK.astype(np.int64), weight_NK, np.zeros(0, np.int64), weight_NK.astype(np.int64), np.array([9]),
         ...               np.array([4.0]), np.array([0.25]), np.array([1 / 16]), *grid, 8, 1e-12)
         1
         >>> sum_GK.ravel().tolist(), members_GX.tolist(), group_of_N.tolist()
         ([4.0, 4.0], [[2, 1], [0, 3]], [1, 0, 0, 1])
     """
     G = members_GX.shape[0]
-    K = len(target_K)
+    K = weight_NK.shape[1]
+    has_sources = sum_GK.shape[1] > K
     KL = load_NK.shape[1]
     KG = len(dims_K)
-    zero = np.zeros(K)
-    delta = np.zeros(K)
+    e = np.zeros(sum_GK.shape[1])
     changes = 0
     for idx in range(G):
         g = order_G[idx]
-        fg = _penalty(sum_GK, g, zero, 0.0, target_K, inv_t2_K)
-        if fg <= tol:
+        if _penalty(sum_GK, g, target_K, inv_t2_K) <= tol:
             continue
-        best_gain = 1e-15
+        best = -5e-16
         best_i = -1
         best_j = -1
         for a in range(count_G[g]):
@@ -239,13 +322,10 @@ def targeted_pass(order_G, members_GX, count_G, group_of_N, pos_N, sum_GK, lsum_
                             break
                     if not ok:
                         continue
-                    for k in range(K):
-                        delta[k] = weight_NK[j, k] - weight_NK[i, k]
-                    fh = _penalty(sum_GK, h, zero, 0.0, target_K, inv_t2_K)
-                    gain = fg + fh - _penalty(sum_GK, g, delta, 1.0, target_K, inv_t2_K) - _penalty(
-                        sum_GK, h, delta, -1.0, target_K, inv_t2_K)
-                    if gain > best_gain:
-                        best_gain = gain
+                    _pair_weights(sum_GK, g, h, inv_t2_K, e)
+                    cost = _exchange_cost(weight_NK, code_N, i, j, e, inv_t2_K, K, has_sources)
+                    if cost < best:
+                        best = cost
                         best_i = i
                         best_j = j
         if best_i < 0:
@@ -253,14 +333,7 @@ def targeted_pass(order_G, members_GX, count_G, group_of_N, pos_N, sum_GK, lsum_
         i = best_i
         j = best_j
         h = group_of_N[j]
-        for k in range(K):
-            dw = weight_NK[j, k] - weight_NK[i, k]
-            sum_GK[g, k] += dw
-            sum_GK[h, k] -= dw
-        for k in range(KL):
-            dl = load_NK[j, k] - load_NK[i, k]
-            lsum_GK[g, k] += dl
-            lsum_GK[h, k] -= dl
+        _apply_exchange(sum_GK, lsum_GK, g, h, i, j, weight_NK, code_N, load_NK, K, has_sources)
         pi = pos_N[i]
         pj = pos_N[j]
         members_GX[g, pi] = j

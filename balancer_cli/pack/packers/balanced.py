@@ -59,7 +59,7 @@ from balancer_cli.errors import InputError, UsageError, is_int
 from balancer_cli.pack.bounds import groups_lower_bound
 from balancer_cli.pack.packers._balanced_refine import refine
 from balancer_cli.pack.packers._common import assemble, check_inputs, split_oversize
-from balancer_cli.pack.packers._fill_kernels import deal_rounds, first_fit
+from balancer_cli.pack.packers._fill_kernels import deal_rounds, first_fit, row_shares
 from balancer_cli.pack.types import Packing
 
 __all__ = ["BalancedOptions", "pack_balanced", "LOOKBACK"]
@@ -259,7 +259,7 @@ def _probe_fill_share(rows, load, weight, caps, seed):
 def _by_size(rows, load, caps, rng):
     """``rows`` by decreasing normalized size (seeded tie-breaks): first fit's order."""
     shuffled = rows[rng.permutation(len(rows))]
-    size = (load[shuffled] / caps).sum(axis=1)
+    size = row_shares(shuffled, load, caps, load, np.zeros(0))[1]
     return shuffled[np.argsort(-size, kind="stable")]
 
 
@@ -284,10 +284,10 @@ def _deal(rows, load, weight, caps, G, rng, fill_share):
     shuffled = rows[rng.permutation(len(rows))]
     # Rows over half a cap first (no two share a group, and late they find no room), then by
     # normalized cost, so that every group gets one row of each size stratum.
-    hard = (load[shuffled] / caps).max(axis=1)
-    key = np.where(hard > _HARD_SHARE, 1e6 + hard, (weight[shuffled] * inv_t).sum(axis=1))
-    queue = shuffled[np.argsort(-key, kind="stable")]
-    volume = np.cumsum((load[queue] / caps).sum(axis=1))
+    hard, size, norm = row_shares(shuffled, load, caps, weight, inv_t)
+    order = np.argsort(-np.where(hard > _HARD_SHARE, 1e6 + hard, norm), kind="stable")
+    queue = shuffled[order]
+    volume = np.cumsum(size[order])
     cut = max(int(np.searchsorted(volume, (1.0 - fill_share) * volume[-1])), min(G, len(queue)))
     gid = deal_rounds(queue[:cut], load, weight, caps, int(G), inv_t, _MAX_STRAGGLERS)
     dealt = gid >= 0
