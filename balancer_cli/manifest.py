@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 
 from balancer_cli import __version__
 from balancer_cli._fsutil import atomic_path
+from balancer_cli._memory import release_freed_memory
 from balancer_cli.errors import ManifestError, check_int
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "ManifestRows",
     "ManifestFile",
     "write_manifest",
+    "is_slot_sorted",
     "open_manifest",
     "read_dropped",
 ]
@@ -165,14 +167,36 @@ class ManifestRows:
 
     @classmethod
     def from_table(cls, table: pa.Table) -> ManifestRows:
-        get = lambda name: table.column(name).to_numpy()  # noqa: E731
-        extra = {n: get(n) for n in table.column_names if n not in _KEY_COLUMNS}
-        return cls(get("step"), get("rank"), get("micro"), get("sample"), extra)
+        return cls.from_columns({name: table.column(name).to_numpy() for name in table.column_names})
+
+    @classmethod
+    def from_columns(cls, columns: Mapping[str, np.ndarray]) -> ManifestRows:
+        """Rows from ``{column name: (P,) array}`` as a manifest file names them."""
+        extra = {n: c for n, c in columns.items() if n not in _KEY_COLUMNS}
+        return cls(columns["step"], columns["rank"], columns["micro"], columns["sample"], extra)
+
+
+#: Rows whose slot keys are checked at a time (the check's int64 keys stay ~30 MB at any size).
+_CHECK_BLOCK = 1 << 20
+
+
+def is_slot_sorted(rows: ManifestRows) -> bool:
+    """Whether ``rows`` are sorted by (step, rank, micro), checked a block at a time.
+
+    Example:
+        >>> is_slot_sorted(ManifestRows(np.array([0, 0, 1]), np.array([0, 1, 0]), np.zeros(3, int), np.arange(3)))
+        True
+    """
+    for lo in range(0, len(rows), _CHECK_BLOCK):
+        hi = lo + _CHECK_BLOCK + 1  # one row of overlap: the order across blocks is checked too
+        key = StepShape.slot_key(rows.step[lo:hi], rows.rank[lo:hi], rows.micro[lo:hi])
+        if (key[1:] < key[:-1]).any():
+            return False
+    return True
 
 
 def _check_sorted(rows: ManifestRows) -> None:
-    key = StepShape.slot_key(rows.step, rows.rank, rows.micro)
-    if len(key) and (np.diff(key) < 0).any():
+    if not is_slot_sorted(rows):
         raise ManifestError("manifest rows are not sorted by (step, rank, micro)",
                             fix="sort placements before writing (this is a bug in the packer)")
 
@@ -205,8 +229,8 @@ def write_manifest(
     """
     _check_sorted(rows)
     out = Path(out_dir)
-    step = np.asarray(rows.step, dtype=np.int64)
-    num_steps = int(step.max()) + 1 if len(step) else 0
+    step = rows.step
+    num_steps = int(step[-1]) + 1 if len(step) else 0  # sorted: the last row has the largest step
     epochs = list(epoch_num_steps) if epoch_num_steps is not None else [num_steps]
     if sum(epochs) != num_steps:
         raise ManifestError(f"epoch_num_steps {epochs} does not add up to {num_steps} steps")
@@ -310,8 +334,13 @@ class ManifestFile:
         return ManifestRows.from_table(table.slice(int(a), int(b - a)))
 
     def read_all(self) -> ManifestRows:
-        """All rows (every epoch)."""
-        return ManifestRows.from_table(self._file.read())
+        """All rows (every epoch), read a column at a time: Arrow's copy of one column, not of the
+        whole table, sits next to the arrays (190 MB less at 10M rows)."""
+        columns = {name: self._file.read(columns=[name]).column(name).to_numpy() for name in self._file.schema_arrow.names}
+        if self.meta.get("num_samples", 2**31) < 2**31:  # sample ids fit int32: half the memory
+            columns["sample"] = columns["sample"].astype(np.int32)
+        release_freed_memory()  # Arrow's copies of the columns
+        return ManifestRows.from_columns(columns)
 
 
 def open_manifest(manifest_dir: str | os.PathLike) -> ManifestFile:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from balancer_cli._memory import release_freed_memory
 from balancer_cli.errors import InputError, ManifestError, UsageError
 from balancer_cli.lengths import read_lengths
 from balancer_cli.manifest import open_manifest, write_manifest
@@ -39,14 +40,6 @@ OnPhase = Callable[[str], None]
 PACK_PHASES = ("read", "pack", "write", "report")
 #: The phases :func:`search_to_files` reports to ``on_phase``.
 SEARCH_PHASES = ("read", "search", "write")
-
-
-def _release_arrow_memory() -> None:
-    """Hand memory Arrow freed back to the OS: its allocator keeps freed pages otherwise (reading a
-    10M-sample lengths file leaves ~340 MiB of them), which would count towards the run's peak."""
-    import pyarrow as pa
-
-    pa.default_memory_pool().release_unused()
 
 
 def scan_to_file(inputs: Sequence[str | os.PathLike], output: str | os.PathLike, config: Any, *,
@@ -150,7 +143,7 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
     inputs = prepare_inputs(table, config.cost_model, config.cost_presets, costs=config.costs)
     fingerprint = table.fingerprint
     del table
-    _release_arrow_memory()
+    release_freed_memory()
     result = pack_inputs(inputs, config, lengths_fingerprint=fingerprint, engine=engine, engine_options=engine_options)
     done("pack")
     try:
@@ -159,6 +152,7 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
                        meta={**result.meta, "report_baselines": list(baselines)},
                        epoch_num_steps=result.epoch_num_steps)
         del result  # the report re-reads the written rows: do not hold a second copy meanwhile
+        release_freed_memory()
         if engine_options is not None and not keep_parts:
             import shutil
 

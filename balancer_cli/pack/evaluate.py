@@ -27,10 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from balancer_cli.lengths import LLM
-from balancer_cli.manifest import ManifestRows, StepShape
+from balancer_cli.manifest import ManifestRows, StepShape, is_slot_sorted
 from balancer_cli.metrics import (
     dist_ratio,
-    pad_ratio,
     step_loads,
     step_utilization,
     utilization,
@@ -69,7 +68,15 @@ def step_mix_distances(step_P: np.ndarray, source_P: np.ndarray, num_steps: int,
     if len(step_P) == 0 or num_steps == 0:
         return np.zeros(num_steps)
     counts_SO = np.bincount(np.asarray(step_P, np.int64) * num_sources + np.asarray(source_P, np.int64),
-                            minlength=num_steps * num_sources).reshape(num_steps, num_sources).astype(float)
+                            minlength=num_steps * num_sources).reshape(num_steps, num_sources)
+    return _distances(counts_SO)
+
+
+def _distances(counts_SO: np.ndarray) -> np.ndarray:
+    """(S,) total-variation distance of each step's source counts from the counts of all steps."""
+    counts_SO = np.asarray(counts_SO, dtype=np.float64)
+    if counts_SO.size == 0 or counts_SO.sum() == 0:
+        return np.zeros(len(counts_SO))
     overall_O = counts_SO.sum(axis=0) / counts_SO.sum()
     totals_S = counts_SO.sum(axis=1, keepdims=True)
     mix_SO = np.divide(counts_SO, totals_S, out=np.zeros_like(counts_SO), where=totals_S > 0)
@@ -135,6 +142,10 @@ def _dropped(dropped_sample: np.ndarray, dropped_reason: Sequence[str], num_samp
     }
 
 
+#: Rows evaluated at a time (whole steps): the metrics' int64/float64 temporaries stay ~100 MB.
+_CHUNK = 1 << 20
+
+
 def evaluate_rows(
     inputs,
     rows: ManifestRows,
@@ -148,51 +159,121 @@ def evaluate_rows(
 ) -> Evaluation:
     """All report metrics of one manifest (or baseline) from its rows and the per-sample lengths.
 
+    Rows are read a block of whole steps at a time (every metric sums over steps, groups or
+    (step, rank) cells), so the memory beyond the rows themselves stays bounded at any size.
+
     Args:
         inputs: :class:`~balancer_cli.pack.pipeline.PackInputs` of the lengths table.
-        rows: the placements (all epochs; steps numbered globally).
+        rows: the placements (all epochs; steps numbered globally), sorted by (step, rank,
+            micro) as every manifest and baseline is (others are sorted first, a copy).
         dropped_sample, dropped_reason: samples not placed and why.
         caps_K: caps per module (for over-cap groups and the lower bound on steps).
         world_size, micro_batches: R and M.
         epoch_num_steps: steps of each epoch.
     """
     num_steps = int(sum(epoch_num_steps))
-    step = np.asarray(rows.step, np.int64)
-    rank = np.asarray(rows.rank, np.int64)
-    sample = np.asarray(rows.sample, np.int64)
-    group = (step * world_size + rank) * micro_batches + np.asarray(rows.micro, np.int64)
-    modules, loads, post = {}, {}, {}
-    for k, module in enumerate(inputs.modules):
-        cost = inputs.cost_NK[sample, k]
-        load_SR = step_loads(step, rank, cost, num_steps=num_steps, world_size=world_size)
-        loads[module] = load_SR
-        modules[module] = {
-            "dist_ratio": _round(dist_ratio(load_SR)),
-            "pad_ratio": _round(pad_ratio(group, cost)),
-            "utilization": _round(utilization(load_SR)),
-            "mean_rank_load": _round(load_SR.mean()) if load_SR.size else 0.0,
-        }
-        phase_rank = rows.extra.get(f"{module}_rank") if module != LLM else None
-        if phase_rank is not None:
-            phase_SR = step_loads(step, np.asarray(phase_rank, np.int64), cost, num_steps=num_steps,
-                                  world_size=world_size)
-            post[module] = phase_SR
+    R, M = world_size, micro_batches
+    rows = _by_slot(rows)
+    modules = inputs.modules
+    phase_ranks = {m: rows.extra[f"{m}_rank"] for m in modules if m != LLM and f"{m}_rank" in rows.extra}
+    loads = {m: np.zeros((num_steps, R)) for m in modules}
+    post = {m: np.zeros((num_steps, R)) for m in phase_ranks}
+    padded_K, total_K = np.zeros(len(modules)), np.zeros(len(modules))
+    groups = _GroupTally(len(caps_K))
+    num_sources = len(inputs.source_names)
+    mix_SO, reference_SO = np.zeros((num_steps, num_sources)), np.zeros((num_steps, num_sources))
+    # Random batching of the same steps: the placed samples' sources in a seeded shuffle (1 B/row).
+    source_P = inputs.source_codes_N[rows.sample]
+    shuffled_P = source_P.copy()
+    # In place: the same shuffle as source_P[permutation(P)], without the (P,) int64 permutation.
+    np.random.default_rng(0).shuffle(shuffled_P)
+    for lo, hi in _step_blocks(rows.step):
+        step = np.asarray(rows.step[lo:hi], np.int64)
+        s0, s1 = (int(step[0]), int(step[-1]) + 1) if hi > lo else (0, 0)
+        step -= s0
+        rank = np.asarray(rows.rank[lo:hi], np.int64)
+        sample = np.asarray(rows.sample[lo:hi], np.int64)
+        group = (step * R + rank) * M + np.asarray(rows.micro[lo:hi], np.int64)
+        starts = np.flatnonzero(np.concatenate([[True], group[1:] != group[:-1]])) if hi > lo else np.zeros(0, int)
+        sizes = np.diff(np.append(starts, hi - lo))
+        for k, module in enumerate(modules):
+            cost = inputs.cost_NK[sample, k].astype(np.float64)
+            loads[module][s0:s1] = step_loads(step, rank, cost, num_steps=s1 - s0, world_size=R)
+            if module in post:
+                phase = np.asarray(phase_ranks[module][lo:hi], np.int64)
+                post[module][s0:s1] = step_loads(step, phase, cost, num_steps=s1 - s0, world_size=R)
+            if len(starts):
+                padded_K[k] += float((np.maximum.reduceat(cost, starts) * sizes).sum())
+                total_K[k] += float(cost.sum())
+        groups.add(inputs.load_NK, sample, starts, sizes, caps_K)
+        for target, src in ((mix_SO, source_P), (reference_SO, shuffled_P)):
+            target[s0:s1] = np.bincount(step * num_sources + src[lo:hi], minlength=(s1 - s0) * num_sources
+                                        ).reshape(s1 - s0, num_sources)
     metrics = {
-        "modules": modules,
+        "modules": {m: {
+            "dist_ratio": _round(dist_ratio(loads[m])),
+            "pad_ratio": _round((padded_K[k] - total_K[k]) / padded_K[k] if padded_K[k] > 0 else 0.0),
+            "utilization": _round(utilization(loads[m])),
+            "mean_rank_load": _round(loads[m].mean()) if loads[m].size else 0.0,
+        } for k, m in enumerate(modules)},
         "step": {"utilization": _round(step_utilization(list(loads.values())))},
-        "steps": _steps(inputs, rows, caps_K, StepShape(world_size=world_size, micro_batches=micro_batches).groups_per_step,
+        "steps": _steps(inputs, rows, caps_K, StepShape(world_size=R, micro_batches=M).groups_per_step,
                         epoch_num_steps),
-        "groups": _groups(inputs, group, sample, caps_K),
+        "groups": groups.summary(),
         "dropped": _dropped(np.asarray(dropped_sample), dropped_reason, inputs.num_samples),
-        "step_mix": _step_mix(inputs, step, sample, num_steps),
+        "step_mix": _step_mix(mix_SO, reference_SO, num_sources),
     }
     if post:
         phases = {m: {"dist_ratio": _round(dist_ratio(x)), "utilization": _round(utilization(x))}
                   for m, x in post.items()}
-        step_loads_post = [post.get(m, loads[m]) for m in inputs.modules]
+        step_loads_post = [post.get(m, loads[m]) for m in modules]
         metrics["post_balance"] = {"modules": phases,
                                    "step": {"utilization": _round(step_utilization(step_loads_post))}}
     return Evaluation(metrics, loads)
+
+
+def _by_slot(rows: ManifestRows) -> ManifestRows:
+    """``rows`` when sorted by (step, rank, micro), else a sorted copy (stable: order in group kept)."""
+    if is_slot_sorted(rows):
+        return rows
+    order = np.argsort(StepShape.slot_key(rows.step, rows.rank, rows.micro), kind="stable")
+    return ManifestRows(rows.step[order], rows.rank[order], rows.micro[order], rows.sample[order],
+                        {name: column[order] for name, column in rows.extra.items()})
+
+
+def _step_blocks(step_P: np.ndarray):
+    """``(lo, hi)`` row ranges of about :data:`_CHUNK` rows, each whole steps (rows sorted by step)."""
+    P = len(step_P)
+    if P == 0:
+        yield 0, 0
+        return
+    cuts = np.unique(np.searchsorted(step_P, step_P[np.arange(_CHUNK, P, _CHUNK)], side="left"))
+    bounds = [0, *[int(c) for c in cuts if 0 < c < P], P]
+    yield from zip(bounds[:-1], bounds[1:])
+
+
+class _GroupTally:
+    """Group count, sizes and over-cap groups, summed over blocks of whole groups."""
+
+    def __init__(self, num_modules: int) -> None:
+        self.count, self.samples, self.over, self.over_multi = 0, 0, 0, 0
+
+    def add(self, load_NK, sample_P, starts, sizes, caps_K) -> None:
+        if len(starts) == 0:
+            return
+        load_GK = np.stack([np.add.reduceat(np.asarray(load_NK[sample_P, k], np.int64), starts)
+                            for k in range(load_NK.shape[1])], axis=1)
+        over = (load_GK > np.asarray(caps_K)[None, :]).any(axis=1)
+        self.count += len(starts)
+        self.samples += int(sizes.sum())
+        self.over += int(over.sum())
+        self.over_multi += int((over & (sizes > 1)).sum())
+
+    def summary(self) -> dict:
+        if self.count == 0:
+            return {"count": 0, "mean_size": 0.0, "over_cap": 0}
+        return {"count": self.count, "mean_size": _round(self.samples / self.count), "over_cap": self.over,
+                "over_cap_multi_sample": self.over_multi}
 
 
 def _steps(inputs, rows: ManifestRows, caps_K: np.ndarray, per_step: int, epoch_num_steps: Sequence[int]) -> dict:
@@ -200,11 +281,9 @@ def _steps(inputs, rows: ManifestRows, caps_K: np.ndarray, per_step: int, epoch_
     (:func:`~balancer_cli.pack.bounds.groups_lower_bound`), R x M of them per step."""
 
     bounds, first = [], 0
-    step = np.asarray(rows.step, np.int64)
     for steps in epoch_num_steps:
-        lo, hi = np.searchsorted(step, [first, first + steps])
-        placed_NK = inputs.load_NK[np.asarray(rows.sample[lo:hi], np.int64)]
-        groups = groups_lower_bound(placed_NK, np.asarray(caps_K)) if len(placed_NK) else 0
+        lo, hi = np.searchsorted(rows.step, [first, first + steps])
+        groups = groups_lower_bound(inputs.load_NK, np.asarray(caps_K), rows=rows.sample[lo:hi]) if hi > lo else 0
         bounds.append(math.ceil(groups / per_step))
         first += steps
     total, bound = int(sum(epoch_num_steps)), int(sum(bounds))
@@ -212,31 +291,12 @@ def _steps(inputs, rows: ManifestRows, caps_K: np.ndarray, per_step: int, epoch_
             "lower_bound_per_epoch": bounds, "vs_lower_bound": _round(total / bound) if bound else 1.0}
 
 
-def _groups(inputs, group_P: np.ndarray, sample_P: np.ndarray, caps_K: np.ndarray) -> dict:
-    if len(group_P) == 0:
-        return {"count": 0, "mean_size": 0.0, "over_cap": 0}
-    if np.all(group_P[1:] >= group_P[:-1]):
-        # Rows sorted by slot (every manifest and baseline): groups are runs, no sort or scatter-add.
-        starts = np.flatnonzero(np.concatenate([[True], group_P[1:] != group_P[:-1]]))
-        sizes = np.diff(np.append(starts, len(group_P)))
-        load_GK = np.stack([np.add.reduceat(inputs.load_NK[sample_P, k], starts)
-                            for k in range(inputs.load_NK.shape[1])], axis=1)
-    else:
-        _, dense, sizes = np.unique(group_P, return_inverse=True, return_counts=True)
-        load_GK = np.zeros((len(sizes), inputs.load_NK.shape[1]), dtype=np.int64)
-        np.add.at(load_GK, dense, inputs.load_NK[sample_P])
-    over = (load_GK > np.asarray(caps_K)[None, :]).any(axis=1)
-    return {"count": int(len(sizes)), "mean_size": _round(sizes.mean()), "over_cap": int(over.sum()),
-            "over_cap_multi_sample": int((over & (sizes > 1)).sum())}
-
-
-def _step_mix(inputs, step_P: np.ndarray, sample_P: np.ndarray, num_steps: int) -> dict:
-    source_P = inputs.source_codes_N[sample_P]
-    distances, reference = _mix_and_reference(step_P, source_P, num_steps, len(inputs.source_names))
+def _step_mix(mix_SO: np.ndarray, reference_SO: np.ndarray, num_sources: int) -> dict:
+    distances, reference = _distances(mix_SO), _distances(reference_SO)
     mean, shuffled = _mean(distances), _mean(reference)
     return {"mean_distance": _round(mean),
             "max_distance": _round(distances.max()) if len(distances) else 0.0,
             "shuffled_mean_distance": _round(shuffled),
             # The measure to read: 1.0 is as mixed as random batching of the same steps.
             "vs_random": _round(mean / shuffled) if shuffled > 0 else 1.0,
-            "num_sources": len(inputs.source_names)}
+            "num_sources": num_sources}

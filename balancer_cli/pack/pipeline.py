@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from balancer_cli._memory import release_freed_memory
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.lengths import LengthsTable
 from balancer_cli.manifest import ManifestRows
@@ -36,6 +37,7 @@ from balancer_cli.pack.config import PackConfig
 from balancer_cli.pack.inputs import PackInputs, prepare_inputs
 from balancer_cli.pack.packers import registry
 from balancer_cli.pack.placement import Placement, merge_windows
+from balancer_cli.pack.types import index_dtype
 from balancer_cli.pack.windows import (
     WindowTask,
     min_window_samples,
@@ -166,7 +168,8 @@ def resolve_thresholds(inputs: PackInputs, config: PackConfig) -> tuple[np.ndarr
 
 def sample_view(inputs: PackInputs) -> registry.SampleView:
     """The samples without a scan error, as the packers see them (no copy when every sample is fine)."""
-    return registry.SampleView(ids_n=np.flatnonzero(inputs.ok_N), load_nK=_ok_rows(inputs, inputs.load_NK),
+    ids_n = np.flatnonzero(inputs.ok_N).astype(index_dtype(inputs.num_samples))
+    return registry.SampleView(ids_n=ids_n, load_nK=_ok_rows(inputs, inputs.load_NK),
                                cost_nK=_ok_rows(inputs, inputs.cost_NK),
                                source_n=_ok_rows(inputs, inputs.source_codes_N), modules=inputs.modules)
 
@@ -205,6 +208,8 @@ def place_packer(name: str, inputs: PackInputs, config: PackConfig, caps_K: np.n
 
     run_windows = get_engine(engine) if isinstance(engine, str) else engine
     results = run_windows(tasks, view_of, engine_options)
+    members.clear()  # the window slices are no longer needed
+    release_freed_memory()  # the windows' working arrays, before the merge builds the rows
     by_epoch = [[r for t, r in zip(tasks, results) if t.epoch == epoch] for epoch in range(config.epochs)]
     return merge_windows(inputs, by_epoch, epochs=config.epochs)
 

@@ -21,7 +21,17 @@ from typing import Literal, get_args
 
 import numpy as np
 
-__all__ = ["Packing", "Assignment", "check_packing", "group_sums", "Oversize", "OVERSIZE_POLICIES"]
+__all__ = ["Packing", "Assignment", "check_packing", "group_sums", "index_dtype", "Oversize", "OVERSIZE_POLICIES"]
+
+
+def index_dtype(n: int) -> np.dtype:
+    """The integer type that indexes ``n`` things: int32 below 2^31 (half the memory per sample), else int64.
+
+    Example:
+        >>> index_dtype(10_000_000), index_dtype(2**31)
+        (dtype('int32'), dtype('int64'))
+    """
+    return np.dtype(np.int32 if n < 2**31 else np.int64)
 
 #: What to do with a sample over a cap on its own: its own group, dropped, or an error.
 Oversize = Literal["isolate", "drop", "error"]

@@ -36,7 +36,7 @@ from balancer_cli.pack.assign import (
 from balancer_cli.pack.bounds import groups_lower_bound
 from balancer_cli.pack.config import PackConfig, stream_seed
 from balancer_cli.pack.packers import registry
-from balancer_cli.pack.types import Assignment, group_sums
+from balancer_cli.pack.types import Assignment, group_sums, index_dtype
 
 __all__ = [
     "BYTES_PER_SAMPLE",
@@ -122,9 +122,10 @@ def window_members(source_n: np.ndarray, windows: int, *, seed: int, epoch: int)
     rng = np.random.default_rng(stream_seed(seed, epoch, "window"))
     # Source by source, shuffled within the source (one stable sort of a random key).
     order = np.lexsort((rng.random(n), np.asarray(source_n)))
-    window_of = np.empty(n, dtype=np.int64)
+    window_of = np.empty(n, dtype=index_dtype(windows))
     window_of[order] = np.arange(n) % windows
-    by_window = np.argsort(window_of, kind="stable")  # positions ascending within each window
+    del order
+    by_window = np.argsort(window_of, kind="stable").astype(index_dtype(n))  # positions ascending in each window
     bounds = np.searchsorted(window_of[by_window], np.arange(windows + 1))
     return [by_window[bounds[w]:bounds[w + 1]] for w in range(windows)]
 
@@ -213,13 +214,14 @@ def place_window(task: WindowTask, view: registry.SampleView) -> WindowResult:
         assignment = assign_groups(group_sums(packing, view.cost_nK), world_size=R, micro_batches=M,
                                    seed=config.epoch_seed(task.epoch, "assign"),
                                    mix_GO=group_source_counts(packing, view.source_n))
-    ids = np.asarray(view.ids_n, dtype=np.int64)
+    ids = np.asarray(view.ids_n)
+    # Held for every window until the merge: sample ids in the ids' own type, slots in int32.
     return WindowResult(
         order_P=ids[np.asarray(packing.order, dtype=np.int64)],
         offsets_G=np.asarray(packing.group_offsets, dtype=np.int64),
-        step_G=np.asarray(assignment.step, dtype=np.int64),
-        rank_G=np.asarray(assignment.rank, dtype=np.int64),
-        micro_G=np.asarray(assignment.micro, dtype=np.int64),
+        step_G=np.asarray(assignment.step, dtype=np.int32),
+        rank_G=np.asarray(assignment.rank, dtype=np.int32),
+        micro_G=np.asarray(assignment.micro, dtype=np.int32),
         num_steps=int(assignment.num_steps),
         dropped=ids[np.asarray(packing.dropped, dtype=np.int64)],
         dropped_reason=tuple(str(r) for r in packing.dropped_reason))
