@@ -270,8 +270,10 @@ def _normalize(table: pa.Table, origin: str) -> pa.Table:
     # Sample ids are positions: renumber so concatenations and filtered inputs stay 0..N-1.
     sample = pa.array(np.arange(n, dtype=np.int64))
     if "sample" in table.column_names:
-        given = _as_int64(table.column("sample"))
-        if not np.array_equal(given, np.arange(n)):
+        column = table.column("sample")
+        if column.null_count or not all(  # a block at a time: no (N,) int64 copies next to the table
+                np.array_equal(_as_int64(column.slice(lo, _HASH_BLOCK)), np.arange(lo, min(lo + _HASH_BLOCK, n)))
+                for lo in range(0, n, _HASH_BLOCK)):
             raise InputError(f"{origin}: column 'sample' is not 0..{n - 1} in order",
                              fix="keep rows in sample order, one per sample")
         table = table.set_column(table.column_names.index("sample"), "sample", sample)

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -40,6 +41,8 @@ from balancer_cli.pack.types import Assignment, group_sums, index_dtype
 
 __all__ = [
     "BYTES_PER_SAMPLE",
+    "HELD_BYTES_PER_SAMPLE",
+    "BASE_BYTES",
     "DEFAULT_MEMORY_GB",
     "WindowedConfig",
     "WindowTask",
@@ -53,8 +56,13 @@ __all__ = [
 ]
 
 #: Peak bytes per sample of packing one window (packer working arrays, the window's slices of the
-#: load/cost matrices and its rows; measured 10M samples in one window: ~250 B, rounded up).
-BYTES_PER_SAMPLE = 320
+#: load/cost matrices, its placed groups; measured ~145 B at windows of 1M, rounded up).
+BYTES_PER_SAMPLE = 200
+#: Bytes every sample holds for the whole run whatever the window (loads, costs, sources, ids,
+#: window membership, the placed rows): measured 73 B between 10M and 100M samples, rounded up.
+HELD_BYTES_PER_SAMPLE = 75
+#: The libraries' own memory (numpy, Arrow, numba, the report's plotting), rounded up.
+BASE_BYTES = 160 * 2**20
 #: Memory budget that sets the default window size when neither W nor a budget is given.
 DEFAULT_MEMORY_GB = 8.0
 #: A window holds at least this many steps' worth of samples (smaller ones merge).
@@ -73,16 +81,27 @@ def min_window_samples(load_nK: np.ndarray, caps_K: np.ndarray, groups_per_step:
     return int(np.ceil(MIN_WINDOW_STEPS * groups_per_step * n / groups))
 
 
-def window_samples_for(memory_gb: float) -> int:
-    """Samples per window that fit ``memory_gb`` GiB (see :data:`BYTES_PER_SAMPLE`).
+def window_samples_for(memory_gb: float, num_samples: int = 0) -> int:
+    """Samples per window so that a run over ``num_samples`` peaks within ``memory_gb`` GiB:
+    the budget less :data:`BASE_BYTES` and :data:`HELD_BYTES_PER_SAMPLE` per sample, over
+    :data:`BYTES_PER_SAMPLE`.
+
+    Raises:
+        UsageError: a budget that is not positive, or too small to hold the samples at all.
 
     Example:
-        >>> window_samples_for(8.0)
-        26843545
+        >>> window_samples_for(8.0), window_samples_for(8.0, 100_000_000)
+        (42110812, 4610812)
     """
     if not memory_gb > 0:
         raise UsageError(f"{{memory_gb}} must be > 0, not {memory_gb!r}", fix="pass the memory budget in GiB, e.g. 8")
-    return max(1, int(memory_gb * 2**30 // BYTES_PER_SAMPLE))
+    held = BASE_BYTES + HELD_BYTES_PER_SAMPLE * int(num_samples)
+    free = int(memory_gb * 2**30) - held
+    if free < BYTES_PER_SAMPLE * min(int(num_samples), 100_000):
+        need = (held + BYTES_PER_SAMPLE * min(int(num_samples), 100_000)) / 2**30
+        raise UsageError(f"{{memory_gb}} {memory_gb:g} GiB cannot hold {int(num_samples):,} samples "
+                         f"(~{need:.1f} GiB at the least)", fix=f"raise {{memory_gb}} to {math.ceil(need)} or more")
+    return max(1, free // BYTES_PER_SAMPLE)
 
 
 def resolve_window_samples(num_samples: int, window_samples: int | None, memory_gb: float | None) -> int | None:
@@ -98,7 +117,7 @@ def resolve_window_samples(num_samples: int, window_samples: int | None, memory_
                          fix="give one of them")
     if window_samples is not None:
         return int(window_samples)
-    budget = window_samples_for(DEFAULT_MEMORY_GB if memory_gb is None else memory_gb)
+    budget = window_samples_for(DEFAULT_MEMORY_GB if memory_gb is None else memory_gb, num_samples)
     return budget if num_samples > budget else None
 
 

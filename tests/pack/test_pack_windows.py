@@ -43,7 +43,11 @@ def test_window_counts_and_budget():
     assert num_windows(100, None) == 1 and num_windows(100, 30) == 4 and num_windows(100, 30, min_samples=40) == 2
     assert num_windows(10, 30) == 1
     assert resolve_window_samples(10**6, None, None) is None  # fits the default budget: one window
-    assert resolve_window_samples(10**6, None, 0.001) == window_samples_for(0.001)
+    assert resolve_window_samples(10**7, None, 1.0) == window_samples_for(1.0, 10**7) < 10**6
+    # the held samples count: a budget that cannot hold them is refused with the size it needs
+    assert window_samples_for(8.0, 10**8) < window_samples_for(8.0, 10**7) < window_samples_for(8.0)
+    with pytest.raises(UsageError, match="cannot hold 100,000,000 samples"):
+        window_samples_for(4.0, 10**8)
     with pytest.raises(UsageError, match="both set the window size"):
         resolve_window_samples(10, 5, 1.0)
     with pytest.raises(UsageError):
