@@ -8,12 +8,16 @@ is this replay as a PyTorch batch sampler; any other loader can iterate it direc
   ``e >= E`` it replays epoch ``e mod E`` with its steps in a new order: the permutation
   ``numpy.random.default_rng([seed, e]).permutation(steps of epoch e mod E)`` where ``seed`` is the
   manifest's ``seed`` (groups and their rank placement stay as packed, so balance is unchanged).
-- **Resume.** ``state_dict()`` is a small JSON-able dict (epoch, replay step, manifest position,
-  batches already taken in the current step, world size, manifest fingerprint);
-  ``load_state_dict()`` seeks to the row group of the next unconsumed step, never iterating the
-  steps before it. It is the ``Stateful`` protocol of torchdata's ``StatefulDataLoader``.
+- **Resume.** ``state_dict()`` is a small JSON-able dict (:mod:`balancer_cli.replay.state`: the
+  manifest, lengths table and caps it was saved with, world size, epoch, replay step, manifest
+  position, batches already taken in the current step); ``load_state_dict()`` checks it and seeks
+  to the row group of the next unconsumed step, never iterating the steps before it. It is the
+  ``Stateful`` protocol of torchdata's ``StatefulDataLoader``
+  (:mod:`balancer_cli.replay.loader_state` takes it out of a loader's state).
 - **Elastic.** On a world size other than the manifest's, steps are re-planned by
-  :mod:`balancer_cli.replay.elastic`; a state saved at one world size loads at another.
+  :mod:`balancer_cli.replay.elastic` (and the plans kept beside the manifest,
+  :mod:`balancer_cli.replay.plan_cache`); a state saved anywhere at one world size loads at any
+  other, and every sample of the epoch is yielded exactly once over the two runs.
 - **Loss normalization.** ``step_tokens(step)`` gives the global LLM (and loss) token count of a
   step, identical on every rank (see ``docs/runtime.md``).
 
@@ -34,6 +38,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,13 +47,12 @@ from balancer_cli.errors import ManifestError, UsageError
 from balancer_cli.lengths import LengthsTable, read_lengths
 from balancer_cli.replay.elastic import ElasticReport, batches_per_rank
 from balancer_cli.replay.epoch_plan import EpochPlan, EpochPlanner
+from balancer_cli.replay.plan_cache import PLANS_DIR
 from balancer_cli.replay.reader import ManifestReader
 from balancer_cli.replay.samples import ReplaySamples, StepTokens
+from balancer_cli.replay.state import POSITION_KEYS, ReplayIdentity, make_state, read_state
 
-__all__ = ["STATE_VERSION", "ManifestReplay", "check_rank"]
-
-STATE_VERSION = 1
-_STATE_KEYS = ("epoch", "step", "position", "batch_in_step", "head")
+__all__ = ["ManifestReplay", "check_rank"]
 
 
 def check_rank(rank: int, world_size: int, *, fix: str = "pass {rank} in 0..{world_size}-1") -> tuple[int, int]:
@@ -96,11 +100,19 @@ class ManifestReplay:
             balance elastic replay by cost (else by group size).
         dataset: when given, ``len(dataset)`` must equal the manifest's ``num_samples``.
         logger: where the elastic replay report goes (INFO on rank 0, DEBUG elsewhere).
+        plan_cache: where elastic plans are kept (:mod:`balancer_cli.replay.plan_cache`): ``True``
+            for ``<manifest_dir>/elastic-plans`` (read when there; written by rank 0 when missing
+            and the folder is writable), a folder to use instead, or ``False`` to plan every pass
+            as it goes.
 
     Raises:
         ManifestError: unreadable or corrupt manifest, wrong schema version, or a dataset/lengths
             table that does not match it.
         UsageError: ``rank`` outside ``0..world_size-1``.
+
+    Attributes:
+        identity: what this replay's states record besides the position (the manifest, the
+            lengths table and the caps, :class:`~balancer_cli.replay.state.ReplayIdentity`).
 
     Example (``out`` is a manifest packed for 2 ranks, as in the module example):
         >>> import numpy as np, tempfile
@@ -130,6 +142,7 @@ class ManifestReplay:
         lengths: str | os.PathLike | LengthsTable | None = None,
         dataset: Any = None,
         logger: logging.Logger | None = None,
+        plan_cache: bool | str | os.PathLike = True,
     ) -> None:
         self._reader = reader = ManifestReader(manifest_dir)
         self.rank, self.world_size = check_rank(rank, world_size)
@@ -146,15 +159,17 @@ class ManifestReplay:
             table = lengths if isinstance(lengths, LengthsTable) else read_lengths(lengths)
             samples = ReplaySamples.from_lengths(table, reader.manifest)
         self._samples = samples
-        self._planner = EpochPlanner(reader, samples, int(reader.manifest.meta.get("seed") or 0))
+        self.identity = ReplayIdentity(fingerprint=self.fingerprint, lengths=samples.fingerprint, caps=samples.caps)
         self._logger = logger or logging.getLogger(__name__)
-        self.elastic_report: ElasticReport | None = None
+        plan_dir = (Path(reader.manifest.path) / PLANS_DIR if plan_cache is True
+                    else None if plan_cache is False else Path(plan_cache))
+        self._planner = EpochPlanner(reader, samples, int(reader.manifest.meta.get("seed") or 0), plan_dir=plan_dir,
+                                     build_plans=self.rank == 0, logger=self._logger)
+        self._report: ElasticReport | None = None
         self._iter_plan: EpochPlan | None = None
         self._resumed = False
         self._cursor: _Cursor | None = None
         self.set_epoch(epoch)
-        if self.world_size != self.manifest_world_size:
-            self._current_plan()  # plans (and logs) the elastic replay up front
 
     def __getstate__(self) -> dict:
         # A running iterator's progress is folded into the state; it does not travel itself.
@@ -203,12 +218,20 @@ class ManifestReplay:
     def _current_plan(self) -> EpochPlan:
         s = self._state
         plan = self._planner.plan(s["epoch"], s["position"], s["head"], self.world_size, s["step"])
-        if not plan.native and self.elastic_report is None:
-            self.elastic_report = self._planner.elastic_report(plan, self.world_size)
+        if not plan.native and self._report is None:
+            self._report = self._planner.elastic_report(plan, self.world_size)
             # Every rank computes the same report; one copy in the log is enough.
             self._logger.log(logging.INFO if self.rank == 0 else logging.DEBUG, "elastic replay: %s",
-                             self.elastic_report.describe())
+                             self._report.describe())
         return plan
+
+    @property
+    def elastic_report(self) -> ElasticReport | None:
+        """What elastic replay changes, measured on the first steps of the first pass (or resume)
+        planned; ``None`` at the packed world size. Logged once, when first planned."""
+        if self._report is None and self.world_size != self.manifest_world_size:
+            self._current_plan()
+        return self._report
 
     def _epoch_plan(self) -> EpochPlan:
         """The plan of the whole current epoch from its start."""
@@ -226,7 +249,6 @@ class ManifestReplay:
     def __iter__(self) -> Iterator[list[int]]:
         if self._at_end() and not self._resumed:
             self.set_epoch(self.epoch)  # a finished epoch replays from its start
-        self._resumed = False  # a state loaded at the end of an epoch yields nothing more
         self._iter_plan = plan = self._current_plan()
         cursor = self._cursor = _Cursor(plan, self._st, int(self._st["batch_in_step"]))
         return self._generate(plan, cursor)
@@ -235,6 +257,10 @@ class ManifestReplay:
         # Chunks come flat (samples, bounds) and each batch is sliced out as it is yielded, so
         # batches die young. The only other per-batch work is the count: state_dict() (called
         # while we are suspended) turns it into a position on demand (_sync).
+        # The resume is used up by the pass that runs, not by iter(): torch's multi-worker
+        # iterator calls iter() twice and drops the first iterator unstarted, and a state loaded
+        # at the end of an epoch must still yield nothing more.
+        self._resumed = False
         n = 0
         skip = cursor.skip
         for samples, bounds in self._planner.rank_chunks(plan, self.rank, self.world_size):
@@ -282,15 +308,17 @@ class ManifestReplay:
         return int(self._state["batch_in_step"])
 
     def batches_in_step(self, step: int) -> int:
-        """This rank's batches at replay ``step``: :attr:`batches_per_step`, except for the last step
-        of an epoch too short to fill it in elastic replay."""
+        """This rank's batches at replay ``step``, the same on every rank: :attr:`batches_per_step`,
+        except for the last step of an epoch too short to fill it in elastic replay (1 when fewer
+        samples are left than ranks; the ranks past its last sample then get one empty batch)."""
         plan = self._plan_holding(step)
         unit = step - plan.start_step
         return int(plan.batches[unit]) if 0 <= unit < len(plan.batches) else 0
 
     # ----------------------------------------------------------------------------- resume
     def state_dict(self, step: int | None = None) -> dict:
-        """Where to resume: a small JSON-able dict, the same on every rank.
+        """Where to resume: a small JSON-able dict, the same on every rank (its fields and what a
+        resume checks: :mod:`balancer_cli.replay.state`).
 
         Args:
             step: ``None`` for the replay's own position (the batch after the last one it
@@ -307,34 +335,53 @@ class ManifestReplay:
                                  f"(steps {plan.start_step}..{plan.start_step + len(plan.batches)})")
             cur.update(step=int(step), position=int(plan.bounds[unit]), batch_in_step=0,
                        head=plan.head_state if unit == 0 else None)
-        return {"version": STATE_VERSION, "fingerprint": self.fingerprint, "world_size": self.world_size,
-                **{k: cur[k] for k in _STATE_KEYS}}
+        return make_state(self.identity, self.world_size, cur)
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Resume at the next unconsumed batch, seeking (also at another world size)."""
-        state = dict(state_dict)
-        if state.get("version") != STATE_VERSION:
-            raise ManifestError(f"sampler state version {state.get('version')}, this balancer_cli reads {STATE_VERSION}")
-        if state.get("fingerprint") != self.fingerprint:
-            raise ManifestError(f"the sampler state was saved for another manifest (fingerprint {state.get('fingerprint')}, "
-                                f"{self._reader.manifest.path} has {self.fingerprint})",
+        """Resume at the next unconsumed batch, seeking (also at another world size).
+
+        Raises:
+            ManifestError: the state is corrupt, of another manifest, or needs the lengths table
+                and caps it was saved with and this replay has others (see
+                :mod:`balancer_cli.replay.state`).
+        """
+        state = read_state(state_dict, self.identity, self.manifest_world_size)
+        epoch = state["epoch"]
+        if state["position"] > len(self._planner.epoch_order(epoch)):
+            raise ManifestError(f"the sampler state is at position {state['position']}, past the "
+                                f"{len(self._planner.epoch_order(epoch))} steps of epoch {epoch} of this manifest",
                                 fix="resume with the manifest the checkpoint was trained on")
-        epoch, step, position, taken = (int(state[k]) for k in ("epoch", "step", "position", "batch_in_step"))
-        head = state.get("head")
-        if int(state["world_size"]) != self.world_size and taken > 0:
+        state = self._roll_forward(state)
+        if state["world_size"] != self.world_size and state["batch_in_step"] > 0:
             # The interrupted step's leftover groups (every rank's) become the head of the first
             # step here; the saved state itself describes them, so it nests as the head.
-            saved = self._planner.plan(epoch, position, head, int(state["world_size"]), step)
+            saved = self._planner.plan(epoch, state["position"], state["head"], state["world_size"], state["step"])
             head = {k: state[k] for k in ("world_size", "step", "position", "batch_in_step", "head")}
-            position, taken = int(saved.bounds[1]), 0
-        self._state = {"epoch": epoch, "step": step, "position": position, "batch_in_step": taken, "head": head}
+            state.update(position=int(saved.bounds[1]), batch_in_step=0, head=head)
+        self._state = {k: state[k] for k in POSITION_KEYS}
         self._iter_plan = None
         self._resumed = True
+
+    def _roll_forward(self, state: dict) -> dict:
+        """The same state with ``batch_in_step`` inside its step: a count past the step's batches
+        (torchdata's batches since its last snapshot) moves on to the step that holds the next batch."""
+        plan = self._planner.plan(state["epoch"], state["position"], state["head"], state["world_size"], state["step"])
+        taken = state["batch_in_step"]
+        if not len(plan.batches) or taken < int(plan.batches[0]):
+            return state
+        cum = np.cumsum(plan.batches)
+        if taken > int(cum[-1]):
+            raise ManifestError(f"the sampler state is {taken} batches into step {state['step']}, past the "
+                                f"{int(cum[-1])} batches left in epoch {state['epoch']}", fix="resume from a state "
+                                "that state_dict() (or sampler_state_from_loader) returned, unchanged")
+        unit = int(np.searchsorted(cum, taken, side="right"))
+        return dict(state, step=plan.start_step + unit, position=int(plan.bounds[unit]), head=None,
+                    batch_in_step=taken - int(cum[unit - 1]))
 
     # ----------------------------------------------------------------------------- loss normalization
     def step_tokens(self, step: int) -> StepTokens:
         """Global token counts of replay step ``step`` of the current epoch (needs ``lengths=``)."""
-        if self._samples.llm_tokens_N is None:
+        if self._samples.lengths is None:
             raise UsageError("step_tokens() needs the lengths table", fix="pass {lengths}=PATH to ManifestBatchSampler")
         plan = self._plan_holding(step)
         unit = step - plan.start_step

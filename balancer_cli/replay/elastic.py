@@ -18,7 +18,9 @@ costs and ``R'`` (so every rank computes the same plan on its own, without colle
 A step with fewer than ``G'`` samples cannot give every rank ``k`` non-empty batches; such a step
 is merged with the steps after it (a **run**) until the run has at least ``G'`` samples; a short
 run at the end of an epoch joins the run before it. Only when a whole (remaining) epoch has fewer
-than ``G'`` samples does its single step get fewer batches per rank.
+than ``G'`` samples does its single step get fewer batches per rank; when it has fewer samples
+than ranks (what is left of an epoch resumed on more ranks), every rank gets one batch, and the
+ranks past its last sample get an empty one (every rank still runs the same number of batches).
 
 Example:
     >>> import numpy as np
@@ -36,7 +38,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from balancer_cli.errors import ManifestError
 from balancer_cli.replay.replan import plan_window
 
 __all__ = ["ElasticReport", "batches_per_rank", "plan_step", "form_runs"]
@@ -63,7 +64,8 @@ def plan_step(
     Balanced per module at sample granularity by :func:`balancer_cli.replay.replan.plan_window`
     (LPT over the step's samples, then each rank's samples cut into batches of nearly equal cost).
     Gives every rank ``min(batches_per_rank, samples // world_size)`` batches (the smaller value
-    only for an epoch too short to fill them).
+    only for an epoch too short to fill them), and one batch each, empty past the step's last
+    sample, to a step of fewer samples than ranks.
 
     Args:
         groups: the step's groups in manifest order.
@@ -71,20 +73,16 @@ def plan_step(
         load_NK, caps_K: per-sample capped quantities and the packer's caps; with both, no batch
             exceeds a cap unless it is one sample (see :func:`balancer_cli.replay.replan.plan_window`).
 
-    Raises:
-        ManifestError: the step has fewer samples than ranks.
-
     Example:
         >>> groups = [np.array([0, 1, 2, 3]), np.array([4]), np.array([5, 6])]
         >>> [[b.tolist() for b in batches] for batches in plan_step(groups, np.ones(7), 2, 2)]
         [[[0, 2], [4, 6]], [[1], [3, 5]]]
+        >>> [[b.tolist() for b in batches] for batches in plan_step(groups[1:], np.ones(7), 4, 2)]
+        [[[4]], [[5]], [[6]], [[]]]
     """
     sizes = [len(g) for g in groups]
     total = sum(sizes)
-    k = min(batches_per_rank, total // world_size)
-    if k == 0:
-        raise ManifestError(f"a step holds {total} samples, fewer than the {world_size} ranks replaying it",
-                            fix="replay on fewer ranks, or pack the manifest for this world size")
+    k = max(1, min(batches_per_rank, total // world_size))
     samples = np.concatenate([np.asarray(g, dtype=np.int64) for g in groups])
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     cost = np.asarray(sample_cost, dtype=np.float64)

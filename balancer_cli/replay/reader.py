@@ -105,6 +105,7 @@ class ManifestReader:
                                 fix="re-run `balancer pack`; the file was rewritten by another tool")
         self._cache: OrderedDict[int, _RowGroup] = OrderedDict()
         self._step_samples: np.ndarray | None = None
+        self._counted: set[int] = set()  # row groups counted by step_sample_counts
 
     def __getstate__(self) -> dict:
         # A ParquetFile handle does not pickle; reopen by path (DataLoader workers, spawn).
@@ -265,19 +266,90 @@ class ManifestReader:
         offsets = group.offsets[g0:g0 + self.groups_per_step + 1]
         return group.sample[offsets[0]:offsets[-1]], offsets - offsets[0]
 
+    def steps_flat(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every rank's groups of the given steps (any order), flat and vectorized.
+
+        Returns:
+            ``(samples, step_S1, group_G1)``: the (P,) int64 samples of each step in turn (in
+            manifest order), the (S+1,) bounds of each step in them, and the (S*G+1,) start of
+            each of the steps' ``G = world_size * micro_batches`` groups, then ``P``.
+
+        Example:
+            >>> import tempfile
+            >>> from balancer_cli.manifest import ManifestRows, write_manifest
+            >>> out = tempfile.mkdtemp()
+            >>> rows = ManifestRows(step=np.array([0, 0, 1, 1]), rank=np.array([0, 1, 0, 1]), micro=np.zeros(4, int),
+            ...                     sample=np.array([3, 2, 1, 0]))
+            >>> _ = write_manifest(out, rows, dropped_sample=np.array([], np.int64), dropped_reason=[],
+            ...                    meta={"world_size": 2, "micro_batches": 1, "num_samples": 4, "seed": 0})
+            >>> [a.tolist() for a in ManifestReader(out).steps_flat(np.array([1, 0]))]
+            [[1, 0, 3, 2], [0, 2, 4], [0, 1, 2, 3, 4]]
+        """
+        steps = np.asarray(steps, dtype=np.int64)
+        G = self.groups_per_step
+        if not len(steps):
+            return np.empty(0, np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64)
+        if steps.min() < 0 or steps.max() >= self.num_steps:
+            raise IndexError(f"steps out of range 0..{self.num_steps - 1}")
+        index = np.searchsorted(self._starts, steps, side="right") - 1
+        slots_all, gathered, sizes_all = [], [], []
+        for slots in np.split(np.argsort(index, kind="stable"), np.flatnonzero(np.diff(np.sort(index))) + 1):
+            group = self._row_group(int(steps[slots[0]]))
+            g0 = (steps[slots] - group.first_step) * G  # first group of each step
+            bounds_SG1 = group.offsets[g0[:, None] + np.arange(G + 1)]
+            gathered.append(group.sample[_ranges(bounds_SG1[:, 0], bounds_SG1[:, -1] - bounds_SG1[:, 0])])
+            sizes_all.append(np.diff(bounds_SG1, axis=1))
+            slots_all.append(slots)
+        # Back from row-group order to the requested order, one gather.
+        slots, sizes_SG = np.concatenate(slots_all), np.concatenate(sizes_all)
+        step_sizes = sizes_SG.sum(axis=1)
+        step_start = np.cumsum(step_sizes) - step_sizes
+        order = np.argsort(slots, kind="stable")
+        samples = np.concatenate(gathered)[_ranges(step_start[order], step_sizes[order])]
+        group_G1 = np.zeros(len(steps) * G + 1, dtype=np.int64)
+        np.cumsum(sizes_SG[order].ravel(), out=group_G1[1:])
+        step_S1 = group_G1[::G].copy()
+        return samples, step_S1, group_G1
+
     def step_samples(self, step: int) -> np.ndarray:
         """(n,) int64 samples of ``step`` (all ranks) in manifest order."""
         group = self._row_group(step)
         g0 = (step - group.first_step) * self.groups_per_step
         return group.sample[group.offsets[g0]:group.offsets[g0 + self.groups_per_step]]
 
-    def step_sample_counts(self) -> np.ndarray:
-        """(num_steps,) int64 samples per step; one pass over the ``step`` column, cached."""
+    def step_sample_counts(self, first: int = 0, last: int | None = None) -> np.ndarray:
+        """(num_steps,) int64 samples per step, exact for steps ``first .. last - 1`` (default all).
+
+        Reads only the ``step`` column of the row groups that hold those steps (each once, then
+        cached), so planning the rest of an epoch after a resume reads no earlier row group.
+        Steps outside the range are 0 unless an earlier call counted them.
+
+        Example:
+            >>> import tempfile
+            >>> from balancer_cli.manifest import ManifestRows, write_manifest
+            >>> out = tempfile.mkdtemp()
+            >>> rows = ManifestRows(step=np.array([0, 0, 1]), rank=np.array([0, 0, 0]), micro=np.zeros(3, int),
+            ...                     sample=np.array([0, 1, 2]))
+            >>> _ = write_manifest(out, rows, dropped_sample=np.array([], np.int64), dropped_reason=[],
+            ...                    meta={"world_size": 1, "micro_batches": 1, "num_samples": 3, "seed": 0})
+            >>> ManifestReader(out).step_sample_counts().tolist()
+            [2, 1]
+        """
+        last = self.num_steps if last is None else last
         if self._step_samples is None:
-            counts = np.zeros(self.num_steps, dtype=np.int64)
-            parquet = self.manifest._file  # noqa: SLF001
-            for index in range(parquet.num_row_groups):
-                step = parquet.read_row_group(index, columns=["step"]).column("step").to_numpy()
-                counts += np.bincount(step, minlength=self.num_steps)[: self.num_steps]
-            self._step_samples = counts
+            self._step_samples = np.zeros(self.num_steps, dtype=np.int64)
+        if first >= last:
+            return self._step_samples
+        parquet = self.manifest._file  # noqa: SLF001
+        lo = bisect.bisect_right(self._starts_list, first) - 1
+        hi = bisect.bisect_right(self._starts_list, last - 1) - 1
+        for index in range(lo, hi + 1):
+            if index in self._counted:
+                continue
+            step = parquet.read_row_group(index, columns=["step"], use_threads=False).column("step").to_numpy()
+            a, b = self._starts_list[index], self._starts_list[index + 1]
+            # Rows are sorted by step (checked when the row group is decoded): counts are the
+            # distances between the first rows of consecutive steps.
+            self._step_samples[a:b] = np.diff(np.searchsorted(step, np.arange(a, b + 1, dtype=step.dtype)))
+            self._counted.add(index)
         return self._step_samples

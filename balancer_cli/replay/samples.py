@@ -17,14 +17,15 @@ Example:
     ...                    meta={"world_size": 1, "micro_batches": 1, "num_samples": 2, "seed": 0,
     ...                          "params": {"caps": {"vision": 4, "llm": 512}}})
     >>> samples = ReplaySamples.from_lengths(lengths, open_manifest(out))
-    >>> samples.cost_NK.tolist(), samples.load_NK.tolist(), samples.caps_K.tolist()
-    ([[512.0, 300.0], [0.0, 40.0]], [[300, 2], [40, 0]], [512, 4])
+    >>> samples.costs([0, 1]).tolist(), samples.caps, samples.loads([0, 1]).tolist(), samples.caps_K.tolist()
+    ([[512.0, 300.0], [0.0, 40.0]], {'llm': 512, 'vision': 4}, [[300, 2], [40, 0]], [512, 4])
     >>> samples.step_tokens(0, np.arange(2))
     StepTokens(step=0, num_samples=2, llm_tokens=340, loss_tokens=None)
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,27 +61,30 @@ class StepTokens:
         return self.llm_tokens if self.loss_tokens is None else self.loss_tokens
 
 
-@dataclass(frozen=True, kw_only=True)
 class ReplaySamples:
-    """Per-sample quantities of a manifest's samples, indexed by sample (all ``None`` without lengths).
+    """Per-sample quantities of a manifest's samples, for the samples asked (``None`` without lengths).
+
+    Nothing is computed up front: a replay at the packed world size that never asks for
+    ``step_tokens`` computes nothing, and a resume plans its first steps from the rows of those
+    steps alone. Once the samples asked add up to a sixteenth of the table, each quantity is
+    computed for the whole table at once and kept.
+
+    Args:
+        lengths: the lengths table (``None``: every sample costs 1, nothing is capped).
+        caps: the packer's caps to keep, ``{module: cap}`` (``llm`` or an encoder of ``lengths``).
 
     Attributes:
-        llm_tokens_N: (N,) LLM tokens of each sample.
-        loss_tokens_N: (N,) int64 loss tokens, when the table has a ``loss_tokens`` column.
-        cost_NK: (N, K) float64 cost of each module (encoders first, ``llm`` last).
-        load_NK, caps_K: (N, K) int64 quantities the packer capped (encoder items, LLM tokens)
-            and its (K,) caps (``meta["params"]["caps"]``), for the capped modules the table has.
+        fingerprint: the lengths table's fingerprint, ``None`` without one.
+        caps: the caps elastic batches keep (``None`` when none apply).
+        caps_K: their (K,) values, in the order of ``caps``.
     """
 
-    llm_tokens_N: np.ndarray | None = None
-    loss_tokens_N: np.ndarray | None = None
-    cost_NK: np.ndarray | None = None
-    load_NK: np.ndarray | None = None
-    caps_K: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        if (self.load_NK is None) != (self.caps_K is None):
-            raise ValueError("load_NK and caps_K come together")
+    def __init__(self, lengths: LengthsTable | None = None, caps: Mapping[str, int] | None = None) -> None:
+        self.lengths = lengths
+        self.fingerprint = None if lengths is None else lengths.fingerprint
+        self.caps = dict(caps) if caps and lengths is not None else None
+        self._arrays: dict[str, np.ndarray | None] = {}
+        self._asked = 0
 
     @classmethod
     def from_lengths(cls, lengths: LengthsTable, manifest: ManifestFile) -> ReplaySamples:
@@ -97,7 +101,7 @@ class ReplaySamples:
             >>> out, one = tempfile.mkdtemp(), np.zeros(1, int)
             >>> _ = write_manifest(out, ManifestRows(step=one, rank=one, micro=one, sample=one), dropped_sample=one[:0],
             ...                    dropped_reason=[], meta={"world_size": 1, "micro_batches": 1, "num_samples": 1, "seed": 0})
-            >>> ReplaySamples.from_lengths(make_lengths_table(np.array([7]), {}), open_manifest(out)).cost_NK.tolist()
+            >>> ReplaySamples.from_lengths(make_lengths_table(np.array([7]), {}), open_manifest(out)).costs([0]).tolist()
             [[7.0]]
         """
         where, num_samples = manifest.path, int(manifest.meta["num_samples"])
@@ -105,39 +109,71 @@ class ReplaySamples:
             raise ManifestError(f"{where}: the lengths table has {lengths.num_samples} samples, the manifest "
                                 f"{num_samples}", fix="pass the lengths table the manifest was packed from")
         manifest.check_lengths(lengths.fingerprint, required=False)
-        loss = None
-        if "loss_tokens" in lengths.table.column_names:
-            loss = np.asarray(lengths.table.column("loss_tokens").fill_null(0).to_numpy(), dtype=np.int64)
-        cost_NK = np.stack(list(sample_costs(lengths).values()), axis=1).astype(np.float64)
-        load_NK, caps_K = _capped_loads(lengths, manifest)
-        return cls(llm_tokens_N=lengths.llm_tokens(), loss_tokens_N=loss, cost_NK=cost_NK, load_NK=load_NK,
-                   caps_K=caps_K)
+        # A cap on a module this table lacks bounds nothing here.
+        caps = ((manifest.meta.get("params") or {}).get("caps")) or {}
+        kept = {m: int(c) for m, c in caps.items() if m == LLM or m in lengths.modules}
+        return cls(lengths, kept)
+
+    @property
+    def caps_K(self) -> np.ndarray | None:
+        return np.asarray(list(self.caps.values()), dtype=np.int64) if self.caps else None
+
+    def costs(self, samples: np.ndarray) -> np.ndarray | None:
+        """(n, K) float64 cost of each module (encoders first, ``llm`` last) of ``samples``."""
+        return self._take("cost", samples)
+
+    def loads(self, samples: np.ndarray) -> np.ndarray | None:
+        """(n, K) int64 quantities the packer capped (in the order of ``caps``) of ``samples``."""
+        return self._take("load", samples) if self.caps else None
 
     def step_tokens(self, step: int, samples_n: np.ndarray) -> StepTokens:
         """Token counts of replay step ``step`` holding ``samples_n`` (needs the lengths table).
 
         Example:
-            >>> ReplaySamples(llm_tokens_N=np.array([5, 7, 9])).step_tokens(3, np.array([0, 2]))
+            >>> from balancer_cli.lengths import make_lengths_table
+            >>> ReplaySamples(make_lengths_table(np.array([5, 7, 9]))).step_tokens(3, np.array([0, 2]))
             StepTokens(step=3, num_samples=2, llm_tokens=14, loss_tokens=None)
         """
-        loss = None if self.loss_tokens_N is None else int(self.loss_tokens_N[samples_n].sum())
-        return StepTokens(step, len(samples_n), int(self.llm_tokens_N[samples_n].sum()), loss)
+        loss = self._take("loss_tokens", samples_n)
+        llm = self._take("llm_tokens", samples_n)
+        return StepTokens(step, len(samples_n), int(llm.sum()), None if loss is None else int(loss.sum()))
+
+    def _take(self, name: str, samples: np.ndarray) -> np.ndarray | None:
+        """Quantity ``name`` of ``samples``: from the whole-table array once there is one, else
+        from those rows alone (the same values: every quantity is per sample)."""
+        if self.lengths is None:
+            return None
+        samples = np.asarray(samples, dtype=np.int64)
+        if name not in self._arrays:
+            self._asked += len(samples)
+            if self._asked * _WHOLE_TABLE_AFTER < self.lengths.num_samples:
+                rows = LengthsTable(self.lengths.table.take(samples), self.lengths.metadata, self.fingerprint)
+                return _COMPUTE[name](rows, self.caps or {})
+            self._arrays[name] = _COMPUTE[name](self.lengths, self.caps or {})
+        array = self._arrays[name]
+        return None if array is None else array[samples]
 
 
-def _capped_loads(lengths: LengthsTable, manifest: ManifestFile) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """The packer's caps (``meta["params"]["caps"]``: encoder items, LLM tokens per group) and the
-    matching per-sample quantities, so elastic batches respect them too."""
-    caps = ((manifest.meta.get("params") or {}).get("caps")) or {}
-    columns, limits = [], []
-    for module, cap in caps.items():
-        if module == LLM:
-            columns.append(lengths.llm_tokens())
-        elif module in lengths.modules:
-            columns.append(lengths.items(module))
-        else:  # a cap on a module this table lacks bounds nothing here
-            continue
-        limits.append(int(cap))
-    if not columns:
-        return None, None
-    return np.stack(columns, axis=1).astype(np.int64), np.asarray(limits, dtype=np.int64)
+#: A quantity is computed for the whole table once the samples asked reach 1/16 of it.
+_WHOLE_TABLE_AFTER = 16
 
+
+def _loss_tokens(lengths: LengthsTable, caps: Mapping[str, int]) -> np.ndarray | None:
+    if "loss_tokens" not in lengths.table.column_names:
+        return None
+    return np.asarray(lengths.table.column("loss_tokens").fill_null(0).to_numpy(), dtype=np.int64)
+
+
+def _capped_loads(lengths: LengthsTable, caps: Mapping[str, int]) -> np.ndarray:
+    """The per-sample quantities the packer's caps bound (LLM tokens, encoder items), in the
+    order of ``caps``, so elastic batches respect them too."""
+    columns = [lengths.llm_tokens() if module == LLM else lengths.items(module) for module in caps]
+    return np.stack(columns, axis=1).astype(np.int64, copy=False)
+
+
+_COMPUTE = {
+    "llm_tokens": lambda lengths, caps: lengths.llm_tokens(),
+    "loss_tokens": _loss_tokens,
+    "cost": lambda lengths, caps: np.stack(list(sample_costs(lengths).values()), axis=1).astype(np.float64, copy=False),
+    "load": _capped_loads,
+}

@@ -113,27 +113,3 @@ def test_perfectly_packed_manifest_stays_balanced_at_any_world_size(tmp_path, ne
                              for s in range(12)])
         assert (load_SR.max(axis=1) <= load_SR.mean(axis=1) + step_max + 1e-9).all(), module
         assert dist_ratio_per_step(load_SR).mean() < 0.03, module
-
-
-@settings(max_examples=20, deadline=None)
-@given(sizes=steps_strategy, world=st.integers(1, 7), modules=st.integers(1, 3), seed=st.integers(0, 10**6))
-def test_compiled_kernel_matches_its_python_source(sizes, world, modules, seed):
-    # Without numba the kernel runs as Python; both must give the same plan on every rank.
-    from balancer_cli._jit import HAVE_NUMBA
-    from balancer_cli.replay import elastic_kernels as kernels
-    from balancer_cli.replay.replan import assign_ranks
-
-    if not HAVE_NUMBA:
-        pytest.skip("numba is not installed: the Python source is the only implementation")
-    samples, _ = random_steps(sizes, seed)
-    L = max(sizes)
-    cost = np.zeros((len(sizes), L, modules))
-    rng = np.random.default_rng(seed)
-    for u, n in enumerate(sizes):
-        cost[u, :n] = rng.lognormal(2.0, 1.0, (n, modules))
-    compiled = assign_ranks(cost, np.array(sizes), world)
-    order = np.argsort(np.where(np.arange(L)[None, :] < np.array(sizes)[:, None], -cost.sum(axis=2), np.inf),
-                       axis=1, kind="stable")
-    python = np.full((len(sizes), L), -1, dtype=np.int64)
-    kernels.lpt_swap.py_func(cost, np.array(sizes), order, world, 16 if modules > 1 else 0, python)
-    assert np.array_equal(compiled, python)
