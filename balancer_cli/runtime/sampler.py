@@ -1,11 +1,17 @@
 """``ManifestBatchSampler``: replay a manifest's balanced groups in any PyTorch training job.
 
 A PyTorch ``Sampler`` over :class:`~balancer_cli.replay.cursor.ManifestReplay`: it finds this
-process's rank and world size (:func:`~balancer_cli.runtime.ranks.resolve_rank`) and replays the
-manifest for it, so it plugs into ``DataLoader(dataset, batch_sampler=sampler, num_workers=...)``.
+process's data-parallel rank and world size (:func:`~balancer_cli.runtime.ranks.resolve_rank`:
+explicit, a process group, a ``DeviceMesh``, or the environment) and replays the manifest for
+it, so it plugs into ``DataLoader(dataset, batch_sampler=sampler, num_workers=...)``.
 Epochs, resume by seeking, elastic replay and ``step_tokens`` are the replay's (see
 :mod:`balancer_cli.replay.cursor` and ``docs/runtime.md``); the elastic replay report is logged
 under ``balancer_cli.runtime``.
+
+Trainers that call ``set_epoch`` on ``loader.batch_sampler.sampler`` (Lightning, accelerate's
+prepared loaders, Fabric) reach :meth:`ManifestBatchSampler.set_epoch` through
+:attr:`ManifestBatchSampler.sampler`; a trainer that shards the batches again (accelerate's
+``prepare``) makes iterating raise (:mod:`~balancer_cli.runtime.trainers`).
 
 Example:
     >>> import numpy as np, tempfile
@@ -23,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from torch.utils.data import Sampler
@@ -33,6 +39,7 @@ from balancer_cli.replay.cursor import ManifestReplay
 from balancer_cli.replay.elastic import ElasticReport
 from balancer_cli.replay.samples import StepTokens
 from balancer_cli.runtime.ranks import resolve_rank
+from balancer_cli.runtime.trainers import EpochForwarder, check_not_resharded
 
 __all__ = ["ManifestBatchSampler"]
 
@@ -45,17 +52,32 @@ class ManifestBatchSampler(Sampler[list[int]]):
     Args:
         manifest_dir: a ``balancer pack`` output directory (or its ``manifest.parquet``).
         rank, world_size: this process's data-parallel rank and the number of ranks; default from
-            ``RANK``/``WORLD_SIZE``, else ``torch.distributed``, else 0 and 1.
+            ``dp_group``/``mesh``, else ``RANK``/``WORLD_SIZE``, else ``torch.distributed``, else
+            0 and 1 (see :func:`~balancer_cli.runtime.ranks.resolve_rank`).
         epoch: the epoch to replay first (see :meth:`set_epoch`).
         lengths: the lengths table (path or :class:`LengthsTable`) the manifest was packed from;
             checked against the manifest's fingerprint, used for :meth:`step_tokens` and to
             balance elastic replay by cost (else by group size).
         dataset: when given, ``len(dataset)`` must equal the manifest's ``num_samples``.
+        dp_group: the data-parallel process group (under tensor/pipeline parallelism): rank and
+            size are ``torch.distributed.get_rank(dp_group)`` and ``get_world_size(dp_group)``.
+        mesh, mesh_dim: a ``DeviceMesh`` and its data-parallel dimension name(s) (default ``dp``
+            or ``batch``, or the only one of a 1-D mesh).
+        plan_cache: where elastic plans are kept (:mod:`balancer_cli.replay.plan_cache`): ``True``
+            for ``<manifest_dir>/elastic-plans`` (read when there; written by rank 0 when missing
+            and the folder is writable), a folder to use instead, or ``False`` to plan every pass
+            as it goes (see :class:`~balancer_cli.replay.cursor.ManifestReplay`).
 
     Raises:
         ManifestError: unreadable or corrupt manifest, wrong schema version, or a dataset/lengths
             table that does not match it.
-        UsageError: a rank outside ``0..world_size-1``.
+        UsageError: a rank outside ``0..world_size-1``, a rank source that contradicts another
+            (see :func:`~balancer_cli.runtime.ranks.resolve_rank`); when iterated, a trainer that
+            shards the batches again (accelerate's ``prepare``).
+
+    Attributes:
+        sampler: an :class:`~balancer_cli.runtime.trainers.EpochForwarder`, where trainers that set the epoch on
+            ``loader.batch_sampler.sampler`` find :meth:`set_epoch`.
     """
 
     def __init__(
@@ -67,17 +89,24 @@ class ManifestBatchSampler(Sampler[list[int]]):
         *,
         lengths: str | os.PathLike | LengthsTable | None = None,
         dataset: Any = None,
+        dp_group: Any = None,
+        mesh: Any = None,
+        mesh_dim: str | Sequence[str] | None = None,
+        plan_cache: bool | str | os.PathLike = True,
     ) -> None:
         super().__init__()
-        rank, world_size = resolve_rank(rank, world_size)
+        rank, world_size = resolve_rank(rank, world_size, dp_group=dp_group, mesh=mesh, mesh_dim=mesh_dim)
         self._replay = ManifestReplay(manifest_dir, rank, world_size, epoch, lengths=lengths, dataset=dataset,
-                                      logger=logger)
+                                      logger=logger, plan_cache=plan_cache)
+        self.sampler = EpochForwarder(self)
 
     def __iter__(self) -> Iterator[list[int]]:
+        check_not_resharded(self)
         return iter(self._replay)
 
     def __len__(self) -> int:
         """Batches the next ``iter()`` yields: the rest of the epoch after a resume, else all of it."""
+        check_not_resharded(self)
         return len(self._replay)
 
     @property
@@ -142,7 +171,12 @@ class ManifestBatchSampler(Sampler[list[int]]):
         return self._replay.next_micro
 
     def set_epoch(self, epoch: int) -> None:
-        """Replay epoch ``epoch`` from its start (see :meth:`ManifestReplay.set_epoch`)."""
+        """Replay epoch ``epoch`` from its start (see :meth:`ManifestReplay.set_epoch`).
+
+        Calling it again before iterating changes nothing (trainers call it once on the loader's
+        batch sampler and once on :attr:`sampler`); right after :meth:`load_state_dict`, the
+        loaded epoch keeps the resume point.
+        """
         self._replay.set_epoch(epoch)
 
     def batches_in_step(self, step: int) -> int:
