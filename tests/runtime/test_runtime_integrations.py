@@ -1,4 +1,5 @@
-"""The integration snippets of docs/runtime.md, executed as written, plus the example script."""
+"""The integration snippets of docs/runtime.md, executed as written (and a check that every snippet of
+the page is run by some test), plus the example script and the sampler's ``plan_cache=``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ torch = pytest.importorskip("torch")
 
 from replay_util import pack_random, random_lengths  # noqa: E402
 
+from balancer_cli.replay.cursor import ManifestReplay  # noqa: E402
 from balancer_cli.runtime import ManifestBatchSampler  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,6 +60,15 @@ def packed(tmp_path_factory):
     lengths = random_lengths(120, seed=4)
     out = pack_random(tmp_path_factory.mktemp("integ"), num_samples=120, world_size=2, micro_batches=2,
                       lengths=lengths)
+    return out, out / "lengths.parquet"
+
+
+@pytest.fixture(scope="module")
+def packed4(tmp_path_factory):
+    """A manifest for 4 ranks x 2 micro-batches (4 steps), what the resume snippets are written for."""
+    lengths = random_lengths(120, seed=5)
+    out = pack_random(tmp_path_factory.mktemp("integ4"), num_samples=120, world_size=4, micro_batches=2,
+                      lengths=lengths, seed=5)
     return out, out / "lengths.parquet"
 
 
@@ -165,3 +176,119 @@ def test_example_random_baseline_replays_on_any_world_size(tmp_path):
         for step in range(reader.num_steps):
             got = sorted(i for r in per_rank for i in r[step])
             assert got == sorted(reader.step_samples(step).tolist())
+
+
+def _tiny_qwen2():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      bos_token_id=1, eos_token_id=2, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return transformers.Qwen2ForCausalLM(config)
+
+
+def test_packed_collator_snippet_trains(packed):
+    manifest, _ = packed
+    model = _tiny_qwen2()
+    scope = {"manifest_dir": manifest, "dataset": Tokens(120), "model": model}
+    exec(snippet("packed"), scope)
+    assert scope["indices"] == list(ManifestBatchSampler(manifest))[-1]
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_iterable_snippet_trains_and_resumes(packed):
+    manifest, lengths = packed
+    model = _tiny_qwen2()
+    scope = {"manifest_dir": manifest, "lengths_path": lengths, "dataset": Tokens(120), "model": model,
+             "optimizer": torch.optim.SGD(model.parameters(), lr=1e-3), "num_epochs": 2, "checkpoint": None,
+             "seen": []}
+    exec(snippet("iterable"), scope)
+    epochs = [list(ManifestBatchSampler(manifest, lengths=lengths, epoch=e)) for e in (0, 1)]
+    assert scope["seen"] == epochs[0] + epochs[1]
+    state = ManifestBatchSampler(manifest, lengths=lengths).state_dict(step=3)
+    k = ManifestBatchSampler(manifest, lengths=lengths).batches_per_step
+    resumed = {**scope, "checkpoint": {"data": {"sampler": state, "phase": 0}}, "seen": [], "num_epochs": 1}
+    exec(snippet("iterable"), resumed)
+    assert resumed["seen"] == epochs[0][3 * k:]
+
+
+def test_resume_any_world_snippet_yields_every_sample_once(packed4):
+    manifest, lengths = packed4
+    scope = {"manifest_dir": manifest, "lengths_path": lengths}
+    exec(snippet("resume-any-world"), scope)  # it asserts every sample once itself
+    state, before, after = scope["state"], scope["before"], scope["after"]
+    assert state["world_size"] == 4 and state["batch_in_step"] > 0  # saved inside a step
+    assert before and after and len(set(before + after)) == len(before + after)
+    placed = [s for r in range(4) for batch in ManifestReplay(manifest, r, 4) for s in batch]
+    assert sorted(before + after) == sorted(placed) and len(placed) == len(set(placed))
+
+
+def test_empty_batch_snippet_keeps_every_rank_in_the_step(packed4):
+    """Resumed inside the epoch's last step on more ranks than samples left: the ranks past the last
+    sample get one empty batch, which the snippet's collate and loss turn into a zero-gradient step."""
+    manifest, _ = packed4
+    scope = {"collate": collate_with_index}
+    exec(snippet("empty-batch"), scope)
+    replays = [ManifestReplay(manifest, r, 4) for r in range(4)]
+    batches = [list(replay) for replay in replays]
+    last_step = replays[0].steps_per_epoch - 1
+    taken = sum(replays[0].batches_in_step(s) for s in range(last_step)) + 1  # one batch into the last step
+    left = sorted(i for rank in batches for batch in rank[taken:] for i in batch)
+    state = ManifestReplay(manifest, 0, 4)
+    it = iter(state)
+    for _ in range(taken):
+        next(it)
+    saved = state.state_dict()
+    world = len(left) + 3
+    seen, empty = [], 0
+    for rank in range(world):
+        sampler = ManifestBatchSampler(manifest, rank=rank, world_size=world)
+        sampler.load_state_dict(saved)
+        loader = torch.utils.data.DataLoader(Tokens(120), batch_sampler=sampler, collate_fn=scope["collate_or_none"])
+        model = SumLoss()
+        got = list(loader)
+        assert len(got) == 1  # every rank runs the step's one batch
+        scope["loss_of"](model, got[0]).backward()
+        if got[0] is None:
+            empty += 1
+            assert model.w.grad is not None and float(model.w.grad) == 0.0
+        else:
+            seen += model.seen
+            assert float(model.w.grad) > 0
+    assert empty == 3 and sorted(seen) == left
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
+def test_torchdata_workers_snippet_resumes_with_another_number_of_workers(packed):
+    pytest.importorskip("torchdata")
+    manifest, _ = packed
+    scope = {"manifest_dir": manifest, "dataset": list(range(120)), "collate": lambda b: b}
+    exec(snippet("torchdata-workers"), scope)
+    everything = list(ManifestBatchSampler(manifest))
+    assert scope["seen"] == everything[:5]
+    assert scope["rest"] == everything[5:]
+    assert "_snapshot" in scope["state"]  # saved with workers, resumed without
+
+
+def test_every_snippet_of_the_doc_is_executed_by_a_test():
+    names = re.findall(r"<!-- snippet: ([a-z0-9-]+) -->", DOC.read_text())
+    assert len(names) == len(set(names)), "a snippet name appears twice in docs/runtime.md"
+    executed = set()
+    for path in Path(__file__).parent.glob("test_*.py"):
+        executed |= set(re.findall(r"""snippet\(["']([a-z0-9-]+)["']\)""", path.read_text()))
+    assert set(names) - executed == set(), "snippets of docs/runtime.md no test runs"
+    assert executed - set(names) == set(), "tests read snippets docs/runtime.md does not have"
+
+
+def test_the_sampler_keeps_elastic_plans_where_plan_cache_says(tmp_path):
+    """``plan_cache=`` reaches the replay: beside the manifest by default, another folder, or none."""
+    out = pack_random(tmp_path / "m", num_samples=120, world_size=4, micro_batches=1,
+                      lengths=random_lengths(120, seed=3))
+    expected = list(ManifestReplay(out, 0, 3, plan_cache=False))
+    assert list(ManifestBatchSampler(out, rank=0, world_size=3, plan_cache=False)) == expected
+    assert not (out / "elastic-plans").exists()
+    elsewhere = tmp_path / "plans"
+    assert list(ManifestBatchSampler(out, rank=0, world_size=3, plan_cache=elsewhere)) == expected
+    assert [p.name[:3] for p in elsewhere.glob("*.npy")] == ["R3-"] and not (out / "elastic-plans").exists()
+    assert list(ManifestBatchSampler(out, rank=0, world_size=3)) == expected
+    assert [p.name[:3] for p in (out / "elastic-plans").glob("*.npy")] == ["R3-"]
