@@ -139,14 +139,23 @@ def window_members(source_n: np.ndarray, windows: int, *, seed: int, epoch: int)
     if windows <= 1:
         return [np.arange(n)]
     rng = np.random.default_rng(stream_seed(seed, epoch, "window"))
-    # Source by source, shuffled within the source (one stable sort of a random key).
-    order = np.lexsort((rng.random(n), np.asarray(source_n)))
-    window_of = np.empty(n, dtype=index_dtype(windows))
+    # Source by source, shuffled within the source: a random permutation, then a stable sort by
+    # source (a radix sort of small integers: 0.3 s at 10M where a lexsort of a float key took 2 s).
+    order = rng.permutation(n).astype(index_dtype(n))
+    order = order[np.argsort(_small_ints(np.asarray(source_n)[order]), kind="stable")]
+    window_of = np.empty(n, dtype=np.int16 if windows < 2**15 else index_dtype(windows))
     window_of[order] = np.arange(n) % windows
     del order
     by_window = np.argsort(window_of, kind="stable").astype(index_dtype(n))  # positions ascending in each window
     bounds = np.searchsorted(window_of[by_window], np.arange(windows + 1))
     return [by_window[bounds[w]:bounds[w + 1]] for w in range(windows)]
+
+
+def _small_ints(codes: np.ndarray) -> np.ndarray:
+    """``codes`` as int16 when they fit (numpy's stable sort is a radix sort up to 16 bits)."""
+    if codes.dtype.itemsize <= 2 or (len(codes) and -(2**15) <= codes.min() and codes.max() < 2**15):
+        return codes.astype(np.int16, copy=False)
+    return codes
 
 
 @dataclass(frozen=True)
