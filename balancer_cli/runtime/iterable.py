@@ -28,20 +28,24 @@ then also records which worker loads the next group). Without workers ``state_di
 position after the last group yielded.
 
 Example:
+    A manifest for 2 ranks whose groups ``[2, 0], [1], [4], [3]`` fill the (step, rank) slots in
+    turn, over a dataset of five letters:
+
     >>> import numpy as np, tempfile
-    >>> from balancer_cli.manifest import ManifestRows, write_manifest
-    >>> out = tempfile.mkdtemp()
-    >>> rows = ManifestRows(step=np.array([0, 0, 0, 1, 1]), rank=np.array([0, 0, 1, 0, 1]),
-    ...                     micro=np.zeros(5, int), sample=np.array([2, 0, 1, 4, 3]))
-    >>> _ = write_manifest(out, rows, dropped_sample=np.array([], np.int64), dropped_reason=[],
-    ...                    meta={"world_size": 2, "micro_batches": 1, "num_samples": 5, "seed": 0})
-    >>> words = ["a", "b", "c", "d", "e"]
-    >>> list(ManifestIterableDataset(words, out, rank=0, world_size=2))
+    >>> from balancer_cli.manifest import ManifestRows, StepShape, write_manifest
+    >>> step, rank, micro = StepShape(world_size=2, micro_batches=1).slots(np.array([0, 0, 1, 2, 3]))
+    >>> out = write_manifest(tempfile.mkdtemp(), ManifestRows(step, rank, micro, np.array([2, 0, 1, 4, 3])),
+    ...                      dropped_sample=np.array([], np.int64), dropped_reason=[],
+    ...                      meta={"world_size": 2, "micro_batches": 1, "num_samples": 5, "seed": 0})
+    >>> list(ManifestIterableDataset("abcde", out, rank=0, world_size=2))
     [['c', 'a'], ['e']]
+
+    Replayed on one rank by two workers, each group joined into a word, in manifest order:
+
     >>> from torch.utils.data import DataLoader
-    >>> loader = DataLoader(ManifestIterableDataset(words, out, rank=0, world_size=1), batch_size=None, num_workers=2)
-    >>> list(loader)
-    [['c', 'a'], ['b'], ['e'], ['d']]
+    >>> words = ManifestIterableDataset("abcde", out, rank=0, world_size=1, collate_fn="".join)
+    >>> list(DataLoader(words, batch_size=None, num_workers=2))
+    ['ca', 'b', 'e', 'd']
 """
 
 from __future__ import annotations

@@ -16,43 +16,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from replay_util import pack_random, random_lengths  # noqa: E402
+from runtime_util import DOC, Recorder, Tokens, collate, collate_with_index, snippet  # noqa: E402
 
 from balancer_cli.replay.cursor import ManifestReplay  # noqa: E402
 from balancer_cli.runtime import ManifestBatchSampler  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC = ROOT / "docs" / "runtime.md"
-
-
-def snippet(name: str) -> str:
-    match = re.search(rf"<!-- snippet: {name} -->\n```python\n(.*?)```", DOC.read_text(), re.S)
-    assert match, f"docs/runtime.md has no snippet {name!r}"
-    return match.group(1)
-
-
-class Tokens(torch.utils.data.Dataset):
-    """Sample i: a row of token ids of length 2 + i % 7; records what was read."""
-
-    def __init__(self, n: int):
-        self.n, self.read = n, []
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        self.read.append(i)
-        return {"input_ids": torch.arange(2 + i % 7) % 50 + 1, "index": i}
-
-
-def collate(items):
-    width = max(len(x["input_ids"]) for x in items)
-    ids = torch.zeros(len(items), width, dtype=torch.long)
-    mask = torch.zeros(len(items), width, dtype=torch.long)
-    for row, x in enumerate(items):
-        ids[row, :len(x["input_ids"])] = x["input_ids"]
-        mask[row, :len(x["input_ids"])] = 1
-    labels = ids.masked_fill(mask == 0, -100)
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
 @pytest.fixture(scope="module")
@@ -72,54 +41,44 @@ def packed4(tmp_path_factory):
     return out, out / "lengths.parquet"
 
 
-def collate_with_index(items):
-    return {**collate(items), "index": [x["index"] for x in items]}
-
-
-class SumLoss(torch.nn.Module):
-    """A stand-in model: its 'loss' is the token count; it records the samples it was fed."""
-
-    def __init__(self):
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.ones(1))
-        self.seen = []
-
-    def forward(self, batch):
-        self.seen += batch["index"]
-        return (self.w * batch["attention_mask"].sum()).sum()
-
-
 def test_plain_dataloader_snippet_trains_and_resumes(packed, monkeypatch):
     manifest, lengths = packed
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     dataset = Tokens(120)
-    model = SumLoss()
+    model = Recorder()
     scope = {"manifest_dir": manifest, "lengths_path": lengths, "dataset": dataset, "collate": collate_with_index,
              "model": model, "num_epochs": 1, "checkpoint": None}
     exec(snippet("plain"), scope)
     sampler = scope["sampler"]
     assert scope["step"] == sampler.steps_per_epoch and scope["micro"] == 0
     expected = [i for batch in ManifestBatchSampler(manifest, rank=1, world_size=2) for i in batch]
-    assert model.seen == expected
+    assert model.samples == expected
     # Resume from a checkpoint taken mid-epoch: the snippet continues at that step.
     state = ManifestBatchSampler(manifest, rank=1, world_size=2).state_dict(step=3)
-    resumed = SumLoss()
+    resumed = Recorder()
     exec(snippet("plain"), {**scope, "checkpoint": {"sampler": state}, "model": resumed})
     k = sampler.batches_per_step
     tail = [i for batch in list(ManifestBatchSampler(manifest, rank=1, world_size=2))[3 * k:] for i in batch]
-    assert resumed.seen == tail
+    assert resumed.samples == tail
+
+
+def _resumes_after_five_batches(packed, code: str) -> dict:
+    """Run a torchdata snippet (it stops after 5 batches and resumes from the loader's state); check it
+    yields every batch once, in order; its scope."""
+    pytest.importorskip("torchdata")
+    manifest, _ = packed
+    scope = {"manifest_dir": manifest, "dataset": list(range(120)), "collate": lambda b: b}
+    exec(code, scope)
+    everything = list(ManifestBatchSampler(manifest))  # rank 0 of 1 here: elastic replay of a 2-rank manifest
+    assert scope["seen"] == everything[:5]
+    assert scope["rest"] == everything[5:]
+    return scope
 
 
 @pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
 def test_torchdata_snippet_resumes_exactly(packed):
-    pytest.importorskip("torchdata")
-    manifest, _ = packed
-    scope = {"manifest_dir": manifest, "dataset": list(range(120)), "collate": lambda b: b}
-    exec(snippet("torchdata"), scope)
-    everything = list(ManifestBatchSampler(manifest))  # rank 0 of 1 here: elastic replay of a 2-rank manifest
-    assert scope["seen"] == everything[:5]
-    assert scope["rest"] == everything[5:]
+    _resumes_after_five_batches(packed, snippet("torchdata"))
 
 
 def test_hf_trainer_snippet_trains_on_the_manifest_batches(packed, tmp_path):
@@ -245,7 +204,7 @@ def test_empty_batch_snippet_keeps_every_rank_in_the_step(packed4):
         sampler = ManifestBatchSampler(manifest, rank=rank, world_size=world)
         sampler.load_state_dict(saved)
         loader = torch.utils.data.DataLoader(Tokens(120), batch_sampler=sampler, collate_fn=scope["collate_or_none"])
-        model = SumLoss()
+        model = Recorder()
         got = list(loader)
         assert len(got) == 1  # every rank runs the step's one batch
         scope["loss_of"](model, got[0]).backward()
@@ -253,20 +212,14 @@ def test_empty_batch_snippet_keeps_every_rank_in_the_step(packed4):
             empty += 1
             assert model.w.grad is not None and float(model.w.grad) == 0.0
         else:
-            seen += model.seen
+            seen += model.samples
             assert float(model.w.grad) > 0
     assert empty == 3 and sorted(seen) == left
 
 
 @pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
 def test_torchdata_workers_snippet_resumes_with_another_number_of_workers(packed):
-    pytest.importorskip("torchdata")
-    manifest, _ = packed
-    scope = {"manifest_dir": manifest, "dataset": list(range(120)), "collate": lambda b: b}
-    exec(snippet("torchdata-workers"), scope)
-    everything = list(ManifestBatchSampler(manifest))
-    assert scope["seen"] == everything[:5]
-    assert scope["rest"] == everything[5:]
+    scope = _resumes_after_five_batches(packed, snippet("torchdata-workers"))
     assert "_snapshot" in scope["state"]  # saved with workers, resumed without
 
 

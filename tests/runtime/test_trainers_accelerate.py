@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import numpy as np
@@ -20,90 +19,40 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("accelerate")
 
 from dist_util import free_tcp_init_method, spawn  # noqa: E402
-from replay_util import random_lengths  # noqa: E402
+from runtime_util import (  # noqa: E402
+    MICRO,
+    SAMPLES,
+    WORLD,
+    Recorder,
+    Tokens,
+    collate,
+    collate_with_index,
+    manifest_batches,
+    manifest_epochs,
+    snippet,
+    two_epoch_manifest,
+)
 
 from balancer_cli.errors import UsageError  # noqa: E402
-from balancer_cli.lengths import write_lengths  # noqa: E402
-from balancer_cli.manifest import open_manifest, read_dropped  # noqa: E402
-from balancer_cli.pack.config import PackConfig  # noqa: E402
-from balancer_cli.run import pack_to_dir  # noqa: E402
 from balancer_cli.runtime.sampler import ManifestBatchSampler  # noqa: E402
 
 pytestmark = pytest.mark.dist
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "runtime.md"
-WORLD, MICRO, SAMPLES = 2, 2, 120
+packed = two_epoch_manifest("acc", seed=4)
 
 
-def snippet(name: str) -> str:
-    match = re.search(rf"<!-- snippet: {name} -->\n```python\n(.*?)```", DOC.read_text(), re.S)
-    assert match, f"docs/runtime.md has no snippet {name!r}"
-    return match.group(1)
-
-
-def manifest_batches(manifest, rank: int, epoch: int) -> list[list[int]]:
-    """Rank ``rank``'s groups of epoch ``epoch``, read from the manifest's rows (step, then micro)."""
-    m = open_manifest(manifest)
-    rows, first = m.read_all(), sum(m.epoch_num_steps[:epoch])
-    keep = (rows.step >= first) & (rows.step < first + m.epoch_num_steps[epoch]) & (rows.rank == rank)
-    groups: dict[tuple[int, int], list[int]] = {}
-    for step, micro, sample in zip(rows.step[keep], rows.micro[keep], rows.sample[keep]):
-        groups.setdefault((int(step), int(micro)), []).append(int(sample))
-    return [groups[key] for key in sorted(groups)]
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    """A manifest of the real packer, ``balancer pack --dp 2 --micro-batches 2 --epochs 2``."""
-    tmp = tmp_path_factory.mktemp("acc")
-    write_lengths(random_lengths(SAMPLES, seed=4), tmp / "lengths.parquet")
-    pack_to_dir([tmp / "lengths.parquet"], tmp / "out",
-                PackConfig(world_size=WORLD, micro_batches=MICRO, epochs=2), baselines=())
-    return tmp / "out", tmp / "lengths.parquet"
-
-
-class Tokens(torch.utils.data.Dataset):
-    """Sample i: 2 + i % 7 token ids; records what was read."""
-
-    def __init__(self, n: int):
-        self.n, self.read = n, []
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        self.read.append(i)
-        return {"input_ids": torch.arange(2 + i % 7) % 50 + 1, "index": i}
-
-
-def collate(items):
-    width = max(len(x["input_ids"]) for x in items)
-    ids = torch.zeros(len(items), width, dtype=torch.long)
-    mask = torch.zeros(len(items), width, dtype=torch.long)
-    for row, x in enumerate(items):
-        ids[row, :len(x["input_ids"])] = x["input_ids"]
-        mask[row, :len(x["input_ids"])] = 1
-    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
-
-
-def collate_with_index(items):
-    return {**collate(items), "index": [x["index"] for x in items]}
-
-
-class Recorder(torch.nn.Module):
+class SyncRecorder(Recorder):
     """Its 'loss' is the token count; it records each batch's samples and whether gradients sync after it."""
 
     def __init__(self):
         super().__init__()
-        self.w = torch.nn.Parameter(torch.ones(1))
-        self.seen, self.syncs = [], []
+        self.syncs = []
 
     def forward(self, batch):
         from accelerate.state import GradientState
 
-        self.seen.append(batch["index"])
         self.syncs.append(GradientState().sync_gradients)
-        return (self.w * batch["attention_mask"].sum()).sum()
+        return super().forward(batch)
 
 
 def _refusals(loader) -> list[str]:
@@ -127,7 +76,7 @@ def _worker(rank: int, world: int, port: int, manifest: str, lengths: str, out: 
 
     result = {}
     # The docs' accelerate snippet, two epochs, then resumed at step 2 of epoch 1.
-    model = Recorder()
+    model = SyncRecorder()
     scope = {"manifest_dir": manifest, "lengths_path": lengths, "dataset": Tokens(SAMPLES),
              "collate": collate_with_index, "model": model, "num_epochs": 2, "checkpoint": None}
     exec(snippet("accelerate"), scope)
@@ -137,7 +86,7 @@ def _worker(rank: int, world: int, port: int, manifest: str, lengths: str, out: 
     result["passthrough"] = accelerator.prepare(scope["loader"]) is scope["loader"]
     state_sampler = ManifestBatchSampler(manifest)
     state_sampler.set_epoch(1)
-    resumed = Recorder()
+    resumed = SyncRecorder()
     exec(snippet("accelerate"), {**scope, "model": resumed, "checkpoint": {"sampler": state_sampler.state_dict(step=2)}})
     result["resumed"] = resumed.seen
 
@@ -171,10 +120,7 @@ def test_accelerate_and_hf_trainer_replay_the_manifest_on_two_processes(packed, 
     port = int(free_tcp_init_method().rsplit(":", 1)[1])
     spawn(_worker, (WORLD, port, str(manifest), str(lengths), str(tmp_path)), WORLD)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
-    dropped, _ = read_dropped(manifest)
-    placed = np.setdiff1d(np.arange(SAMPLES), dropped)
-    expected = [[manifest_batches(manifest, r, e) for e in range(2)] for r in range(WORLD)]
-    assert expected[0][0] != expected[0][1]  # the packed epochs differ: replaying epoch 0 twice would show
+    expected, placed = manifest_epochs(manifest)
     for rank, result in enumerate(results):
         assert result["distributed"] == [WORLD, rank, rank, WORLD]
         # Exactly this rank's manifest batches, in order, epoch 1 the manifest's epoch 1.

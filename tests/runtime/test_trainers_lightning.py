@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import numpy as np
@@ -21,57 +20,22 @@ torch = pytest.importorskip("torch")
 L = pytest.importorskip("lightning")
 
 from dist_util import free_tcp_init_method, spawn  # noqa: E402
-from replay_util import random_lengths  # noqa: E402
+from runtime_util import (  # noqa: E402
+    MICRO,
+    WORLD,
+    Indexed,
+    index_batch,
+    manifest_batches,
+    manifest_epochs,
+    snippet,
+    two_epoch_manifest,
+)
 
-from balancer_cli.lengths import write_lengths  # noqa: E402
-from balancer_cli.manifest import open_manifest, read_dropped  # noqa: E402
-from balancer_cli.pack.config import PackConfig  # noqa: E402
-from balancer_cli.run import pack_to_dir  # noqa: E402
 from balancer_cli.runtime.sampler import ManifestBatchSampler  # noqa: E402
 
 pytestmark = pytest.mark.dist
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "runtime.md"
-WORLD, MICRO, SAMPLES = 2, 2, 120
-
-
-def snippet(name: str) -> str:
-    match = re.search(rf"<!-- snippet: {name} -->\n```python\n(.*?)```", DOC.read_text(), re.S)
-    assert match, f"docs/runtime.md has no snippet {name!r}"
-    return match.group(1)
-
-
-def manifest_batches(manifest, rank: int, epoch: int) -> list[list[int]]:
-    """Rank ``rank``'s groups of epoch ``epoch``, read from the manifest's rows (step, then micro)."""
-    m = open_manifest(manifest)
-    rows, first = m.read_all(), sum(m.epoch_num_steps[:epoch])
-    keep = (rows.step >= first) & (rows.step < first + m.epoch_num_steps[epoch]) & (rows.rank == rank)
-    groups: dict[tuple[int, int], list[int]] = {}
-    for step, micro, sample in zip(rows.step[keep], rows.micro[keep], rows.sample[keep]):
-        groups.setdefault((int(step), int(micro)), []).append(int(sample))
-    return [groups[key] for key in sorted(groups)]
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    """A manifest of the real packer, ``balancer pack --dp 2 --micro-batches 2 --epochs 2``."""
-    tmp = tmp_path_factory.mktemp("pl")
-    write_lengths(random_lengths(SAMPLES, seed=5), tmp / "lengths.parquet")
-    pack_to_dir([tmp / "lengths.parquet"], tmp / "out",
-                PackConfig(world_size=WORLD, micro_batches=MICRO, epochs=2), baselines=())
-    return tmp / "out", tmp / "lengths.parquet"
-
-
-class Samples(torch.utils.data.Dataset):
-    def __len__(self):
-        return SAMPLES
-
-    def __getitem__(self, i):
-        return i
-
-
-def collate(indices):
-    return {"index": list(indices), "x": torch.tensor(indices, dtype=torch.float32)[:, None]}
+packed = two_epoch_manifest("pl", seed=5)
 
 
 class Recorder(L.LightningModule):
@@ -100,7 +64,7 @@ def _worker(rank: int, world: int, port: int, manifest: str, lengths: str, out: 
                "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False,
                "num_sanity_val_steps": 0, "default_root_dir": out}
     model = Recorder()
-    scope = {"manifest_dir": manifest, "lengths_path": lengths, "dataset": Samples(), "collate": collate,
+    scope = {"manifest_dir": manifest, "lengths_path": lengths, "dataset": Indexed(), "collate": index_batch,
              "model": model, "num_epochs": 2, "micro_batches": MICRO, "trainer_options": options}
     exec(snippet("lightning"), scope)
     trainer = scope["trainer"]
@@ -109,7 +73,8 @@ def _worker(rank: int, world: int, port: int, manifest: str, lengths: str, out: 
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
 
     # Lightning's default would put a DistributedSampler into the batch sampler: it refuses, loudly.
-    loader = torch.utils.data.DataLoader(Samples(), batch_sampler=ManifestBatchSampler(manifest), collate_fn=collate)
+    loader = torch.utils.data.DataLoader(Indexed(), batch_sampler=ManifestBatchSampler(manifest),
+                                         collate_fn=index_batch)
     default = L.Trainer(max_epochs=1, **options)
     try:
         default.fit(Recorder(), train_dataloaders=loader)
@@ -123,10 +88,7 @@ def test_lightning_replays_each_packed_epoch_on_two_processes(packed, tmp_path):
     manifest, lengths = packed
     port = int(free_tcp_init_method().rsplit(":", 1)[1])
     spawn(_worker, (WORLD, port, str(manifest), str(lengths), str(tmp_path)), WORLD)
-    expected = [[manifest_batches(manifest, r, e) for e in range(2)] for r in range(WORLD)]
-    assert expected[0][0] != expected[0][1]  # the packed epochs differ: replaying epoch 0 twice would show
-    dropped, _ = read_dropped(manifest)
-    placed = np.setdiff1d(np.arange(SAMPLES), dropped)
+    expected, placed = manifest_epochs(manifest)
     per_epoch: list[list[int]] = [[], []]
     for rank in range(WORLD):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
@@ -148,7 +110,7 @@ def test_lightning_sets_the_epoch_through_the_batch_samplers_sampler(packed):
 
     manifest, _ = packed
     sampler = ManifestBatchSampler(manifest, rank=1, world_size=WORLD)
-    loader = torch.utils.data.DataLoader(Samples(), batch_sampler=sampler)
+    loader = torch.utils.data.DataLoader(Indexed(), batch_sampler=sampler)
     assert loader.batch_sampler.sampler is sampler.sampler
     _set_sampler_epoch(loader, 1)
     assert sampler.epoch == sampler.sampler.epoch == 1

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import re
 import sys
 import types
 from pathlib import Path
@@ -23,70 +22,28 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dist_util import free_tcp_init_method, shutdown, spawn  # noqa: E402
-from replay_util import random_lengths  # noqa: E402
+from runtime_util import (  # noqa: E402
+    MICRO,
+    SAMPLES,
+    WORLD,
+    Indexed,
+    Recorder,
+    index_batch,
+    manifest_epochs,
+    snippet,
+    two_epoch_manifest,
+)
 
-from balancer_cli.lengths import write_lengths  # noqa: E402
-from balancer_cli.manifest import open_manifest, read_dropped  # noqa: E402
-from balancer_cli.pack.config import PackConfig  # noqa: E402
 from balancer_cli.replay.cursor import ManifestReplay  # noqa: E402
-from balancer_cli.run import pack_to_dir  # noqa: E402
 
 pytestmark = pytest.mark.dist
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "runtime.md"
-WORLD, MICRO, SAMPLES = 2, 2, 120
-
-
-def snippet(name: str) -> str:
-    match = re.search(rf"<!-- snippet: {name} -->\n```python\n(.*?)```", DOC.read_text(), re.S)
-    assert match, f"docs/runtime.md has no snippet {name!r}"
-    return match.group(1)
-
-
-def manifest_batches(manifest, rank: int, epoch: int) -> list[list[int]]:
-    """Rank ``rank``'s groups of epoch ``epoch``, read from the manifest's rows (step, then micro)."""
-    m = open_manifest(manifest)
-    rows, first = m.read_all(), sum(m.epoch_num_steps[:epoch])
-    keep = (rows.step >= first) & (rows.step < first + m.epoch_num_steps[epoch]) & (rows.rank == rank)
-    groups: dict[tuple[int, int], list[int]] = {}
-    for step, micro, sample in zip(rows.step[keep], rows.micro[keep], rows.sample[keep]):
-        groups.setdefault((int(step), int(micro)), []).append(int(sample))
-    return [groups[key] for key in sorted(groups)]
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    """A manifest of the real packer, ``balancer pack --dp 2 --micro-batches 2 --epochs 2``."""
-    tmp = tmp_path_factory.mktemp("loops")
-    write_lengths(random_lengths(SAMPLES, seed=6), tmp / "lengths.parquet")
-    pack_to_dir([tmp / "lengths.parquet"], tmp / "out",
-                PackConfig(world_size=WORLD, micro_batches=MICRO, epochs=2), baselines=())
-    return tmp / "out", tmp / "lengths.parquet"
-
-
-class Indexed(torch.utils.data.Dataset):
-    def __len__(self):
-        return SAMPLES
-
-    def __getitem__(self, i):
-        return i
+packed = two_epoch_manifest("loops", seed=6)
 
 
 def collate(indices):
-    return {"index": list(indices), "x": torch.tensor(indices, dtype=torch.float32)[:, None] + 1}
-
-
-class Recorder(torch.nn.Module):
-    """Its summed 'loss' is sum(x); it records the samples of every batch."""
-
-    def __init__(self):
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.ones(1))
-        self.seen = []
-
-    def forward(self, batch):
-        self.seen.append(batch["index"])
-        return (self.w * batch["x"]).sum()
+    """The model's 'loss' is sum(x), x = index + 1."""
+    return index_batch(indices, offset=1)
 
 
 class FakeEngine:
@@ -137,7 +94,7 @@ def _worker(rank: int, world: int, init_method: str, manifest: str, lengths: str
                 "num_epochs": 2}
         result = {}
         # Plain DataLoader: rank and world size from torch.distributed.
-        plain = {**base, "model": Recorder(), "checkpoint": None}
+        plain = {**base, "model": Recorder(key="x"), "checkpoint": None}
         exec(snippet("plain"), plain)
         result["plain"] = plain["model"].seen
         # torchdata: stops after 5 batches, resumes from the loader's state.
@@ -146,7 +103,8 @@ def _worker(rank: int, world: int, init_method: str, manifest: str, lengths: str
         result["torchdata"] = [batch["index"] for batch in data["seen"] + data["rest"]]
         # torchtitan-style: a 1-D "dp" mesh, then (dp=1, tp=2), where both processes are one DP rank.
         for name, shape, names in (("mesh_dp", (world,), ("dp",)), ("mesh_tp", (1, world), ("dp", "tp"))):
-            loop = {**base, "model": Recorder(), "device_type": "cpu", "mesh_shape": shape, "mesh_dim_names": names}
+            loop = {**base, "model": Recorder(key="x"), "device_type": "cpu", "mesh_shape": shape,
+                    "mesh_dim_names": names}
             exec(snippet("torchtitan"), loop)
             result[name] = loop["model"].seen
             result[name + "_rank"] = [loop["sampler"].rank, loop["sampler"].world_size]
@@ -156,7 +114,7 @@ def _worker(rank: int, world: int, init_method: str, manifest: str, lengths: str
         # DeepSpeed: the engine's data-parallel group.
         sys.modules["deepspeed"] = types.SimpleNamespace(
             initialize=lambda model, model_parameters, config: (FakeEngine(model, config), None, None, None))
-        deep = {**base, "model": Recorder(), "ds_config": {"gradient_accumulation_steps": MICRO}}
+        deep = {**base, "model": Recorder(key="x"), "ds_config": {"gradient_accumulation_steps": MICRO}}
         exec(snippet("deepspeed"), deep)
         result["deepspeed"] = deep["model"].seen
         result["deepspeed_steps"] = deep["engine"].optimizer_steps
@@ -177,12 +135,9 @@ def test_hand_written_loops_replay_the_manifest_on_two_processes(packed, tmp_pat
     manifest, lengths = packed
     spawn(_worker, (WORLD, free_tcp_init_method(), str(manifest), str(lengths), str(tmp_path)), WORLD)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
-    expected = [[manifest_batches(manifest, r, e) for e in range(2)] for r in range(WORLD)]
-    assert expected[0][0] != expected[0][1]  # the packed epochs differ: replaying epoch 0 twice would show
+    expected, placed = manifest_epochs(manifest)
     # (dp=1, tp=2): both processes are DP rank 0 of 1, the manifest replayed elastically on one rank.
     one_rank = [list(ManifestReplay(manifest, 0, 1, epoch=e, lengths=lengths)) for e in range(2)]
-    dropped, _ = read_dropped(manifest)
-    placed = np.setdiff1d(np.arange(SAMPLES), dropped)
     for rank, result in enumerate(results):
         both = expected[rank][0] + expected[rank][1]
         assert result["torchdata"] == expected[rank][0]
