@@ -9,12 +9,15 @@ Per sample:
 - images: size from the record (``width``/``height``, ``image_sizes``, Hugging Face ``Image``
   bytes) or else from the image file's header (never decoded); the model's vision rule gives the
   encoder tokens, items (images or tiles), per-item sequence lengths and LLM placeholder tokens.
-- videos: size, ``duration``/``num_frames``/``fps`` from the record; without a size the video is
-  assumed to be ``ScanConfig.video_size`` (default 640x360, ``--video-size``). No video is opened.
-- audio clips (``duration`` in seconds), a Whisper-style rule: 16 kHz log-mel at 100 frames/s,
-  halved by the encoder's stride-2 convolution: ``audio_tokens = ceil(50 * duration)`` encoder
-  frames per clip (``audio_items`` = clips); the LLM receives ``ceil(audio_tokens / 2)`` placeholder
-  tokens per clip (Qwen2-Audio's stride-2 pooling).
+- videos: size, ``duration``/``num_frames``/``fps`` from the record; a video without
+  ``duration`` and ``num_frames`` gets them, its frame rate and its size from its file's container
+  header (:mod:`~balancer_cli.scan.media_header`, never decoded; fields the record has win).
+  A video with a duration but no size is assumed to be ``ScanConfig.video_size`` (default
+  640x360, ``--video-size``) and its file is not opened.
+- audio clips (``duration`` in seconds, else from the file's header), a Whisper-style rule: 16 kHz
+  log-mel at 100 frames/s, halved by the encoder's stride-2 convolution: ``audio_tokens =
+  ceil(50 * duration)`` encoder frames per clip (``audio_items`` = clips); the LLM receives
+  ``ceil(audio_tokens / 2)`` placeholder tokens per clip (Qwen2-Audio's stride-2 pooling).
 - ``llm_tokens``: the sample rendered with the chat template (role and turn tokens, default system
   prompt), text counted with the real tokenizer in one batch per block, each media placeholder
   replaced by the rule's ``llm_tokens``.
@@ -153,7 +156,7 @@ def error_kind(error_text: str) -> str:
     return error_text.split(":", 1)[0]
 
 
-def _resolve(ref: str, root: str) -> str:
+def _resolve(ref: str, root: str, kind: str = "image") -> str:
     """Absolute path of ``ref`` under ``root``; raises path_escape when it leaves the root.
 
     The check is lexical (``..`` and absolute paths), so symlinked data folders stay allowed.
@@ -162,9 +165,49 @@ def _resolve(ref: str, root: str) -> str:
     base = os.path.normpath(os.path.abspath(root))
     full = os.path.normpath(os.path.join(base, ref))
     if full != base and not full.startswith(base.rstrip(os.sep) + os.sep):
-        raise SampleError(f"image path {ref!r} escapes the image root {root!r}", kind="path_escape",
-                          fix="keep image paths inside --image-root (or pass a wider --image-root)")
+        raise SampleError(f"{kind} path {ref!r} escapes the image root {root!r}", kind="path_escape",
+                          fix=f"keep {kind} paths inside --image-root (or pass a wider --image-root)")
     return full
+
+
+#: The record fields that spare opening each kind of media file (named when a remote file lacks them).
+_SIZE_FIELDS = {"image": "width/height", "video": "duration (and width/height)", "audio": "duration"}
+
+
+def _media_source(media: Media, root: str) -> str | bytes:
+    """The path (resolved under ``root``) or the bytes of a media item (``data:`` URLs decoded)."""
+    kind, ref = media.kind, media.ref
+    if isinstance(ref, str) and ref.startswith("data:") and ";base64," in ref:
+        try:
+            return base64.b64decode(ref.split(";base64,", 1)[1], validate=True)
+        except ValueError:
+            raise SampleError(f"{kind} data URL is not valid base64", kind=f"corrupt_{kind}") from None
+    if isinstance(ref, str):
+        if ref.startswith(("http://", "https://")):
+            raise SampleError(f"remote {kind} {ref[:80]!r} has no {_SIZE_FIELDS[kind]} fields",
+                              kind=f"unsupported_{kind}",
+                              fix=f"add {_SIZE_FIELDS[kind]} to the record (the scan never downloads)")
+        return _resolve(ref, root, kind)
+    return ref
+
+
+def _read_header(media: Media, source: str | bytes, reader: Any) -> Any:
+    """``reader(source)``, its errors naming the file as the record does (the table must not
+    depend on where it was scanned)."""
+    try:
+        return reader(source)
+    except SampleError as exc:
+        if not isinstance(source, str):
+            raise
+        ref = media.ref
+        if exc.kind == "missing_file" and "not found" in exc.message:
+            raise SampleError(f"{media.kind} not found: {ref}", kind="missing_file",
+                              fix="check --image-root or the record's path") from None
+        message = exc.message.replace(source, ref) if source in exc.message else f"{ref}: {exc.message}"
+        raise SampleError(message, kind=exc.kind, fix=exc.fix) from None
+    except OSError as exc:  # a read failing after the open (the readers report failed opens)
+        raise SampleError(f"{media.kind} unreadable: {media.ref} ({exc.strerror or exc})",
+                          kind="unreadable_file") from None
 
 
 def _image_size(media: Media, root: str) -> tuple[int, int]:
@@ -172,31 +215,31 @@ def _image_size(media: Media, root: str) -> tuple[int, int]:
 
     if media.width is not None and media.height is not None:
         return media.width, media.height
-    ref = media.ref
-    if ref is None:
+    if media.ref is None:
         raise RecordError("image without a path, bytes or width/height")
-    if isinstance(ref, str) and ref.startswith("data:") and ";base64," in ref:
-        try:
-            ref = base64.b64decode(ref.split(";base64,", 1)[1], validate=True)
-        except ValueError:
-            raise SampleError("image data URL is not valid base64", kind="corrupt_image") from None
-    if isinstance(ref, str):
-        if ref.startswith(("http://", "https://")):
-            raise SampleError(f"remote image {ref[:80]!r} has no width/height fields", kind="unsupported_image",
-                              fix="add width/height to the record (the scan never downloads)")
-        path = _resolve(ref, root)
-        try:
-            return read_image_size(path)
-        except SampleError as exc:
-            if exc.kind == "missing_file":
-                raise SampleError(f"image not found: {ref}", kind="missing_file",
-                                  fix="check --image-root or the record's path") from None
-            # Name the image as the record does (the table must not depend on where it was scanned).
-            message = exc.message.replace(path, ref) if path in exc.message else f"{ref}: {exc.message}"
-            raise SampleError(message, kind=exc.kind, fix=exc.fix) from None
-        except OSError as exc:  # a read failing after the open (read_image_size reports failed opens)
-            raise SampleError(f"image unreadable: {ref} ({exc.strerror or exc})", kind="unreadable_file") from None
-    return read_image_size(ref)
+    return _read_header(media, _media_source(media, root), read_image_size)
+
+
+def _fill_from_header(media: Media, root: str) -> None:
+    """Give a video without ``duration``/``num_frames`` (an audio clip without ``duration``) the
+    values of its file's header; fields the record has win."""
+    from balancer_cli.scan.media_header import read_audio_info, read_video_info
+
+    if media.duration is not None or (media.kind == "video" and media.num_frames):
+        return
+    if media.ref is None:
+        return  # _measure_media reports the missing metadata
+    source = _media_source(media, root)
+    if media.kind == "video":
+        info = _read_header(media, source, read_video_info)
+        media.num_frames = media.num_frames or info.num_frames
+        media.fps = media.fps or info.fps
+        media.width = media.width or info.width
+        media.height = media.height or info.height
+    else:
+        info = _read_header(media, source, read_audio_info)
+        media.sample_rate = media.sample_rate or info.sample_rate
+    media.duration = info.duration
 
 
 def _measure_media(media: Media, rule: Any, config: ScanConfig, image_count: Any) -> tuple[str, int, int, tuple, int]:
@@ -209,14 +252,15 @@ def _measure_media(media: Media, rule: Any, config: ScanConfig, image_count: Any
         return "vision", image_count.encoder_tokens, image_count.items, image_count.seqlens, image_count.llm_tokens
     if media.kind == "video":
         if media.duration is None and not media.num_frames:
-            raise RecordError("video without 'duration' or 'num_frames' (videos are never opened)",
+            raise RecordError("video without a file and without 'duration' or 'num_frames'",
                               kind="missing_video_metadata")
         width = media.width or config.video_size[0]
         height = media.height or config.video_size[1]
         count = rule.count_video(media.num_frames or 0, width, height, fps=media.fps, duration_s=media.duration)
         return "video", count.encoder_tokens, count.items, count.seqlens, count.llm_tokens
     if media.duration is None or media.duration < 0:
-        raise RecordError("audio clip without a non-negative 'duration' (seconds)", kind="missing_audio_duration")
+        raise RecordError("audio clip without a file and without a non-negative 'duration' (seconds)",
+                          kind="missing_audio_duration")
     frames = math.ceil(media.duration * AUDIO_FRAMES_PER_S)
     return "audio", frames, 1, (frames,), math.ceil(frames / AUDIO_LLM_POOL)
 
@@ -258,6 +302,8 @@ def measure_block(block: RecordBlock, config: ScanConfig) -> pa.Table:
                 sizes = [_image_size(m, block.image_root) for m in sample.media if m.kind == "image"]
                 image_counts = iter(count_images(rule, sizes) if sizes else ())
                 for media in sample.media:
+                    if media.kind != "image":
+                        _fill_from_header(media, block.image_root)
                     module, n_tokens, n_items, item_seqlens, n_llm = _measure_media(
                         media, rule, config, next(image_counts) if media.kind == "image" else None)
                     m = _MODULE_INDEX[module]

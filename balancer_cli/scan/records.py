@@ -10,8 +10,9 @@ Recognized fields (rename any with a field mapping, e.g. ``{"image": "file_name"
   part without its own path takes the next item of the record's ``images``/``videos``/``audios``.
 - ``question`` + ``answer``, or ``text``: one user (and assistant) turn.
 - media: ``image``/``images``, ``video``/``videos``, ``audio``/``audios``: a path, a list of paths, a
-  dict (``path``/``image``/``file_name``/``url``, ``bytes`` (Hugging Face ``Image``), ``width``,
-  ``height``, ``duration``, ``num_frames``, ``fps``) or a list of dicts.
+  dict (``path``/``image``/``file_name``/``url``, ``bytes`` (Hugging Face ``Image``/``Video``/``Audio``),
+  ``width``, ``height``, ``duration``, ``num_frames``, ``fps``, ``sampling_rate``; a decoded Hugging
+  Face ``Audio`` dict's ``array`` + ``sampling_rate`` give the duration) or a list of dicts.
 - sizes: record-level ``width``/``height`` (the only image, else the only video), or
   ``image_sizes``: a list of ``[w, h]`` or ``{"width", "height"}``, one per image. Record-level
   ``duration``/``num_frames``/``fps`` describe the only video (else the only audio clip).
@@ -64,6 +65,7 @@ class Media:
     duration: float | None = None
     num_frames: int | None = None
     fps: float | None = None
+    sample_rate: int | None = None
 
 
 @dataclass
@@ -106,11 +108,15 @@ def _media_item(kind: str, value: Any) -> Media:
                     break
         width = value.get("width", value.get("img_width"))
         height = value.get("height", value.get("img_height"))
+        rate = _number(value.get("sampling_rate", value.get("sample_rate")), "sampling_rate", int)
+        duration = _number(value.get("duration"), "duration", float)
+        array = value.get("array")
+        if duration is None and rate and isinstance(array, (list, tuple)):  # decoded HF Audio
+            duration = len(array[0] if array and isinstance(array[0], (list, tuple)) else array) / rate
         return Media(kind, ref if ref is None or isinstance(ref, str) else bytes(ref),
-                     _number(width, "width", int), _number(height, "height", int),
-                     _number(value.get("duration"), "duration", float),
+                     _number(width, "width", int), _number(height, "height", int), duration,
                      _number(value.get("num_frames", value.get("nframes")), "num_frames", int),
-                     _number(value.get("fps"), "fps", float))
+                     _number(value.get("fps"), "fps", float), rate)
     if kind == "video" and isinstance(value, list) and all(isinstance(v, str) for v in value):
         return Media(kind, value[0] if value else None, num_frames=len(value))  # a list of frame files
     raise RecordError(f"{kind} entry {str(value)[:60]!r} is not a path, bytes or an object")
@@ -290,7 +296,7 @@ def parse_record(record: Any, fields: Mapping[str, str] | None = None) -> Sample
 
     Example:
         >>> parse_record({"text": "hi", "audio": {"path": "a.wav", "duration": 2.5}}).media
-        [Media(kind='audio', ref='a.wav', width=None, height=None, duration=2.5, num_frames=None, fps=None)]
+        [Media(kind='audio', ref='a.wav', width=None, height=None, duration=2.5, num_frames=None, fps=None, sample_rate=None)]
     """
     if not isinstance(record, Mapping):
         raise RecordError(f"record is a JSON {type(record).__name__}, expected an object")

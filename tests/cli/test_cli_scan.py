@@ -46,7 +46,7 @@ def bad_dataset(tmp_path: Path) -> Path:
         json.dumps(["a", "list"]),                                                                 # 7 malformed
         json.dumps({"image": "images/notes.png", "conversations": _conv("<image>\nText?")}),      # 8 not an image
         json.dumps({"image": "x.png", "width": 4000, "height": 10, "conversations": _conv("<image>")}),  # 9 rejected
-        json.dumps({"video": "v.mp4", "conversations": _conv("<video>\nNo duration")}),           # 10 no metadata
+        json.dumps({"video": {"fps": 2.0}, "conversations": _conv("<video>\nNo duration")}),      # 10 no metadata
     ]
     data = tmp_path / "root" / "bad.jsonl"
     data.write_text("\n".join(lines) + "\n")
