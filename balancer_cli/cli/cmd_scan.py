@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
 
 from balancer_cli.cli._common import emit, handle_errors, json_option
 from balancer_cli.cli._render import render_scan
-from balancer_cli.errors import UsageError
+from balancer_cli.errors import SampleError, UsageError
 from balancer_cli.scan.inputs import FORMATS
+from balancer_cli.scan.rules.hf import HF_PREFIX
 
 __all__ = ["command"]
 
@@ -46,9 +48,13 @@ def _parse_size(text: str) -> tuple[int, int]:
 @click.command("scan")
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Lengths table to write (Parquet).")
-@click.option("--model", required=True, help="Vision-token preset: qwen2-vl, qwen2.5-vl, internvl, llava-1.5, ...")
-@click.option("--tokenizer", default="qwen2", show_default=True,
-              help="Named vocabulary (qwen2, cl100k, deepseek), a tokenizer.json, or a HF model folder.")
+@click.option("--model", required=True,
+              help="Vision-token preset (qwen2-vl, qwen2.5-vl, qwen3-vl, gemma3, glm-4.1v, pixtral, mistral3, "
+                   "qwen2.5-omni, qwen3-omni, internvl, llava-1.5, ...) or hf:DIR, a local model/processor folder "
+                   "counted by its own transformers processor classes.")
+@click.option("--tokenizer", default=None,
+              help="Named vocabulary (qwen2, cl100k, deepseek), a tokenizer.json, or a HF model folder "
+                   "[default: the hf:DIR folder, else qwen2].")
 @click.option("--template", default=None, help="Chat template (default: the model's): qwen2-vl, internvl, vicuna, "
                                                "llava-onevision, idefics3, plain.")
 @click.option("--processor-config", type=click.Path(exists=True), default=None,
@@ -74,7 +80,11 @@ def _parse_size(text: str) -> tuple[int, int]:
                    "data_files=INPUT), offline: json, csv, parquet, arrow, text, imagefolder, videofolder, "
                    "audiofolder, webdataset.")
 @click.option("--split", default=None, help="Split of a DatasetDict folder or --hf-builder input (default: train).")
-@click.option("--strict", is_flag=True, help="Stop at the first bad sample (exit 1).")
+@click.option("--strict", is_flag=True, help="Stop at the first bad sample (exit 1); with --verify, exit 1 after "
+                                             "writing the table when a sample disagrees with transformers.")
+@click.option("--verify", type=click.IntRange(min=0), default=0, metavar="N",
+              help="Cross-check N random measured samples against transformers' processors and report "
+                   "disagreements in the summary (one more read pass over the inputs).")
 @click.option("-j", "--jobs", type=int, default=0, help="Worker processes (default: all cores).")
 @click.option("--block-size", type=int, default=2048, show_default=True, help="Records per unit of work.")
 @click.option("--engine", default="local", show_default=True,
@@ -90,8 +100,8 @@ def command(inputs: tuple[str, ...], output: str, model: str, tokenizer: str, te
             processor_config: str | None, min_pixels: int | None, max_pixels: int | None, min_tiles: int | None,
             max_tiles: int | None, params: tuple[str, ...], image_root: str | None, video_size: str,
             fields: tuple[str, ...], input_format: str | None, hf_builder: str | None, split: str | None,
-            strict: bool, jobs: int, block_size: int, engine: str, ray_address: str | None, keep_parts: bool, quiet: bool,
-            as_json: bool) -> None:
+            strict: bool, verify: int, jobs: int, block_size: int, engine: str, ray_address: str | None,
+            keep_parts: bool, quiet: bool, as_json: bool) -> None:
     """Scan datasets into a lengths table: one row per sample with its encoder and LLM tokens.
 
     \b
@@ -122,9 +132,16 @@ def command(inputs: tuple[str, ...], output: str, model: str, tokenizer: str, te
             raise UsageError(f"--field {item!r} is not NAME=KEY with a known NAME",
                              fix=f"NAME is one of: {', '.join(FIELD_NAMES)}; e.g. --field image=file_name")
         mapping[name] = key
-    config = ScanConfig(model=model.lower(), model_params=tuple(sorted(overrides.items())),
-                        processor_config=processor_config, tokenizer=tokenizer, template=template, strict=strict,
-                        video_size=_parse_size(video_size), fields=tuple(sorted(mapping.items())))
+    hf = model.startswith(HF_PREFIX)
+    if hf and processor_config:
+        raise UsageError("--processor-config does not apply to --model hf:DIR (the folder is the config)",
+                         fix="drop --processor-config, or use a preset with --processor-config DIR")
+    if hf:
+        model = HF_PREFIX + str(Path(model[len(HF_PREFIX):]).expanduser().resolve())
+    config = ScanConfig(model=model if hf else model.lower(), model_params=tuple(sorted(overrides.items())),
+                        processor_config=processor_config,
+                        tokenizer=tokenizer or (model[len(HF_PREFIX):] if hf else "qwen2"), template=template,
+                        strict=strict, video_size=_parse_size(video_size), fields=tuple(sorted(mapping.items())))
     if engine != "ray" and ray_address and (click.get_current_context().get_parameter_source("ray_address")
                                             != click.core.ParameterSource.COMMANDLINE):
         ray_address = None  # a RAY_ADDRESS in the environment is fine for the local engine
@@ -134,7 +151,34 @@ def command(inputs: tuple[str, ...], output: str, model: str, tokenizer: str, te
                                jobs=jobs, progress=bar.update,
                                notify=None if quiet else lambda line: click.echo(line, err=True),
                                block_size=block_size, image_root=image_root, format=input_format, split=split,
-                               hf_builder=hf_builder)
+                               hf_builder=hf_builder, verify=verify)
     finally:
         bar.close()
-    emit(summary, as_json, render_scan)
+    emit(summary, as_json, _render)
+    report = summary.get("verify")
+    if strict and report and report["disagreements"]:
+        first = report["examples"][0]
+        raise SampleError(f"{report['disagreements']} of {report['media']} media of {report['samples']} verified "
+                          f"samples disagree with transformers; first: sample {first['sample']} "
+                          f"{first['kind']} {first['meta']}", kind="verify_mismatch", file=first["file"],
+                          line=first["line"], fix="report it, or scan with --model hf:DIR to count with "
+                                                  "transformers itself")
+
+
+def _render(summary: dict[str, Any]) -> str:
+    """The scan summary plus the rule that counted and the --verify result."""
+    lines = [render_scan(summary)]
+    rule = summary.get("rule")
+    if rule:
+        knobs = " ".join(f"{k}={v}" for k, v in rule["knobs"].items() if not isinstance(v, (dict, list, tuple)))
+        lines.append(f"  rule {rule['name']} ({rule['rule']}, counted by {rule['counted_by']}): {knobs}")
+        lines += [f"  note: {note}" for note in rule.get("notes", ())]
+    report = summary.get("verify")
+    if report:
+        lines.append(f"  verify: {report['samples']} samples, {report['media']} media checked against "
+                     f"{report['reference']}: {report['disagreements']} disagreement(s)")
+        for example in report["examples"]:
+            lines.append(f"    sample {example['sample']} ({example['file']}:{example['line']}) {example['kind']} "
+                         f"{example['meta']}: scan {example['scan']} vs transformers {example['transformers']}")
+        lines += [f"    note: {note}" for note in report.get("notes", ())]
+    return "\n".join(lines)

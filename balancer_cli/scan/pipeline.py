@@ -47,7 +47,7 @@ from balancer_cli.scan.measure import (
 )
 from balancer_cli.scan.text import load_tokenizer
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "ScanResult", "assemble", "default_jobs", "scan", "scan_metadata"]
+__all__ = ["DEFAULT_BLOCK_SIZE", "ScanResult", "assemble", "default_jobs", "rule_summary", "scan", "scan_metadata"]
 
 #: Records per block: the unit of work and of in-flight memory.
 DEFAULT_BLOCK_SIZE = 2048
@@ -157,7 +157,7 @@ def scan_metadata(config: ScanConfig, specs: Sequence[InputSpec], samples_O: Seq
 def scan(inputs: Sequence[str], config: ScanConfig, jobs: int | None = None, engine: str = "local", *,
          block_size: int = DEFAULT_BLOCK_SIZE, image_root: str | None = None, format: str | None = None,
          split: str | None = None, hf_builder: str | None = None, progress: Callable[[int], None] | None = None,
-         engine_options: Any = None) -> ScanResult:
+         engine_options: Any = None, verify: int = 0, verify_seed: int = 0) -> ScanResult:
     """Scan ``inputs`` into a lengths table (``sample`` indexes their concatenation, in order).
 
     Args:
@@ -172,6 +172,10 @@ def scan(inputs: Sequence[str], config: ScanConfig, jobs: int | None = None, eng
             (``builder`` of :func:`~balancer_cli.scan.inputs.expand_inputs`).
         progress: called with the number of samples of each finished block (e.g. a tqdm update).
         engine_options: passed to the engine's ``run_blocks`` as ``options`` (e.g. ``RayOptions``).
+        verify: cross-check this many random measured samples against transformers
+            (:func:`~balancer_cli.scan.verify.verify_scan`; one more read pass over the inputs);
+            the result is the summary's ``verify`` entry. The table does not change.
+        verify_seed: seed of the samples drawn for ``verify``.
 
     Raises:
         UsageError: bad options (unknown model, tokenizer, template, engine).
@@ -215,7 +219,42 @@ def scan(inputs: Sequence[str], config: ScanConfig, jobs: int | None = None, eng
             progress(block.num_records)
     metadata = scan_metadata(config, specs, samples_O)
     lengths = assemble(tables, metadata)
-    return ScanResult(lengths=lengths, summary=_summary(lengths, metadata))
+    summary = _summary(lengths, metadata)
+    summary["rule"] = rule_summary(config.rule())
+    if verify > 0:
+        from balancer_cli.scan.verify import draw_samples, verify_scan
+
+        chosen = draw_samples(lengths.ok_mask(), verify, verify_seed)
+        offsets = np.cumsum([0] + samples_O[:-1])
+        walk = (dataclasses.replace(b, first_sample=int(offsets[i]) + b.first_sample)
+                for i, spec in enumerate(specs) for b in iter_blocks([spec], block_size))
+        summary["verify"] = verify_scan(walk, chosen, config.rule(), config)
+    return ScanResult(lengths=lengths, summary=summary)
+
+
+#: Rule fields that are names, not knobs.
+_NOT_KNOBS = {"name", "image_token", "video_token", "audio_token", "fast", "path", "notes", "specials"}
+
+
+def rule_summary(rule: Any) -> dict[str, Any]:
+    """What counted the media: the rule's class, who counts (preset or transformers) and its knobs.
+
+    Example:
+        >>> from balancer_cli.scan.rules.registry import get_rule
+        >>> s = rule_summary(get_rule("qwen2-vl"))
+        >>> s["rule"], s["counted_by"], s["knobs"]["fps"], s["knobs"]["cap_pixels_per_frame"]
+        ('QwenVLRule', 'preset', 2.0, False)
+    """
+    knobs = {k: v for k, v in (asdict(rule) if is_dataclass(rule) else {}).items() if k not in _NOT_KNOBS}
+    out = {"name": rule.name, "rule": type(rule).__name__, "counted_by": "preset", "knobs": knobs}
+    if getattr(rule, "counted_by", None) == "transformers":
+        out["counted_by"] = f"transformers ({rule.processor_class})"
+    elif getattr(rule, "fast", None) is not None:
+        out["counted_by"] = f"preset {rule.fast_preset} with the folder's values"
+        out["knobs"] = {k: v for k, v in asdict(rule.fast).items() if k not in _NOT_KNOBS}
+    if getattr(rule, "notes", ()):
+        out["notes"] = list(rule.notes)
+    return out
 
 
 def _summary(lengths: LengthsTable, metadata: dict[str, Any]) -> dict[str, Any]:

@@ -205,12 +205,14 @@ TEMPLATES: dict[str, Callable[[Sequence[Turn]], Rendered]] = {
 
 
 def check_template(name: str) -> str:
-    """Validate a template name (raises UsageError listing the choices).
+    """Validate a template name (raises UsageError listing the choices); ``hf:DIR`` is a folder's own.
 
     Example:
         >>> check_template("vicuna")
         'vicuna'
     """
+    if name.startswith("hf:"):
+        return name
     if name not in TEMPLATES:
         raise UsageError(f"unknown chat template {name!r}", fix="use one of: " + ", ".join(TEMPLATES))
     return name
@@ -223,4 +225,9 @@ def render(name: str, turns: Sequence[Turn]) -> Rendered:
         >>> render("plain", [("user", ["Hi ", MEDIA_IMAGE])]).pieces
         ['Hi ']
     """
+    if name.startswith("hf:"):  # a local model folder's own chat template (jinja2, as apply_chat_template)
+        from balancer_cli.scan.rules.hf_template import render_hf_template
+
+        pieces, num_special, media = render_hf_template(name[3:], turns)
+        return Rendered(pieces=pieces, num_special=num_special, media=media)
     return TEMPLATES[check_template(name)](turns)

@@ -27,6 +27,7 @@ from balancer_cli.scan.rules.base import (
     VisionRule,
     check_size,
     config_section,
+    frames_from_metadata,
 )
 
 __all__ = ["LlavaRule", "LlavaNextRule", "LlavaOnevisionRule", "llava_processor_params", "parse_pinpoints",
@@ -157,7 +158,8 @@ class LlavaOnevisionRule(VisionRule):
     ``multi_image=True`` (a sample with several images): every image is one 384 px crop of
     729 + 1 newline tokens, as the processor does for ``batch_num_images > 1``. Video: every frame
     is one 384 px crop, 2x2-pooled to ``ceil(27/2)**2 = 196`` tokens, plus one newline per video;
-    ``video_frames`` frames (32, LLaVA-OneVision's training setting) are sampled uniformly.
+    ``video_frames`` frames (32, LLaVA-OneVision's training setting) are sampled uniformly, or all
+    frames of a shorter video.
     """
 
     name: str = "llava-onevision"
@@ -190,13 +192,23 @@ class LlavaOnevisionRule(VisionRule):
 
     def count_video(self, num_frames: int, width: int, height: int, fps: float | None = None,
                     duration_s: float | None = None) -> MediaCount:
-        """``video_frames`` frames x 196 pooled tokens + 1 newline (independent of the video's size)."""
+        """``video_frames`` frames x 196 pooled tokens + 1 newline (independent of the video's size).
+
+        A video holding fewer frames than ``video_frames`` keeps the frames it has (LLaVA-NeXT's
+        ``frames_upbound`` sampling, and what ``LlavaOnevisionProcessor`` counts for the frames it
+        is given); with only a duration known, ``video_frames`` are assumed.
+
+        Example:
+            >>> LlavaOnevisionRule().count_video(8, 640, 360).llm_tokens      # 8 frames, not 32
+            1569
+        """
         check_size(self.name, width, height)
         if self.video_frames < 1:
             raise MediaRejected(f"{self.name}: video_frames={self.video_frames} samples no frame")
+        total, _ = frames_from_metadata(num_frames, fps, duration_s)
         side = self.image_size // self.patch_size
         pooled = math.ceil(side / 2) ** 2
-        n = self.video_frames
+        n = min(self.video_frames, total) if total > 0 else self.video_frames
         return MediaCount(n * side * side, n, n * pooled + 1, (side * side,) * n)
 
 

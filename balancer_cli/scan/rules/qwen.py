@@ -1,8 +1,12 @@
 """Qwen2-VL / Qwen2.5-VL vision-token rule: ``smart_resize`` to multiples of 28, 2x2 patch merge.
 
 Mirrors transformers' ``Qwen2VLImageProcessor`` (and the identical ``smart_resize`` of
-qwen-vl-utils) for images and ``Qwen2VLVideoProcessor`` with ``do_sample_frames=True`` and
-``cap_pixels_per_frame=True`` (the per-video token budget of qwen-vl-utils) for videos.
+qwen-vl-utils) for images and ``Qwen2VLVideoProcessor`` for videos: frames sampled at 2 fps
+(``do_sample_frames=True``, the sampling qwen-vl-utils and the training repos do before the
+processor) and each frame resized within ``[video_min_pixels, video_max_pixels]``. transformers 5.x
+applies no total-video pixel budget unless ``cap_pixels_per_frame=True`` is passed (its default
+``None`` means off), so neither does this rule by default; ``cap_pixels_per_frame=True`` gives
+qwen-vl-utils' budget (``max_video_tokens`` x 0.9 tokens per video).
 
 Example:
     >>> rule = QwenVLRule()
@@ -27,9 +31,11 @@ from balancer_cli.scan.rules.base import (
     frames_from_metadata,
 )
 
-__all__ = ["QwenVLRule", "qwen_processor_params", "qwen_sampled_frames", "smart_resize"]
+__all__ = ["SAMPLERS", "QwenVLRule", "qwen_processor_params", "qwen_sampled_frames", "smart_resize"]
 
 MAX_ASPECT_RATIO = 200
+#: Frame samplers of :func:`qwen_sampled_frames`.
+SAMPLERS = ("transformers", "qwen-vl-utils")
 
 
 def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
@@ -63,23 +69,34 @@ def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56
 
 
 def qwen_sampled_frames(total_frames: int, duration_s: float, fps: float = 2.0, min_frames: int = 4,
-                        max_frames: int = 768, temporal_patch_size: int = 2) -> int:
+                        max_frames: int = 768, temporal_patch_size: int = 2, sampler: str = "transformers") -> int:
     """Frames ``Qwen2VLVideoProcessor.sample_frames`` keeps when sampling ``fps`` frames per second.
 
     ``total_frames = 0`` means the file's frame count is unknown: only ``max_frames`` caps.
+    ``sampler="transformers"`` reproduces the processor exactly: its indices are
+    ``torch.arange(0, total, total / n)``, whose float step yields ``n + 1`` frames for about 4% of
+    ``(total, n)`` pairs (e.g. 243 for 1213 frames and n = 242); ``"qwen-vl-utils"`` keeps exactly
+    ``n`` (qwen-vl-utils' ``linspace`` sampling).
 
     Example:
         >>> qwen_sampled_frames(total_frames=3000, duration_s=100.0)   # 2 fps over 100 s
         200
         >>> qwen_sampled_frames(total_frames=0, duration_s=1.0)        # at least min_frames
         4
+        >>> qwen_sampled_frames(1213, 121.3, fps=2.0), qwen_sampled_frames(1213, 121.3, sampler="qwen-vl-utils")
+        (243, 242)
     """
+    if sampler not in SAMPLERS:
+        raise MediaRejected(f"unknown frame sampler {sampler!r}", fix=f"use one of: {', '.join(SAMPLERS)}")
     cap = max_frames if total_frames <= 0 else min(max_frames, total_frames)
     cap = math.floor(cap / temporal_patch_size) * temporal_patch_size
     wanted = duration_s * fps
     upper = cap if total_frames <= 0 else min(cap, total_frames)
     wanted = min(max(wanted, min_frames), upper)
-    return int(math.floor(wanted / temporal_patch_size) * temporal_patch_size)
+    n = int(math.floor(wanted / temporal_patch_size) * temporal_patch_size)
+    if sampler == "transformers" and total_frames > 0 and n > 0:
+        n = math.ceil(total_frames / (total_frames / n))  # len(torch.arange(0, total, total / n))
+    return n
 
 
 @dataclass(frozen=True)
@@ -89,7 +106,10 @@ class QwenVLRule(VisionRule):
     Defaults are the released ``preprocessor_config.json`` of Qwen2-VL-*-Instruct and
     Qwen2.5-VL-*-Instruct (``min_pixels=3136``, ``max_pixels=12845056``); transformers' class
     default is ``max_pixels=28*28*1280`` (1,003,520), which gives far fewer tokens for big images.
-    Video defaults are transformers' ``Qwen2VLVideoProcessor`` = qwen-vl-utils' constants.
+    Video defaults are transformers' ``Qwen2VLVideoProcessor`` (per-frame pixels in
+    ``[128*28*28, 768*28*28]``, no total-video cap, as its ``cap_pixels_per_frame=None`` default)
+    sampling 2 fps, 4..768 frames (``frame_sampler="transformers"``: its exact frame count; set
+    ``"qwen-vl-utils"``, with ``cap_pixels_per_frame=True``, for qwen-vl-utils' loader).
     """
 
     name: str = "qwen2-vl"
@@ -104,7 +124,8 @@ class QwenVLRule(VisionRule):
     video_min_pixels: int = 128 * 28 * 28
     video_max_pixels: int = 768 * 28 * 28
     max_video_tokens: int = 128000
-    cap_pixels_per_frame: bool = True
+    cap_pixels_per_frame: bool = False
+    frame_sampler: str = "transformers"
     image_token: str = "<|image_pad|>"
     video_token: str = "<|video_pad|>"
 
@@ -137,7 +158,7 @@ class QwenVLRule(VisionRule):
         if duration is None:
             return total  # frames handed over as they are (do_sample_frames=False)
         return qwen_sampled_frames(total, duration, self.fps, self.min_frames, self.max_frames,
-                                   self.temporal_patch_size)
+                                   self.temporal_patch_size, self.frame_sampler)
 
     def count_video(self, num_frames: int, width: int, height: int, fps: float | None = None,
                     duration_s: float | None = None) -> MediaCount:
@@ -190,7 +211,8 @@ def qwen_processor_params(config: dict[str, Any], video: dict[str, Any]) -> dict
         out["video_min_pixels"] = int(video_min)
     if video_max:
         out["video_max_pixels"] = int(video_max)
-    for key, kind in (("fps", float), ("min_frames", int), ("max_frames", int), ("max_video_tokens", int)):
+    for key, kind in (("fps", float), ("min_frames", int), ("max_frames", int), ("max_video_tokens", int),
+                      ("cap_pixels_per_frame", bool)):
         if video.get(key) is not None:
             out[key] = kind(video[key])
     return out

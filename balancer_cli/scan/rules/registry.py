@@ -26,6 +26,9 @@ from typing import Any
 
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.scan.rules.base import VisionRule
+from balancer_cli.scan.rules.gemma3 import Gemma3Rule, gemma3_processor_params
+from balancer_cli.scan.rules.glm4v import Glm4vRule, glm4v_processor_params
+from balancer_cli.scan.rules.hf import HF_PREFIX, hf_rule
 from balancer_cli.scan.rules.llava import (
     LlavaNextRule,
     LlavaOnevisionRule,
@@ -33,7 +36,10 @@ from balancer_cli.scan.rules.llava import (
     llava_processor_params,
     parse_pinpoints,
 )
-from balancer_cli.scan.rules.qwen import QwenVLRule, qwen_processor_params
+from balancer_cli.scan.rules.omni import OmniRule, omni_processor_params
+from balancer_cli.scan.rules.pixtral import PixtralRule, pixtral_processor_params
+from balancer_cli.scan.rules.qwen import SAMPLERS, QwenVLRule, qwen_processor_params
+from balancer_cli.scan.rules.qwen3 import Qwen3VLRule, qwen3_processor_params
 from balancer_cli.scan.rules.tiles import (
     Idefics3Rule,
     InternVLRule,
@@ -55,7 +61,21 @@ PRESETS: dict[str, Callable[..., VisionRule]] = {
     "smolvlm": lambda **kw: Idefics3Rule(**{
         "name": "smolvlm", "image_size": 512, "longest_edge": 2048, "patch_size": 16,
         "scale_factor": 4, "video": True, **kw}),
+    "qwen3-vl": lambda **kw: Qwen3VLRule(name="qwen3-vl", **kw),
+    "gemma3": lambda **kw: Gemma3Rule(name="gemma3", **kw),
+    "glm-4.1v": lambda **kw: Glm4vRule(name="glm-4.1v", **kw),
+    "pixtral": lambda **kw: PixtralRule(name="pixtral", **kw),
+    "mistral3": lambda **kw: PixtralRule(**{"name": "mistral3", "patch_size": 14, "longest_edge": 1540,
+                                           "spatial_merge_size": 2, **kw}),
+    "qwen2.5-omni": lambda **kw: OmniRule(name="qwen2.5-omni", **kw),
+    "qwen3-omni": lambda **kw: OmniRule(**{
+        "name": "qwen3-omni", "patch_size": 16, "video_min_pixels": 128 * 32 * 32,
+        "video_max_pixels": 768 * 32 * 32, "audio_rule": "qwen3-omni", "n_window": 50, **kw}),
 }
+
+#: Other spellings of preset names.
+_PRESET_ALIASES = {"glm4v": "glm-4.1v", "glm-4.5v": "glm-4.1v", "mistral-3": "mistral3", "gemma-3": "gemma3",
+                   "qwen2_5-omni": "qwen2.5-omni"}
 
 # Parameter names used by the various processors / training configs -> our field names.
 _ALIASES = {
@@ -67,7 +87,8 @@ _ALIASES = {
 }
 
 #: Fields whose override is converted first (a JSON list of pairs -> the rule's tuple of pairs).
-_CONVERTERS: dict[str, Callable[[Any], Any]] = {"pinpoints": parse_pinpoints}
+_CONVERTERS: dict[str, Callable[[Any], Any]] = {"pinpoints": parse_pinpoints,
+                                                 "crop_text_tokens": lambda v: tuple(int(x) for x in v)}
 
 
 def _fields(rule: Any) -> list[str]:
@@ -77,6 +98,7 @@ def _fields(rule: Any) -> list[str]:
 def _preset_key(name: str) -> str:
     """The :data:`PRESETS` key of ``name`` (case-insensitive); raises UsageError for an unknown preset."""
     key = name.strip().lower()
+    key = _PRESET_ALIASES.get(key, key)
     if key not in PRESETS:
         raise UsageError(f"unknown vision preset {name!r}", fix=f"use one of: {', '.join(PRESETS)}")
     return key
@@ -91,6 +113,9 @@ def get_rule(name: str, **overrides: Any) -> VisionRule:
             ``patch_size``, ``merge_size``, ``fps``, ...) or their processor aliases
             (``max_num``, ``max_dynamic_patch``, ``max_patches``, ``num_segments``, ...).
 
+    ``name`` may also be ``hf:DIR``, a local transformers folder counted by its own processor
+    classes (:func:`~balancer_cli.scan.rules.hf.hf_rule`; ``overrides`` go to the processors).
+
     Raises:
         UsageError: unknown preset or parameter, or a value of the wrong type.
 
@@ -98,6 +123,16 @@ def get_rule(name: str, **overrides: Any) -> VisionRule:
         >>> get_rule("qwen2.5-vl", max_pixels=1003520).count_image(1920, 1080).llm_tokens
         1222
     """
+    if name.startswith(HF_PREFIX):
+        rule = hf_rule(name[len(HF_PREFIX):], **overrides)
+        fast = rule_from_processor_config(rule.fast_preset, rule.path)
+        if rule.counted_by == "preset" and overrides:  # the preset counts: the overrides are its parameters
+            fast = get_rule(rule.fast_preset, **{**{f: getattr(fast, f) for f in _fields(fast)}, **overrides})
+        tokenizer = Path(rule.path) / "tokenizer.json"
+        text_fields = {f: str(tokenizer) for f in ("timestamp_tokenizer", "text_tokenizer") if f in _fields(fast)}
+        if text_fields and tokenizer.is_file():  # the preset counts processor text with the folder's tokenizer
+            fast = dataclasses.replace(fast, **text_fields)
+        return dataclasses.replace(rule, fast=fast)
     key = _preset_key(name)
     default = PRESETS[key]()
     known = _fields(default)
@@ -120,7 +155,8 @@ def get_rule(name: str, **overrides: Any) -> VisionRule:
     return rule
 
 
-_MAY_BE_ZERO = {"split_newline_extra", "max_crops", "max_video_tokens", "tokens_per_tile"}
+_MAY_BE_ZERO = {"split_newline_extra", "max_crops", "max_video_tokens", "tokens_per_tile", "newline_tokens",
+                "nb_max_frames"}
 _ORDERED = (("min_pixels", "max_pixels"), ("video_min_pixels", "video_max_pixels"),
             ("min_tiles", "max_tiles"), ("min_frames", "max_frames"))
 
@@ -134,6 +170,9 @@ def _check_values(key: str, rule: Any) -> None:
         lowest = 0 if f.name in _MAY_BE_ZERO else (1 if isinstance(value, int) else 1e-9)
         if value < lowest:
             raise UsageError(f"vision preset {key!r}: {f.name}={value} must be >= {lowest:g}")
+    sampler = getattr(rule, "frame_sampler", None)
+    if sampler is not None and sampler not in SAMPLERS:
+        raise UsageError(f"vision preset {key!r}: frame_sampler={sampler!r} is not one of {', '.join(SAMPLERS)}")
     for low, high in _ORDERED:
         if hasattr(rule, low) and getattr(rule, low) > getattr(rule, high):
             raise UsageError(f"vision preset {key!r}: {low}={getattr(rule, low)} exceeds "
@@ -155,6 +194,9 @@ _CONFIG_READERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], dict[str, 
     "idefics3": _only(("image_size", "longest_edge", "do_image_splitting", "patch_size", "scale_factor",
                        "tokens_per_tile"), idefics3_processor_params),
     "smolvlm": idefics3_processor_params,
+    "qwen3-vl": qwen3_processor_params, "gemma3": gemma3_processor_params, "glm-4.1v": glm4v_processor_params,
+    "pixtral": pixtral_processor_params, "mistral3": pixtral_processor_params,
+    "qwen2.5-omni": omni_processor_params, "qwen3-omni": omni_processor_params,
 }
 
 
@@ -174,7 +216,9 @@ def rule_from_processor_config(name: str, path: str | Path) -> VisionRule:
 
     ``path`` is a ``preprocessor_config.json`` (or InternVL's ``config.json``) or a model folder; in
     a folder ``preprocessor_config.json``, ``processor_config.json`` and ``config.json`` are merged
-    (first wins) and ``video_preprocessor_config.json`` supplies the video parameters. Keys a rule
+    (first wins; a transformers 5 ``processor_config.json``'s nested ``image_processor`` /
+    ``video_processor`` sections count as those files) and ``video_preprocessor_config.json``
+    supplies the video parameters. Keys a rule
     does not use (``image_mean``, ...) are ignored. Nothing is downloaded.
 
     Example:
@@ -195,7 +239,12 @@ def rule_from_processor_config(name: str, path: str | Path) -> VisionRule:
             raise InputError(f"{path}: no preprocessor_config.json, processor_config.json or config.json",
                              fix="pass the folder of a downloaded model or the config file itself")
         for file in reversed(found):
-            cfg.update(_read_json(file))
+            data = _read_json(file)
+            # transformers 5 nests the sub-processors' configs in processor_config.json
+            nested = data.get("image_processor") if file.name == "processor_config.json" else None
+            cfg.update({**data, **nested} if isinstance(nested, dict) else data)
+            if file.name == "processor_config.json" and isinstance(data.get("video_processor"), dict):
+                video = data["video_processor"]
         if (path / "video_preprocessor_config.json").is_file():
             video = _read_json(path / "video_preprocessor_config.json")
     elif path.is_file():
