@@ -17,7 +17,7 @@ Example:
     >>> import numpy as np
     >>> members = window_members(np.array([0, 0, 0, 0, 1, 1]), 2, seed=0, epoch=0)
     >>> [m.tolist() for m in members], num_windows(10, 4), num_windows(3, 4)
-    ([[1, 2, 5], [0, 3, 4]], 3, 1)
+    ([[0, 1, 5], [2, 3, 4]], 3, 1)
 """
 
 from __future__ import annotations
