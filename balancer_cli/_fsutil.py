@@ -1,7 +1,12 @@
-"""Small filesystem helpers shared by every writer: atomic outputs and content fingerprints.
+"""Small filesystem helpers shared by every writer: atomic outputs, output checks, work folders
+and content fingerprints.
 
 Outputs appear only when complete: writers write to a temporary name in the same directory and
-rename it into place, so an interrupted run never leaves a half-written table behind.
+rename it into place, so an interrupted run never leaves a half-written table behind. Before any
+work, :func:`check_output` refuses an output that is (or holds, or lies inside) an input, or that is
+not a regular file or folder (a FIFO, a device node, a socket, or a link to one): such a path is
+never replaced. Work folders (the Ray ``OUT.parts/``) carry :data:`PARTS_MARKER`; a folder without
+it was not made by balancer and is neither reused nor deleted.
 
 Example:
     >>> import pathlib, tempfile
@@ -17,11 +22,19 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
+import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["atomic_path", "file_fingerprint", "bytes_fingerprint"]
+from balancer_cli.errors import InputError
+
+__all__ = ["atomic_path", "file_fingerprint", "bytes_fingerprint", "check_output", "check_regular",
+           "PARTS_MARKER", "claim_parts_dir", "remove_parts_dir"]
+
+#: The file that marks a work folder as created by balancer (so it may be reused and deleted).
+PARTS_MARKER = ".balancer-parts"
 
 _CHUNK_BYTES = 1 << 20
 
@@ -34,6 +47,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     ``path`` is left untouched.
     """
     target = Path(path)
+    check_regular(target, folder=False)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
@@ -70,3 +84,113 @@ def bytes_fingerprint(*parts: bytes) -> str:
         digest.update(len(part).to_bytes(8, "little"))
         digest.update(part)
     return digest.hexdigest()
+
+
+def _kind(path: Path) -> str | None:
+    """``file``, ``folder``, ``special`` (FIFO, device, socket; through links), or None if absent."""
+    try:
+        mode = path.stat().st_mode  # follows links: a link to a FIFO is a FIFO here
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # absent (or cannot exist): writing it reports the real cause
+    except OSError:
+        return "special"  # a link loop or an unreadable entry: nothing to replace blindly
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "folder"
+    return "special"
+
+
+def check_regular(path: str | os.PathLike, *, folder: bool) -> None:
+    """Raise :class:`InputError` unless ``path`` is absent or a regular file (``folder``: a folder).
+
+    Example:
+        >>> check_regular("/dev/null", folder=False)
+        Traceback (most recent call last):
+        ...
+        balancer_cli.errors.InputError: output /dev/null is not a regular file or folder (a FIFO, device or socket); fix: write the output to a regular file path
+    """
+    path = Path(path)
+    kind = _kind(path)
+    if kind == "special":
+        raise InputError(f"output {path} is not a regular file or folder (a FIFO, device or socket)",
+                         fix="write the output to a regular file path")
+    if kind == "folder" and not folder:
+        raise InputError(f"output {path} is a folder", fix="name a file path for the output")
+    if kind == "file" and folder:
+        raise InputError(f"output {path} is a file, not a folder", fix="name a folder path for the output")
+
+
+def _inside(child: str, parent: str) -> bool:
+    return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
+
+
+def check_output(output: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, folder: bool = False) -> None:
+    """Refuse an output that is not a regular file/folder, or that is, holds or lies inside an input.
+
+    Compares real paths (links resolved) and, where both exist, file identity (hard links), so
+    ``-o data.json`` for the input ``./x/../data.json`` or a link to it is refused before any work.
+
+    Args:
+        output: the output path.
+        inputs: the command's input files and folders.
+        folder: the output is a folder (``pack -o OUT``): an input inside it is refused too.
+
+    Raises:
+        InputError: one line naming the output and the input.
+
+    Example:
+        >>> import tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> check_output(f"{d}/lengths.parquet", [f"{d}/data.json"])
+        >>> try:
+        ...     check_output(f"{d}/x/../data.json", [f"{d}/data.json"])
+        ... except InputError as error:
+        ...     print(error.message.endswith(f"is also an input ({d}/data.json)"), error.fix)
+        True write the output to another path
+    """
+    out = Path(output)
+    check_regular(out, folder=folder)
+    real_out = os.path.realpath(out)
+    fix = "write the output to another path"
+    for given in inputs:
+        source = Path(given)
+        real_in = os.path.realpath(source)
+        same = real_in == real_out
+        if not same and out.exists() and source.exists():
+            try:
+                same = os.path.samefile(out, source)
+            except OSError:
+                same = False
+        if same:
+            raise InputError(f"output {out} is also an input ({source})", fix=fix)
+        if folder and _inside(real_in, real_out):
+            raise InputError(f"input {source} is inside the output folder {out}, which is replaced", fix=fix)
+        if source.is_dir() and _inside(real_out, real_in):
+            raise InputError(f"output {out} is inside the input folder {source}", fix=fix)
+
+
+def claim_parts_dir(path: str | os.PathLike) -> Path:
+    """Create the work folder ``path`` with :data:`PARTS_MARKER`, or accept one that carries it.
+
+    Raises:
+        InputError: ``path`` exists but is not balancer's (no marker and not empty), or is a file.
+    """
+    path = Path(path)
+    marker = path / PARTS_MARKER
+    if path.is_dir() and not marker.is_file() and any(path.iterdir()):
+        raise InputError(f"{path} exists and was not created by balancer (no {PARTS_MARKER} in it); "
+                         "it is left untouched", fix="move that folder away or delete it yourself")
+    if os.path.lexists(path) and not path.is_dir():
+        raise InputError(f"{path} exists and is not a folder", fix="move it away")
+    path.mkdir(parents=True, exist_ok=True)
+    if not marker.is_file():
+        marker.write_text("created by balancer_cli; deleted with this folder once the output is written\n")
+    return path
+
+
+def remove_parts_dir(path: str | os.PathLike) -> None:
+    """Delete the work folder ``path`` if it carries :data:`PARTS_MARKER` (else leave it)."""
+    path = Path(path)
+    if (path / PARTS_MARKER).is_file() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)

@@ -10,6 +10,8 @@ A manifest directory holds:
   ``sum(epoch_num_steps[:e]) .. sum(epoch_num_steps[:e+1]) - 1``.
 - ``dropped.parquet``: ``sample`` int64, ``reason`` string, for every sample not placed.
 - ``report.json``/``report.md``/``report.png``: written by ``balancer pack``/``report``.
+- ``_COMMIT.json``: every file's size and checksum, written last (:mod:`balancer_cli.commit`);
+  :func:`open_manifest` refuses a folder whose record is missing or does not match.
 
 The ``balancer`` metadata key of ``manifest.parquet`` is JSON with ``schema_version``,
 ``world_size``, ``micro_batches``, ``num_steps``, ``epoch_num_steps``, ``num_samples``, ``seed``,
@@ -43,6 +45,7 @@ import pyarrow.parquet as pq
 from balancer_cli import __version__
 from balancer_cli._fsutil import atomic_path
 from balancer_cli._memory import release_freed_memory
+from balancer_cli.commit import verify_commit, write_commit
 from balancer_cli.errors import ManifestError, check_int
 
 __all__ = [
@@ -210,8 +213,10 @@ def write_manifest(
     meta: Mapping[str, Any],
     epoch_num_steps: Sequence[int] | None = None,
     rows_per_row_group: int = DEFAULT_ROWS_PER_ROW_GROUP,
+    commit: bool = True,
 ) -> Path:
-    """Write ``manifest.parquet`` and ``dropped.parquet`` into ``out_dir``, each atomically.
+    """Write ``manifest.parquet`` and ``dropped.parquet`` into ``out_dir``, each atomically, then
+    (``commit``) the folder's ``_COMMIT.json`` listing every file in it.
 
     Args:
         out_dir: the manifest directory (created if needed).
@@ -267,6 +272,8 @@ def write_manifest(
     })
     with atomic_path(out / DROPPED_FILE) as tmp:
         pq.write_table(dropped, tmp, compression="zstd")
+    if commit:
+        write_commit(out)
     return path
 
 
@@ -343,16 +350,20 @@ class ManifestFile:
         return ManifestRows.from_columns(columns)
 
 
-def open_manifest(manifest_dir: str | os.PathLike) -> ManifestFile:
-    """Open a manifest directory, checking it exists and has a schema version this code reads.
+def open_manifest(manifest_dir: str | os.PathLike, *, full: bool = False) -> ManifestFile:
+    """Open a manifest directory, checking its commit record and its schema version.
+
+    ``full`` checksums ``manifest.parquet`` too (else only its size; see :mod:`balancer_cli.commit`).
 
     Raises:
-        ManifestError: missing directory/file, unreadable Parquet, or unknown schema version.
+        ManifestError: missing directory/file, no or mismatching commit record, unreadable
+            Parquet, or unknown schema version.
     """
     path = Path(manifest_dir)
     file = path / MANIFEST_FILE if path.is_dir() else path
     if not file.is_file():
         raise ManifestError(f"{path}: no {MANIFEST_FILE} there", fix="run `balancer pack ... -o DIR` first")
+    verify_commit(file.parent, names=(file.name, DROPPED_FILE), full=full)
     try:
         parquet = pq.ParquetFile(file)
         raw = (parquet.schema_arrow.metadata or {}).get(METADATA_KEY)

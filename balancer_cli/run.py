@@ -25,10 +25,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from balancer_cli._fsutil import check_output, claim_parts_dir, remove_parts_dir
 from balancer_cli._memory import release_freed_memory
+from balancer_cli.commit import check_replaceable, committed_folder, read_commit, write_commit
 from balancer_cli.errors import InputError, ManifestError, UsageError
 from balancer_cli.lengths import read_lengths
-from balancer_cli.manifest import open_manifest, write_manifest
+from balancer_cli.manifest import REPORT_JSON, REPORT_MD, REPORT_PNG, open_manifest, write_manifest
 from balancer_cli.pack.config import PackConfig
 from balancer_cli.pack.packers import registry
 
@@ -67,16 +69,19 @@ def scan_to_file(inputs: Sequence[str | os.PathLike], output: str | os.PathLike,
 
     Raises:
         UsageError: ``ray_address`` or ``keep_parts`` without the ray engine.
+        InputError: ``output`` is, holds or lies inside an input, or is not a regular file.
     """
     import time
 
     from balancer_cli.lengths import write_lengths
     from balancer_cli.scan.pipeline import scan
 
+    check_output(output, inputs)
     engine_options = None
     if engine == "ray":
         from balancer_cli.scan.engines.ray import RayOptions, parts_dir_for
 
+        check_output(parts_dir_for(output), inputs, folder=True)
         engine_options = RayOptions(parts_dir=str(parts_dir_for(output)), address=ray_address, num_cpus=jobs or None,
                                     keep_parts=keep_parts, notify=notify)
     elif keep_parts or ray_address:
@@ -115,11 +120,18 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
             run resumes from them when rerun.
         notify: called with one line when a ray run resumes.
 
+    The whole folder is built under a temporary sibling name and renamed into place with its
+    ``_COMMIT.json`` (:func:`balancer_cli.commit.committed_folder`): an interrupted run leaves
+    ``out`` as it was. An existing ``out`` is replaced only if balancer wrote it and it holds
+    nothing else.
+
     Returns:
         The summary: ``out``, ``files`` (the report's paths) and the report data.
 
     Raises:
         BalancerError: bad inputs or options (see :func:`~balancer_cli.pack.pipeline.pack_inputs`).
+        InputError: ``out`` is, holds or lies inside an input, or is a folder balancer did not
+            write; ``OUT.parts`` exists without balancer's marker.
     """
     from balancer_cli.pack.inputs import prepare_inputs
     from balancer_cli.pack.pipeline import pack_inputs
@@ -127,6 +139,8 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
     done = on_phase or (lambda phase: None)
     baselines = tuple(registry.get(name).name for name in baselines)
     paths = [str(p) for p in lengths_files]
+    check_output(out, paths, folder=True)
+    _writable(out, lambda: check_replaceable(out))
     if not config.lengths_files:
         config = dataclasses.replace(config, lengths_files=tuple(os.path.abspath(p) for p in paths))
     table = read_lengths(paths)
@@ -146,24 +160,41 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
     release_freed_memory()
     result = pack_inputs(inputs, config, lengths_fingerprint=fingerprint, engine=engine, engine_options=engine_options)
     done("pack")
-    try:
-        write_manifest(out, result.rows, dropped_sample=result.dropped_sample, dropped_reason=result.dropped_reason,
+    final = Path(out)
+
+    def write(folder: Path) -> dict[str, Any]:
+        nonlocal result
+        write_manifest(folder, result.rows, dropped_sample=result.dropped_sample,
+                       dropped_reason=result.dropped_reason,
                        # `balancer report OUT` compares with the same baselines by default
                        meta={**result.meta, "report_baselines": list(baselines)},
                        epoch_num_steps=result.epoch_num_steps)
-        del result  # the report re-reads the written rows: do not hold a second copy meanwhile
+        result = None  # the report re-reads the written rows: do not hold a second copy meanwhile
         release_freed_memory()
-        if engine_options is not None and not keep_parts:
-            import shutil
-
-            shutil.rmtree(engine_options.parts_dir, ignore_errors=True)  # ours: created by this run's engine
         done("write")
-        summary = _report(out, (inputs, fingerprint), baselines)
+        summary = _report(folder, (inputs, fingerprint), baselines)
+        # the paths the files will have once the folder is in place
+        return {**summary, "out": str(final), "files": {k: str(final / Path(v).name) for k, v in summary["files"].items()}}
+
+    def commit() -> dict[str, Any]:
+        with committed_folder(final) as tmp:
+            summary = write(tmp)
+        return summary
+
+    summary = _writable(final, commit)
+    if engine_options is not None and not keep_parts:
+        remove_parts_dir(engine_options.parts_dir)  # ours: it carries the marker this run checked
+    done("report")
+    return summary
+
+
+def _writable(out: Path | str, work: Callable[[], Any]) -> Any:
+    """``work()``, with an unwritable output reported as one InputError line."""
+    try:
+        return work()
     except OSError as error:
         raise InputError(f"cannot write to {out}: {error.strerror or error}",
                          fix="pass a writable directory as {out}") from None
-    done("report")
-    return summary
 
 
 def _pack_engine_options(engine: str, out: str | os.PathLike, fingerprint: str, ray_address: str | None,
@@ -181,8 +212,9 @@ def _pack_engine_options(engine: str, out: str | os.PathLike, fingerprint: str, 
 
     import_ray()  # a clear error before any work when the extra is missing
     out = Path(out)
-    return RayPackOptions(run_key=fingerprint, address=ray_address, parts_dir=str(out.with_name(out.name + ".parts")),
-                          notify=notify)
+    parts = out.with_name(out.name + ".parts")
+    claim_parts_dir(parts)  # refuses a folder of that name that balancer did not create
+    return RayPackOptions(run_key=fingerprint, address=ray_address, parts_dir=str(parts), notify=notify)
 
 
 def report_dir(out: str | os.PathLike, *, lengths_files: Sequence[str | os.PathLike] = (),
@@ -197,10 +229,14 @@ def report_dir(out: str | os.PathLike, *, lengths_files: Sequence[str | os.PathL
         cost: measure with another cost model than the packing's: ``{"cost_model", "cost_presets",
             "costs"}`` (see :func:`balancer_cli.report.build.build_report`).
 
+    ``out`` must carry a matching commit record (every checksum is checked) and pass the
+    integrity checks of :func:`~balancer_cli.replay.integrity.check_manifest`; the record is
+    rewritten with the new report files.
+
     Returns:
         The summary, as :func:`pack_to_dir` returns it.
     """
-    manifest = open_manifest(out)
+    manifest = open_manifest(out, full=True)
     if baselines is None:
         baselines = manifest.meta.get("report_baselines", registry.names(baseline=True))
     baselines = tuple(registry.get(name).name for name in baselines)
@@ -213,7 +249,10 @@ def report_dir(out: str | os.PathLike, *, lengths_files: Sequence[str | os.PathL
                             fix="pass the lengths files as {lengths_files}")
     table = read_lengths(paths)
     try:
-        return _report(out, table, baselines, cost)
+        summary = _report(out, table, baselines, cost)
+        listed = set((read_commit(manifest.path) or {}).get("files", {})) | {REPORT_JSON, REPORT_MD, REPORT_PNG}
+        write_commit(manifest.path, sorted(n for n in listed if (manifest.path / n).is_file()))
+        return summary
     except OSError as error:
         raise InputError(f"cannot write the report into {out}: {error.strerror or error}",
                          fix="make the manifest directory writable") from None
@@ -244,6 +283,11 @@ def search_to_files(lengths_files: Sequence[str | os.PathLike], config: PackConf
     from balancer_cli.report.search import plot_search, search_data
 
     done = on_phase or (lambda phase: None)
+    for target in (out, plot):
+        if target:
+            check_output(target, lengths_files)
+    if out and plot and os.path.realpath(out) == os.path.realpath(plot):
+        raise UsageError(f"the JSON and the plot would both be written to {out}", fix="give them different paths")
     table = read_lengths([str(p) for p in lengths_files])
     inputs = prepare_inputs(table, config.cost_model, config.cost_presets, costs=config.costs)
     done("read")

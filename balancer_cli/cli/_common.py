@@ -15,10 +15,14 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -26,7 +30,8 @@ import click
 
 from balancer_cli.errors import BalancerError
 
-__all__ = ["handle_errors", "json_option", "emit", "fail", "command_flags", "progress"]
+__all__ = ["handle_errors", "json_option", "emit", "fail", "command_flags", "progress", "check_output_option",
+           "Terminated"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -68,20 +73,77 @@ def fail(error: BalancerError) -> None:
     sys.exit(error.exit_code)
 
 
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread on SIGTERM, so every ``finally`` (temporary files) runs."""
+
+
+_terminated = threading.Event()
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    _terminated.set()
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """While a command runs, SIGTERM raises :class:`Terminated` (then the previous handler is back)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def handle_errors(fn: F) -> F:
-    """Decorator: run a command body, converting BalancerError into a one-line message + exit code."""
+    """Decorator: run a command body, converting BalancerError into a one-line message + exit code.
+
+    SIGTERM and Ctrl-C end the command through the normal unwinding (temporary outputs removed)
+    with one line and exit code 143 / 130.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _terminated.clear()
         try:
-            return fn(*args, **kwargs)
-        except BalancerError as error:
-            fail(error)
-        except KeyboardInterrupt:
-            click.echo("Error: interrupted; no output was written", err=True)
-            sys.exit(130)
+            with _sigterm_raises():
+                return fn(*args, **kwargs)
+        except BaseException as error:
+            if _terminated.is_set():
+                _exit_terminated()
+            if isinstance(error, BalancerError):
+                fail(error)
+            if isinstance(error, KeyboardInterrupt):
+                click.echo("Error: interrupted; no output was written", err=True)
+                sys.exit(130)
+            raise
 
     return wrapper  # type: ignore[return-value]
+
+
+def _exit_terminated() -> None:
+    """End the process after SIGTERM once every ``finally`` has run (temporary outputs removed).
+
+    The signal may land inside an import, where an extension module turns it into an ImportError
+    and is left half-initialized; the interpreter's normal shutdown can then abort, so exit at once.
+    """
+    click.echo("Error: terminated; no output was written", err=True)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(143)
+
+
+def check_output_option(output: Any, inputs: Any, *, folder: bool = False) -> None:
+    """Refuse ``-o OUTPUT`` when it is, holds or lies inside one of ``inputs``, or is not a regular
+    file/folder (:func:`balancer_cli._fsutil.check_output`); ``None`` (not given) passes."""
+    from balancer_cli._fsutil import check_output
+
+    if output is not None:
+        check_output(output, [p for p in inputs if p is not None], folder=folder)
 
 
 def emit(summary: Mapping[str, Any], as_json: bool, render: Callable[[Mapping[str, Any]], str]) -> None:

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
-from balancer_cli.cli._common import emit, handle_errors, json_option
-from balancer_cli.cli._options import quiet_option
+from balancer_cli.cli._common import (
+    check_output_option,
+    emit,
+    handle_errors,
+    json_option,
+)
+from balancer_cli.cli._options import FiniteFloatRange, quiet_option
 from balancer_cli.cli._render import render_calibrate
 
 __all__ = ["command"]
@@ -28,9 +35,9 @@ __all__ = ["command"]
               help="Largest vision group timed, in items (default: 8 median samples' items).")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Timed rounds over all shapes (each shape keeps its median).")
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Untimed runs per shape first.")
-@click.option("--gpu-memory-gb", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--gpu-memory-gb", type=FiniteFloatRange(min=0, min_open=True), default=None,
               help="GPU memory, GB: also report per module the largest cap whose groups fit (peak memory, GPU only).")
-@click.option("--margin", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True,
+@click.option("--margin", type=FiniteFloatRange(0, 1, max_open=True), default=0.1, show_default=True,
               help="Share of --gpu-memory-gb kept free.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), metavar="COSTS.json")
@@ -51,6 +58,8 @@ def command(config_dir, lengths_files, modules, layers, device, dtype, attention
     """
     from balancer_cli.errors import BalancerError
 
+    # The model folder's own files are the inputs: costs.json may sit beside config.json.
+    check_output_option(out, [os.path.join(config_dir, "config.json"), *lengths_files])
     try:  # torch and transformers are imported here only, by the runtime package
         from balancer_cli.runtime.calibrate import calibrate_to_file
     except ImportError as exc:

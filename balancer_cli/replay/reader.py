@@ -3,7 +3,9 @@
 The runtime never holds a whole manifest: it reads the row group that holds the step it needs
 (row groups hold whole steps, see :mod:`balancer_cli.manifest`), validates it with a few
 vectorized checks, and keeps the last two row groups decoded. Seeking to any step costs one row
-group read, whatever the step.
+group read, whatever the step. Opening one checks the folder's commit record (sizes, small
+files' checksums) and the whole manifest against its metadata and the conservation contract
+(:func:`~balancer_cli.replay.integrity.check_manifest`, a few vectorized passes).
 
 Example:
     >>> import numpy as np, tempfile
@@ -31,6 +33,7 @@ import numpy as np
 from balancer_cli._fsutil import bytes_fingerprint
 from balancer_cli.errors import ManifestError
 from balancer_cli.manifest import ManifestFile, StepShape, open_manifest
+from balancer_cli.replay.integrity import check_manifest
 
 __all__ = ["ManifestReader", "manifest_fingerprint"]
 
@@ -81,18 +84,22 @@ class ManifestReader:
 
     Args:
         manifest_dir: the manifest directory (or its ``manifest.parquet``).
+        verify: check the whole manifest on opening (:func:`~balancer_cli.replay.integrity.check_manifest`);
+            copies in DataLoader workers skip it (the process that made them checked it).
 
     Attributes:
         manifest: the opened :class:`~balancer_cli.manifest.ManifestFile`.
         world_size, micro_batches, num_steps, num_samples: from the metadata.
     """
 
-    def __init__(self, manifest_dir: str | os.PathLike) -> None:
+    def __init__(self, manifest_dir: str | os.PathLike, *, verify: bool = True) -> None:
         self.manifest = open_manifest(manifest_dir)
         meta = self.manifest.meta
         for key in ("world_size", "micro_batches", "num_samples", "num_steps", "row_group_first_steps"):
             if key not in meta:
                 raise ManifestError(f"{self.manifest.path}: metadata lacks '{key}'", fix="re-run `balancer pack`")
+        if verify:
+            check_manifest(self.manifest)
         self.world_size = int(meta["world_size"])
         self.micro_batches = int(meta["micro_batches"])
         self.num_steps = int(meta["num_steps"])
@@ -112,7 +119,7 @@ class ManifestReader:
         return {"path": str(self.manifest.path)}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"])
+        self.__init__(state["path"], verify=False)
 
     @property
     def fingerprint(self) -> str:

@@ -52,6 +52,7 @@ from balancer_cli.pack.evaluate import Evaluation, evaluate_rows
 from balancer_cli.pack.inputs import PackInputs, prepare_inputs
 from balancer_cli.pack.packers import registry
 from balancer_cli.pack.pipeline import place_packer
+from balancer_cli.replay.integrity import check_manifest
 from balancer_cli.report.markdown import render_markdown
 
 __all__ = ["Report", "build_report", "write_report"]
@@ -88,7 +89,12 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInput
         cost: evaluate under another cost model than the one packed with: ``{"cost_model": ...,
             "cost_presets": ..., "costs": ...}`` (PackConfig fields), e.g. a token-packed manifest
             under measured seconds. Baselines are evaluated under it too.
+
+    Raises:
+        ManifestError: the manifest disagrees with its metadata or loses/duplicates a sample
+            (:func:`~balancer_cli.replay.integrity.check_manifest`).
     """
+    check_manifest(manifest)  # metadata, step shape and conservation, before any metric
     meta = manifest.meta
     cost = dict(cost or {})
     config = PackConfig.from_meta(meta, **cost)
@@ -141,7 +147,11 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInput
 
 
 def write_report(out_dir: str | os.PathLike, report: Report) -> dict[str, Path]:
-    """Write report.json, report.md and report.png into ``out_dir`` (each atomically)."""
+    """Write report.json, report.md and report.png into ``out_dir`` (each atomically).
+
+    The caller rewrites the folder's commit record afterwards (``balancer report``) or commits
+    the whole folder (``balancer pack``).
+    """
     from balancer_cli.report.plot import plot_report
 
     out = Path(out_dir)

@@ -84,6 +84,7 @@ def test_a_window_that_keeps_failing_is_reported_and_others_are_kept(ray_session
     blocker = parts / "balanced-e0001-w000002.npz"  # a directory where the shard goes: OSError each try
     blocker.mkdir(parents=True)
     (blocker / "keep").write_text("x")
+    (parts / ".balancer-parts").write_text("")  # the marker: a parts folder is ours to reuse
     with pytest.raises(InputError, match=r"1 of 10 pack windows failed after 3 retries \(epoch 1 window 2: .*"
                                          r"fix: rerun the same command"):
         _pack(lengths, tmp_path / "out", engine="ray")

@@ -10,7 +10,6 @@ import json
 
 import numpy as np
 import pytest
-
 from replay_util import pack_random, random_lengths, simulate
 
 from balancer_cli.errors import ManifestError, UsageError
@@ -242,13 +241,19 @@ def test_validation_errors(manifest, lengths, tmp_path):
 
 
 def test_schema_version_and_corrupt_rows_are_reported(manifest, tmp_path):
+    import shutil
+
     import pyarrow.parquet as pq
+
+    from balancer_cli.commit import write_commit
 
     table = pq.read_table(manifest / "manifest.parquet")
     meta = json.loads(table.schema.metadata[b"balancer"])
     (tmp_path / "v").mkdir()
     pq.write_table(table.replace_schema_metadata({b"balancer": json.dumps({**meta, "schema_version": 99})}),
                    tmp_path / "v" / "manifest.parquet")
+    shutil.copy(manifest / "dropped.parquet", tmp_path / "v")
+    write_commit(tmp_path / "v")  # a folder that is complete as written: only its content is wrong
     with pytest.raises(ManifestError, match="schema_version 99"):
         ManifestReplay(tmp_path / "v", rank=0, world_size=R)
     # Drop the rows of one group: the step then lacks a (rank, micro) group.
@@ -261,6 +266,8 @@ def test_schema_version_and_corrupt_rows_are_reported(manifest, tmp_path):
     bad = pq.read_table(tmp_path / "c" / "manifest.parquet")
     pq.write_table(bad.replace_schema_metadata({b"balancer": json.dumps(broken)}), tmp_path / "c" / "manifest.parquet",
                    row_group_size=table.num_rows)
+    shutil.copy(manifest / "dropped.parquet", tmp_path / "c")
+    write_commit(tmp_path / "c")
     with pytest.raises(ManifestError, match="step 0 has 6 groups, expected 4 ranks x 2 micro-batches"):
         list(ManifestReplay(tmp_path / "c", rank=0, world_size=R))
 

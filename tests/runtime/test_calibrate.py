@@ -177,7 +177,7 @@ def test_cli_errors_are_one_line(model_dir, lengths_file, tmp_path):
     result = runner.invoke(main, base + ["--modules", "audio", "-o", str(tmp_path / "c.json")])
     assert result.exit_code == 2 and "no module 'audio'" in result.output
     result = runner.invoke(main, base + ["-o", str(lengths_file)])
-    assert result.exit_code == 2 and "one of the inputs" in result.output
+    assert result.exit_code == 1 and "is also an input" in result.output  # refused before any work
     result = runner.invoke(main, base + ["--device", "gpu", "-o", str(tmp_path / "c.json")])
     assert result.exit_code == 2 and "unknown device 'gpu'" in result.output
     result = runner.invoke(main, base + ["--attention", "flash_attention_2", "--quiet", "-o", str(tmp_path / "c.json")])

@@ -13,7 +13,8 @@ the local engine on the same slice of samples, so the merged manifest is byte-id
   finished window is written there (temp file + rename) tagged with the run key (lengths
   fingerprint, config, caps, bounds, window count, tool version). A rerun of the same command
   reuses every window whose tag matches and packs only the rest; the directory is removed once the
-  manifest is written, unless ``keep_parts``.
+  manifest is written, unless ``keep_parts``. The directory carries balancer's marker file
+  (:data:`~balancer_cli._fsutil.PARTS_MARKER`): one without it is neither reused nor deleted.
 
 Example:
     >>> RayPackOptions(run_key="k").retries
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from balancer_cli._fsutil import claim_parts_dir
 from balancer_cli.errors import BalancerError, InputError
 from balancer_cli.pack.packers.registry import SampleView
 from balancer_cli.pack.windows import WindowResult, WindowTask, place_window
@@ -114,7 +116,7 @@ def run_windows(tasks: Sequence[WindowTask], view_of: Callable[[int], SampleView
     results: list[WindowResult | None] = [None] * len(tasks)
     keys = [window_key(options.run_key, task, len(tasks)) for task in tasks]
     if options.parts_dir:
-        Path(options.parts_dir).mkdir(parents=True, exist_ok=True)
+        claim_parts_dir(options.parts_dir)  # refuses a folder balancer did not create
         for i, task in enumerate(tasks):
             results[i] = read_shard(shard_path(options.parts_dir, task), keys[i])
         reused = sum(r is not None for r in results)

@@ -19,12 +19,14 @@ from __future__ import annotations
 import collections
 import itertools
 import multiprocessing
+import os
 import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 
 import pyarrow as pa
 
+from balancer_cli._procs import die_with_parent, terminate_workers
 from balancer_cli.scan.blocks import RecordBlock
 from balancer_cli.scan.measure import ScanConfig, measure_job, unwrap_job
 
@@ -56,7 +58,9 @@ def run_blocks(blocks: Iterator[RecordBlock], config: ScanConfig, jobs: int) -> 
         return
     context = multiprocessing.get_context(_start_method())
     pending: collections.deque[tuple[RecordBlock, Future]] = collections.deque()
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+    # Workers die with the scan (a SIGKILLed parent leaves no orphans) and stop at once on an error.
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=die_with_parent,
+                             initargs=(os.getpid(),)) as pool:
         try:
             for block in blocks:
                 pending.append((block, pool.submit(measure_job, block, config)))
@@ -69,4 +73,5 @@ def run_blocks(blocks: Iterator[RecordBlock], config: ScanConfig, jobs: int) -> 
         except BaseException:
             for _, future in pending:
                 future.cancel()
+            terminate_workers(pool)
             raise

@@ -49,7 +49,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from balancer_cli import __version__
-from balancer_cli._fsutil import atomic_path, bytes_fingerprint
+from balancer_cli._fsutil import atomic_path, bytes_fingerprint, claim_parts_dir, remove_parts_dir
 from balancer_cli.errors import InputError, SampleError, UsageError
 
 __all__ = ["SHARD_KEY", "RayOptions", "parts_dir_for", "run_key", "block_key", "import_ray", "ray_session",
@@ -156,7 +156,7 @@ def _shard_tag(path: Path) -> dict | None:
 
 def _prepare_parts(parts_dir: Path, key: str, keys: Sequence[str]) -> list[bool]:
     """Claim ``parts_dir`` for run ``key``; return, per block, whether its shard can be reused."""
-    parts_dir.mkdir(parents=True, exist_ok=True)
+    claim_parts_dir(parts_dir)  # a folder balancer did not create is refused, never emptied
     for partial in parts_dir.glob(".block-*.tmp"):  # writes cut short by a crash
         partial.unlink(missing_ok=True)
     manifest = parts_dir / _MANIFEST
@@ -383,7 +383,7 @@ def run_blocks(blocks: Iterable[Any], config: Any, jobs: int | None = None, opti
 def remove_parts(options: RayOptions) -> None:
     """Delete the shards once the lengths table is safely written (unless ``keep_parts``)."""
     if options.parts_dir is not None and not options.keep_parts:
-        shutil.rmtree(options.parts_dir, ignore_errors=True)
+        remove_parts_dir(options.parts_dir)  # only a folder that carries balancer's marker
 
 
 def _last_error(parts_dir: Path, index: int) -> str:

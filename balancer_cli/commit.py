@@ -1,0 +1,209 @@
+"""Commit records: an output folder is complete only when its ``_COMMIT.json`` says so.
+
+``balancer pack`` builds its whole output folder under a temporary sibling name
+(``.OUT.tmp-XXXX``), writes ``_COMMIT.json`` last (every file's size and ``blake2b-128``
+checksum, plus the tool version), and only then renames the folder into place
+(:func:`committed_folder`). A folder of a run that died is never seen under the output name; a
+folder whose record is missing, or whose files differ from it, is refused by every reader
+(:func:`verify_commit`, called by :func:`balancer_cli.manifest.open_manifest`).
+
+What readers verify:
+
+- ``quick`` (the sampler, planners: every training process): the record parses, every data
+  file (``manifest.parquet``, ``dropped.parquet``) has its recorded size, and data files up to
+  :data:`SMALL_BYTES` have their recorded checksum.
+- ``full`` (``balancer report``, which reads every row anyway): every data file's checksum.
+
+Report files (``report.*``) are listed but derived: ``balancer report`` regenerates them and then
+rewrites the record, and readers do not require them to match.
+
+Example:
+    >>> import pathlib, tempfile
+    >>> parent = pathlib.Path(tempfile.mkdtemp())
+    >>> with committed_folder(parent / "out") as tmp:
+    ...     _ = (tmp / "manifest.parquet").write_bytes(b"rows")
+    >>> sorted(read_commit(parent / "out")["files"]), sorted(p.name for p in parent.iterdir())
+    (['manifest.parquet'], ['out'])
+    >>> verify_commit(parent / "out", names=["manifest.parquet"], full=True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from balancer_cli import __version__
+from balancer_cli._fsutil import atomic_path, check_regular, file_fingerprint
+from balancer_cli.errors import InputError, ManifestError
+
+__all__ = ["COMMIT_FILE", "SMALL_BYTES", "write_commit", "read_commit", "verify_commit", "committed_folder",
+           "check_replaceable"]
+
+COMMIT_FILE = "_COMMIT.json"
+#: Files up to this size are checksummed on every quick verification (cheap: a few ms).
+SMALL_BYTES = 8 << 20
+_FORMAT = "balancer-commit"
+_FIX = "re-run `balancer pack` to write this folder again"
+
+
+def write_commit(folder: str | os.PathLike, names: Sequence[str] | None = None) -> Path:
+    """Write ``folder/_COMMIT.json`` (atomically) listing ``names`` (default: every plain file).
+
+    Hidden names (temporary files) are never listed.
+    """
+    folder = Path(folder)
+    if names is None:
+        names = sorted(p.name for p in folder.iterdir()
+                       if p.is_file() and p.name != COMMIT_FILE and not p.name.startswith("."))
+    files = {name: {"size": (folder / name).stat().st_size, "blake2b": file_fingerprint(folder / name)}
+             for name in names}
+    record = {"format": _FORMAT, "version": 1, "tool_version": __version__, "files": files}
+    with atomic_path(folder / COMMIT_FILE) as tmp:
+        tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return folder / COMMIT_FILE
+
+
+def read_commit(folder: str | os.PathLike) -> dict[str, Any] | None:
+    """The folder's commit record, or None if it has none (or it is not one of ours)."""
+    try:
+        record = json.loads((Path(folder) / COMMIT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("format") != _FORMAT or not isinstance(record.get("files"), dict):
+        return None
+    return record
+
+
+def verify_commit(folder: str | os.PathLike, *, names: Sequence[str], full: bool = False) -> None:
+    """Raise :class:`ManifestError` unless ``folder``'s record lists ``names`` and they match it.
+
+    Args:
+        folder: the output folder.
+        names: the files the caller reads (each must be listed and match).
+        full: checksum every one (else only those up to :data:`SMALL_BYTES`; sizes always).
+    """
+    folder = Path(folder)
+    record = read_commit(folder)
+    if record is None:
+        raise ManifestError(f"{folder}: no valid {COMMIT_FILE}; the run that wrote it did not finish, "
+                            "or it was written by an older balancer_cli", fix=_FIX)
+    for name in names:
+        entry = record["files"].get(name)
+        path = folder / name
+        if not isinstance(entry, dict):
+            raise ManifestError(f"{folder}: {name} is not listed in {COMMIT_FILE}", fix=_FIX)
+        try:
+            size = path.stat().st_size
+        except OSError:
+            raise ManifestError(f"{folder}: {name} is missing (listed in {COMMIT_FILE})", fix=_FIX) from None
+        if size != entry.get("size"):
+            raise ManifestError(f"{folder}: {name} has {size} bytes, {COMMIT_FILE} records {entry.get('size')}; "
+                                "it was changed after it was written", fix=_FIX)
+        if (full or size <= SMALL_BYTES) and file_fingerprint(path) != entry.get("blake2b"):
+            raise ManifestError(f"{folder}: {name} does not match its checksum in {COMMIT_FILE}; "
+                                "it was changed after it was written", fix=_FIX)
+
+
+def check_replaceable(out: str | os.PathLike) -> None:
+    """Raise :class:`InputError` unless ``out`` is absent, an empty folder, or a committed folder
+    holding only the files its record lists (so replacing it deletes nothing we did not write)."""
+    out = Path(out)
+    check_regular(out, folder=True)
+    if not out.exists():
+        return
+    present = {p.name for p in out.iterdir()}
+    if not present:
+        return
+    record = read_commit(out)
+    fix = "choose another output folder, or move that one away"
+    if record is None:
+        raise InputError(f"output folder {out} is not empty and was not written by balancer (no {COMMIT_FILE})",
+                         fix=fix)
+    foreign = sorted(present - set(record["files"]) - {COMMIT_FILE})
+    if foreign:
+        raise InputError(f"output folder {out} holds files balancer did not write ({', '.join(foreign[:3])})",
+                         fix=fix)
+
+
+@contextlib.contextmanager
+def committed_folder(out: str | os.PathLike) -> Iterator[Path]:
+    """Yield a fresh temporary sibling of ``out``; on success write its record and move it to ``out``.
+
+    An existing ``out`` must pass :func:`check_replaceable`; the two folders are swapped in one
+    atomic step (Linux ``renameat2``; elsewhere the old one is renamed away, the new one renamed
+    in, and a crash in between leaves the old one as ``.OUT.old-XXXX/OUT``, never a mix), then
+    the old one is deleted. On any exception (``KeyboardInterrupt`` and
+    ``SystemExit`` from SIGTERM included) the temporary folder is removed and ``out`` is untouched.
+    """
+    out = Path(out)
+    if out.is_symlink():  # replace the folder it points to; the link itself stays as the user made it
+        out = Path(os.path.realpath(out))
+    check_replaceable(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; outputs are read by training jobs as other users
+    try:
+        yield tmp
+        write_commit(tmp)
+        check_replaceable(out)  # again: something may have appeared while we worked
+        with _signals_held():  # a SIGTERM between the renames must not leave neither folder in place
+            if not out.exists():
+                os.rename(tmp, out)
+            elif not _exchange(tmp, out):
+                old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+                os.rename(out, old / out.name)
+                try:
+                    os.rename(tmp, out)
+                except OSError:
+                    os.rename(old / out.name, out)
+                    raise
+                shutil.rmtree(old, ignore_errors=True)
+    finally:
+        with _signals_held():
+            if tmp.exists():  # this run's folder, or after an exchange the previous output
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Defer SIGTERM and SIGINT (delivered when the block ends) in the main thread."""
+    held = {signal.SIGTERM, signal.SIGINT}
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``); False if unsupported."""
+    if sys.platform != "linux":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    errno = ctypes.get_errno()
+    if errno in (38, 22, 95):  # ENOSYS, EINVAL, EOPNOTSUPP: this kernel or filesystem cannot swap
+        return False
+    raise OSError(errno, os.strerror(errno), str(b))

@@ -1,0 +1,162 @@
+"""Readers refuse an uncommitted, changed or inconsistent manifest folder, naming what differs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from balancer_cli.cli import main
+from balancer_cli.commit import COMMIT_FILE, read_commit, verify_commit
+from balancer_cli.errors import ManifestError
+from balancer_cli.lengths import make_lengths_table, write_lengths
+from balancer_cli.manifest import ManifestRows, open_manifest, read_dropped, write_manifest
+from balancer_cli.replay.cursor import ManifestReplay
+from balancer_cli.replay.reader import ManifestReader
+
+CAPS = ["--max-llm-tokens", "3000", "--max-vision-items", "10", "--baselines", "none"]
+
+
+def _run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    """A pack of 300 samples (one oversize, so dropped) over 2 epochs, 2 ranks x 2 micro-batches."""
+    tmp = tmp_path_factory.mktemp("packed")
+    rng = np.random.default_rng(0)
+    items = rng.integers(0, 6, 300)
+    llm = items * 256 + rng.integers(30, 400, 300)
+    llm[7] = 9000  # over the cap: dropped
+    write_lengths(make_lengths_table(llm, {"vision": (items * 256, items)}), tmp / "lengths.parquet")
+    result = _run("pack", tmp / "lengths.parquet", "--dp", 2, "--micro-batches", 2, "--epochs", 2,
+                  "--oversize", "drop", "-o", tmp / "out", *CAPS)
+    assert result.exit_code == 0, result.output
+    return tmp / "out"
+
+
+def _copy(packed: Path, dest: Path) -> Path:
+    dest.mkdir()
+    for path in packed.iterdir():
+        (dest / path.name).write_bytes(path.read_bytes())
+    return dest
+
+
+def _refused_by_all(folder: Path, *needles: str) -> None:
+    """``balancer report`` exits 1 with one line, and the sampler raises ManifestError, both naming it."""
+    result = _run("report", folder)
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    with pytest.raises(ManifestError) as raised:
+        list(ManifestReplay(folder, rank=0, world_size=2))
+    for needle in needles:
+        assert needle in lines[0] and needle in str(raised.value), (lines[0], str(raised.value))
+
+
+def _rewrite(packed: Path, dest: Path, *, rows=None, dropped=None, meta=None) -> Path:
+    """A copy whose manifest was rewritten through write_manifest (so its commit record is valid)."""
+    folder = _copy(packed, dest)
+    manifest = open_manifest(folder)
+    rows = rows(manifest.read_all()) if rows else manifest.read_all()
+    sample, reason = read_dropped(folder)
+    sample, reason = dropped(sample, reason) if dropped else (sample, reason)
+    full = dict(manifest.meta)
+    full = meta(full) if meta else full
+    write_manifest(folder, rows, dropped_sample=sample, dropped_reason=list(reason), meta=full,
+                   epoch_num_steps=full["epoch_num_steps"])
+    return folder
+
+
+def test_a_packed_folder_verifies_and_report_rewrites_its_record(packed, tmp_path):
+    folder = _copy(packed, tmp_path / "ok")
+    before = read_commit(folder)
+    result = _run("report", folder)
+    assert result.exit_code == 0, result.output
+    after = read_commit(folder)
+    assert set(after["files"]) == set(before["files"])
+    verify_commit(folder, names=sorted(after["files"]), full=True)
+    assert len(ManifestReader(folder).step_groups(0)) == 4
+
+
+def test_missing_record_is_refused(packed, tmp_path):
+    folder = _copy(packed, tmp_path / "old")
+    (folder / COMMIT_FILE).unlink()  # e.g. a folder written before records existed
+    _refused_by_all(folder, f"no valid {COMMIT_FILE}", "re-run `balancer pack`")
+
+
+@pytest.mark.parametrize("name, change, message", [
+    ("dropped.parquet", lambda b: b"", "has 0 bytes"),
+    ("manifest.parquet", lambda b: b + b"\0", "bytes, _COMMIT.json records"),
+    ("manifest.parquet", lambda b: b[:100] + bytes([b[100] ^ 1]) + b[101:], "does not match its checksum"),
+    ("dropped.parquet", lambda b: b[:-9] + bytes([b[-9] ^ 1]) + b[-8:], "does not match its checksum"),
+])
+def test_a_changed_file_is_refused(packed, tmp_path, name, change, message):
+    folder = _copy(packed, tmp_path / "changed")
+    (folder / name).write_bytes(change((folder / name).read_bytes()))
+    _refused_by_all(folder, name, message)
+
+
+def test_a_stale_report_file_does_not_block_readers(packed, tmp_path):
+    folder = _copy(packed, tmp_path / "stale")
+    (folder / "report.md").write_text("edited by hand")
+    assert ManifestReader(folder).num_steps > 0  # report files are derived: `balancer report` rewrites them
+    assert _run("report", folder).exit_code == 0
+
+
+def _duplicate(rows):
+    sample = rows.sample.copy()  # sample rows[1] is lost, rows[0] is placed twice in its place
+    sample[1] = sample[0]
+    return ManifestRows(rows.step, rows.rank, rows.micro, sample, rows.extra)
+
+
+def _remove_one(rows):
+    keep = np.ones(len(rows), bool)
+    keep[3] = False
+    return ManifestRows(rows.step[keep], rows.rank[keep], rows.micro[keep], rows.sample[keep])
+
+
+def test_integrity_names_what_differs(packed, tmp_path):
+    rows = open_manifest(packed).read_all()
+    _refused_by_all(_rewrite(packed, tmp_path / "dup", rows=_duplicate), f"sample {rows.sample[0]} is placed 2 times in epoch 0")
+    _refused_by_all(_rewrite(packed, tmp_path / "removed", rows=_remove_one),
+                    f"sample {rows.sample[3]} is neither placed nor dropped in epoch 0")
+    _refused_by_all(_rewrite(packed, tmp_path / "emptied", dropped=lambda s, r: (s[:0], r[:0])),
+                    "sample 7 is neither placed nor dropped in epoch 0")
+    _refused_by_all(_rewrite(packed, tmp_path / "twice", dropped=lambda s, r: (np.r_[s, s], np.r_[r, r])),
+                    "sample 7 is listed twice in dropped.parquet")
+    _refused_by_all(_rewrite(packed, tmp_path / "noreason", dropped=lambda s, r: (s, np.array([""] * len(s)))),
+                    "without a reason")
+    _refused_by_all(_rewrite(packed, tmp_path / "more", meta=lambda m: {**m, "num_samples": 301}),
+                    "sample 300 is neither placed nor dropped in epoch 0")
+    _refused_by_all(_rewrite(packed, tmp_path / "fewer", meta=lambda m: {**m, "num_samples": 299}),
+                    "is outside 0..298")
+    _refused_by_all(_rewrite(packed, tmp_path / "world", meta=lambda m: {**m, "world_size": 1}),
+                    "rank 1 at step 0 is outside 0..0")
+    _refused_by_all(_rewrite(packed, tmp_path / "wider", meta=lambda m: {**m, "world_size": 3}),
+                    "step 0 has 4 groups, expected 3 ranks x 2 micro-batches")
+
+
+def test_edited_epochs_are_refused(packed, tmp_path):
+    folder = _rewrite(packed, tmp_path / "epochs")
+    meta = dict(open_manifest(folder).meta)
+    table = pq.read_table(folder / "manifest.parquet")
+    first = meta["epoch_num_steps"][0]
+    meta["epoch_num_steps"] = [first - 1, meta["num_steps"] - first + 1]  # a step moved to the other epoch
+    pq.write_table(table.replace_schema_metadata({b"balancer": json.dumps(meta)}), folder / "manifest.parquet")
+    from balancer_cli.commit import write_commit
+
+    write_commit(folder)
+    result = _run("report", folder)
+    assert result.exit_code == 1 and "in epoch 0" in result.output, result.output
+
+
+def test_a_phase_rank_column_out_of_range_is_refused(packed, tmp_path):
+    def with_phase(rows):
+        return ManifestRows(rows.step, rows.rank, rows.micro, rows.sample, {"vision_rank": np.full(len(rows), 2)})
+
+    _refused_by_all(_rewrite(packed, tmp_path / "phase", rows=with_phase), "column vision_rank names a rank outside 0..1")

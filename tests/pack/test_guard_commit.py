@@ -1,0 +1,60 @@
+"""committed_folder: temporary folders removed on failure and on SIGTERM; the previous output kept."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from balancer_cli.cli._common import Terminated, _sigterm_raises
+from balancer_cli.commit import COMMIT_FILE, check_replaceable, committed_folder, read_commit
+from balancer_cli.errors import InputError
+
+
+def _names(folder):
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_failure_and_sigterm_remove_the_temporary_folder_and_keep_the_old_output(tmp_path):
+    out = tmp_path / "out"
+    with committed_folder(out) as tmp:
+        (tmp / "manifest.parquet").write_text("v1")
+    with pytest.raises(ValueError), committed_folder(out) as tmp:
+        (tmp / "manifest.parquet").write_text("v2")
+        raise ValueError("a bug half way")
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated), _sigterm_raises(), committed_folder(out) as tmp:
+        (tmp / "manifest.parquet").write_text("v3")
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler raises right after this call returns
+        time.sleep(5)  # not reached
+    assert _names(tmp_path) == ["out"] and (out / "manifest.parquet").read_text() == "v1"
+    assert signal.getsignal(signal.SIGTERM) == before  # the command's handler is uninstalled
+    with committed_folder(out) as tmp:
+        (tmp / "manifest.parquet").write_text("v4")
+    assert _names(tmp_path) == ["out"] and _names(out) == [COMMIT_FILE, "manifest.parquet"]
+    assert (out / "manifest.parquet").read_text() == "v4" and set(read_commit(out)["files"]) == {"manifest.parquet"}
+
+
+def test_only_empty_or_committed_clean_folders_are_replaceable(tmp_path):
+    check_replaceable(tmp_path / "absent")
+    (tmp_path / "empty").mkdir()
+    check_replaceable(tmp_path / "empty")
+    (tmp_path / "empty" / "x").write_text("x")
+    with pytest.raises(InputError, match="not written by balancer"):
+        check_replaceable(tmp_path / "empty")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InputError, match="is a file, not a folder"):
+        check_replaceable(tmp_path / "file")
+
+
+def test_a_link_to_an_output_folder_stays_a_link(tmp_path):
+    real = tmp_path / "real"
+    with committed_folder(real) as tmp:
+        (tmp / "manifest.parquet").write_text("v1")
+    (tmp_path / "link").symlink_to(real)
+    with committed_folder(tmp_path / "link") as tmp:
+        (tmp / "manifest.parquet").write_text("v2")
+    assert (tmp_path / "link").is_symlink() and (real / "manifest.parquet").read_text() == "v2"
+    assert _names(tmp_path) == ["link", "real"]
