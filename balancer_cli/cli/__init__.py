@@ -14,16 +14,23 @@ Example:
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
+import sys
+import traceback
 from pathlib import Path
+from typing import Any
 
 import click
 
 from balancer_cli import __version__
+from balancer_cli.errors import BalancerError
 
-__all__ = ["main"]
+__all__ = ["DEBUG_ENV", "main"]
 
 _PREFIX = "cmd_"
+#: Set to 1 to print the full traceback of an internal error (a bug) before its one-line message.
+DEBUG_ENV = "BALANCER_DEBUG"
 
 
 class _LazyGroup(click.Group):
@@ -39,6 +46,34 @@ class _LazyGroup(click.Group):
             return None
         module = importlib.import_module(f"{__name__}.{_PREFIX}{cmd_name.replace('-', '_')}")
         return module.command
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the subcommand; an exception outside the package's error family (a bug, never the
+        user's input) ends as one ``Error:`` line and exit 1, its traceback only with
+        ``BALANCER_DEBUG=1``."""
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort,
+                SystemExit, KeyboardInterrupt):
+            raise
+        except BalancerError as error:  # raised outside a command body (an option callback)
+            click.echo(f"Error: {error}", err=True)
+            sys.exit(error.exit_code)
+        except Exception as exc:  # noqa: BLE001 (the last line of defence: anything else is a bug)
+            _internal_error(ctx, exc)
+
+
+def _internal_error(ctx: click.Context, exc: BaseException) -> None:
+    """Print the one-line internal error (the traceback first under ``BALANCER_DEBUG=1``) and exit 1."""
+    debug = os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+    if debug:
+        click.echo("".join(traceback.format_exception(exc)).rstrip(), err=True)
+    name = ctx.invoked_subcommand or ""
+    what = ascii(str(exc))[1:-1][:200]
+    hint = "" if debug else f"; run again with {DEBUG_ENV}=1 for the traceback"
+    click.echo(f"Error: internal error in `balancer {name}` ({type(exc).__name__}: {what}); this is a bug, "
+               f"please report it with the command line{hint}", err=True)
+    sys.exit(1)
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

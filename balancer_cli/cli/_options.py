@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -41,9 +42,26 @@ from balancer_cli.lengths import LLM, LengthsTable
 from balancer_cli.pack.packers import registry
 from balancer_cli.planners.workload import DEFAULT_GROUP_LLM_TOKENS
 
-__all__ = ["cost_model_options", "report_cost_options", "cost_fields", "costs_from_options", "model_options", "workload_options", "step_shape_options",
+__all__ = ["FiniteFloatRange", "cost_model_options", "report_cost_options", "cost_fields", "costs_from_options", "model_options", "workload_options", "step_shape_options",
            "cap_options", "baselines_option", "quiet_option", "parse_pairs", "parse_baselines", "caps_from_options",
            "cost_presets"]
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's ``FloatRange`` that also refuses NaN and infinities: every comparison with NaN is
+    false, so ``nan`` would pass a range check as "in range" (``--gpu-memory-gb nan`` planned no
+    recomputation).
+
+    Example:
+        >>> FiniteFloatRange(min=0).convert("1.5", None, None)
+        1.5
+    """
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        converted = super().convert(value, param, ctx)
+        if not math.isfinite(converted):
+            self.fail(f"{value} is not a finite number", param, ctx)
+        return converted
 
 Decorated = TypeVar("Decorated", bound=Callable[..., Any])
 

@@ -6,6 +6,7 @@ import click
 
 from balancer_cli.cli._common import emit, handle_errors, json_option, progress
 from balancer_cli.cli._options import (
+    FiniteFloatRange,
     baselines_option,
     cap_options,
     caps_from_options,
@@ -47,7 +48,7 @@ __all__ = ["command"]
 @click.option("--window-samples", type=click.IntRange(min=1), default=None, metavar="W",
               help="Pack in windows of about W samples (stratified by source), each a run of whole steps; "
                    "default: from --memory-gb.")
-@click.option("--memory-gb", type=click.FloatRange(min=0, min_open=True), default=None, metavar="G",
+@click.option("--memory-gb", type=FiniteFloatRange(min=0, min_open=True), default=None, metavar="G",
               help="Memory budget of one window, in GiB (default 8): runs larger than it are packed in windows.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="Where windows are packed: this process, or Ray tasks (needs the [ray] extra); same output.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from balancer_cli.cli._common import emit, handle_errors, json_option
-from balancer_cli.cli._options import model_options, workload_options
+from balancer_cli.cli._options import FiniteFloatRange, model_options, workload_options
 from balancer_cli.planners.entry import plan_recompute_summary
 from balancer_cli.planners.summary import render_recompute
 from balancer_cli.planners.workload import WorkloadSpec
@@ -16,8 +16,9 @@ __all__ = ["command"]
 @click.command("plan-recompute")
 @model_options
 @workload_options
-@click.option("--gpu-memory-gb", type=click.FloatRange(min=0, min_open=True), required=True, help="Memory per GPU, GB.")
-@click.option("--margin", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True,
+@click.option("--gpu-memory-gb", type=FiniteFloatRange(min=0, min_open=True), required=True,
+              help="Memory per GPU, GB.")
+@click.option("--margin", type=FiniteFloatRange(0, 1, max_open=True), default=0.1, show_default=True,
               help="Share of GPU memory kept free (CUDA context, NCCL, fragmentation).")
 @click.option("--zero-stage", type=click.IntRange(0, 3), default=0, show_default=True,
               help="ZeRO stage (1 = Megatron's distributed optimizer).")

@@ -67,6 +67,8 @@ def _parse_size(text: str) -> tuple[int, int]:
 @click.option("--image-root", type=click.Path(file_okay=False), default=None,
               help="Folder relative image paths resolve against (default: each input's folder). "
                    "Paths may not escape it.")
+@click.option("--media-root", "media_roots", multiple=True, type=click.Path(file_okay=False), metavar="DIR",
+              help="A folder outside the image root that symlinks in the dataset may lead into (repeatable).")
 @click.option("--video-size", default="640x360", show_default=True, metavar="WxH",
               help="Frame size assumed for videos whose records give no width/height.")
 @click.option("--field", "fields", multiple=True, metavar="NAME=KEY",
@@ -98,7 +100,8 @@ def _parse_size(text: str) -> tuple[int, int]:
 @handle_errors
 def command(inputs: tuple[str, ...], output: str, model: str, tokenizer: str, template: str | None,
             processor_config: str | None, min_pixels: int | None, max_pixels: int | None, min_tiles: int | None,
-            max_tiles: int | None, params: tuple[str, ...], image_root: str | None, video_size: str,
+            max_tiles: int | None, params: tuple[str, ...], image_root: str | None, media_roots: tuple[str, ...],
+            video_size: str,
             fields: tuple[str, ...], input_format: str | None, hf_builder: str | None, split: str | None,
             strict: bool, verify: int, jobs: int, block_size: int, engine: str, ray_address: str | None,
             keep_parts: bool, quiet: bool, as_json: bool) -> None:
@@ -141,7 +144,8 @@ def command(inputs: tuple[str, ...], output: str, model: str, tokenizer: str, te
     config = ScanConfig(model=model if hf else model.lower(), model_params=tuple(sorted(overrides.items())),
                         processor_config=processor_config,
                         tokenizer=tokenizer or (model[len(HF_PREFIX):] if hf else "qwen2"), template=template,
-                        strict=strict, video_size=_parse_size(video_size), fields=tuple(sorted(mapping.items())))
+                        strict=strict, video_size=_parse_size(video_size), fields=tuple(sorted(mapping.items())),
+                        media_roots=tuple(media_roots))
     if engine != "ray" and ray_address and (click.get_current_context().get_parameter_source("ray_address")
                                             != click.core.ParameterSource.COMMANDLINE):
         ray_address = None  # a RAY_ADDRESS in the environment is fine for the local engine

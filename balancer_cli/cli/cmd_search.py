@@ -6,6 +6,7 @@ import click
 
 from balancer_cli.cli._common import emit, handle_errors, json_option, progress
 from balancer_cli.cli._options import (
+    FiniteFloatRange,
     cap_options,
     caps_from_options,
     cost_fields,
@@ -26,7 +27,7 @@ __all__ = ["command"]
               show_default=True)
 @cap_options("Memory limit on LLM tokens per group.", "Memory limit on {module} items per group (the largest cap tried).",
              "Memory limit of any module.")
-@click.option("--target-group-size", type=click.FloatRange(min=1), help="Mean samples per group to aim at.")
+@click.option("--target-group-size", type=FiniteFloatRange(min=1), help="Mean samples per group to aim at.")
 @click.option("--grid", type=click.IntRange(min=2), default=5, show_default=True, help="Cap values tried per module.")
 @click.option("--sample-size", type=click.IntRange(min=100), default=12_000, show_default=True,
               help="Samples each candidate is evaluated on (a seeded subsample).")

@@ -40,7 +40,7 @@ from typing import Any
 
 from balancer_cli.errors import ManifestError, is_int
 
-__all__ = ["STATE_VERSION", "POSITION_KEYS", "ReplayIdentity", "make_state", "read_state", "needs_saved_plan"]
+__all__ = ["MAX_HEAD_DEPTH", "POSITION_KEYS", "STATE_VERSION", "ReplayIdentity", "make_state", "needs_saved_plan", "read_state"]
 
 STATE_VERSION = 2
 _READS = (1, 2)
@@ -100,9 +100,11 @@ def read_state(state_dict: Mapping[str, Any], identity: ReplayIdentity, manifest
             that needs the plan that saved it, see :func:`needs_saved_plan`) another lengths
             table or other caps than the saved ones.
     """
+    if not isinstance(state_dict, Mapping):
+        raise ManifestError(f"the sampler state is a {type(state_dict).__name__}, not a dict", fix=_FIX_CORRUPT)
     state = dict(state_dict)
     version = state.get("version")
-    if version not in _READS:
+    if not is_int(version) or version not in _READS:
         raise ManifestError(f"sampler state version {version}, this balancer_cli reads versions "
                             f"{', '.join(map(str, _READS))}",
                             fix="resume with the balancer_cli version that saved the checkpoint")
@@ -110,6 +112,7 @@ def read_state(state_dict: Mapping[str, Any], identity: ReplayIdentity, manifest
         raise ManifestError(f"the sampler state was saved for another manifest (fingerprint {state.get('fingerprint')}, "
                             f"this one has {identity.fingerprint})",
                             fix="resume with the manifest the checkpoint was trained on")
+    _check_identity_fields(state)
     cursor = _cursor(state, top=True)
     if version >= 2 and needs_saved_plan(cursor, manifest_world_size):
         saved = ReplayIdentity(fingerprint=identity.fingerprint, lengths=state.get("lengths"), caps=state.get("caps"))
@@ -123,12 +126,29 @@ def read_state(state_dict: Mapping[str, Any], identity: ReplayIdentity, manifest
     return cursor
 
 
+#: The deepest chain of ``head`` states accepted: each world-size change mid-step adds one, and a
+#: real run has a handful; a deeper one is corrupt (and would exhaust the recursion limit).
+MAX_HEAD_DEPTH = 64
+
+
+def _check_identity_fields(state: Mapping[str, Any]) -> None:
+    """``lengths`` a string or None, ``caps`` None or ``{module: integer >= 0}``."""
+    lengths, caps = state.get("lengths"), state.get("caps")
+    if lengths is not None and not isinstance(lengths, str):
+        raise ManifestError(f"the sampler state has lengths {lengths!r}, not a fingerprint string", fix=_FIX_CORRUPT)
+    if caps is not None and not (isinstance(caps, Mapping)
+                                 and all(isinstance(m, str) and is_int(c) and c >= 0 for m, c in caps.items())):
+        raise ManifestError(f"the sampler state has caps {caps!r}, not a mapping of module to integer", fix=_FIX_CORRUPT)
+
+
 def _caps(caps: Mapping[str, int] | None) -> dict | None:
     return None if not caps else {str(m): int(c) for m, c in caps.items()}
 
 
-def _cursor(state: Mapping[str, Any], top: bool) -> dict:
+def _cursor(state: Mapping[str, Any], top: bool, depth: int = 0) -> dict:
     """The cursor of a state (or of a ``head``), with every field checked."""
+    if depth > MAX_HEAD_DEPTH:
+        raise ManifestError(f"the sampler state nests more than {MAX_HEAD_DEPTH} head states", fix=_FIX_CORRUPT)
     keys = ("world_size",) + (POSITION_KEYS if top else _HEAD_KEYS[1:])
     missing = [k for k in keys if k not in state]
     if missing:
@@ -145,5 +165,5 @@ def _cursor(state: Mapping[str, Any], top: bool) -> dict:
     head = state.get("head")
     if head is not None and not isinstance(head, Mapping):
         raise ManifestError(f"the sampler state has head {head!r}, not a state", fix=_FIX_CORRUPT)
-    out["head"] = None if head is None else _cursor(head, top=False)
+    out["head"] = None if head is None else _cursor(head, top=False, depth=depth + 1)
     return out

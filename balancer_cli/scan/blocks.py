@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,7 @@ from balancer_cli.scan.inputs import (
 )
 from balancer_cli.scan.jsonlist import iter_json_list
 
-__all__ = ["MalformedLine", "RecordBlock", "iter_blocks"]
+__all__ = ["MAX_REPEAT", "MalformedLine", "RecordBlock", "iter_blocks", "repeat_plan"]
 
 #: One block's records: ``(start, stop, first_line, text, lines, count)`` (see :class:`RecordBlock`).
 _Range = tuple[int, int, int, str | None, tuple[int, ...], int]
@@ -107,18 +108,44 @@ def iter_blocks(inputs: Sequence[str] | Sequence[InputSpec], block_size: int = 2
         specs += [item] if isinstance(item, InputSpec) else expand_inputs([str(item)])
     first_sample = 0
     for spec in specs:
-        whole, fraction = int(spec.repeat), spec.repeat - int(spec.repeat)
-        if spec.repeat < 1:
-            whole, limit = 1, int(_count_records(spec) * spec.repeat)
-        else:
-            if fraction:
-                raise InputError(f"{spec.path}: repeat_time={spec.repeat} (a fraction above 1)",
-                                 fix="use an integer repeat_time above 1, or a fraction below 1")
-            limit = None
-        for _ in range(whole):
+        whole, limit = repeat_plan(spec.repeat, spec.path, lambda spec=spec: _count_records(spec))
+        for _ in range(whole if limit != 0 else 0):
             for block in _blocks_once(spec, block_size, first_sample, limit):
                 first_sample += block.num_records
                 yield block
+
+
+def repeat_plan(repeat: float, path: str, count: Callable[[], int]) -> tuple[int, int | None]:
+    """``(passes, first_records)`` of an input under InternVL's ``repeat_time``, as its loader
+    (``LazySupervisedDataset.__init__``) applies it to the annotation's records::
+
+        if repeat_time < 1: raw_data = raw_data[:int(len(raw_data) * repeat_time)]
+        if repeat_time > 1: assert isinstance(repeat_time, int); raw_data = raw_data * repeat_time
+
+    A fraction keeps the first ``int(n * repeat)`` records (truncated, so possibly none), an
+    integer above 1 repeats the whole input; ``count()`` (the input's record count) is called
+    only for a fraction. ``first_records`` is None for every record.
+
+    Example:
+        >>> repeat_plan(0.5, "d.jsonl", lambda: 5), repeat_plan(0.1, "d.jsonl", lambda: 5), repeat_plan(3, "d.jsonl", lambda: 5)
+        ((1, 2), (1, 0), (3, None))
+    """
+    if not (isinstance(repeat, (int, float)) and math.isfinite(repeat) and repeat > 0) or isinstance(repeat, bool):
+        raise InputError(f"{path}: repeat_time={repeat!r} is not a positive number",
+                         fix="give repeat_time as a positive number (a fraction below 1 keeps the first records)")
+    if repeat < 1:
+        return 1, int(count() * repeat)
+    if repeat != int(repeat):
+        raise InputError(f"{path}: repeat_time={repeat} (a fraction above 1, which InternVL's loader refuses)",
+                         fix="use an integer repeat_time above 1, or a fraction below 1")
+    if int(repeat) > MAX_REPEAT:
+        raise InputError(f"{path}: repeat_time={repeat} is above {MAX_REPEAT:,}",
+                         fix=f"use a repeat_time of at most {MAX_REPEAT:,}")
+    return int(repeat), None
+
+
+#: The largest ``repeat_time`` accepted: each pass re-reads the input.
+MAX_REPEAT = 10_000
 
 
 def _blocks_once(spec: InputSpec, block_size: int, first_sample: int,
@@ -143,7 +170,8 @@ def _jsonl_ranges(spec: InputSpec, block_size: int, limit: int | None) -> Iterat
         offset, line_no, count, start, first_line, total = 0, 0, 0, 0, 1, 0
         for raw in handle:
             line_no += 1
-            if raw.strip():
+            if raw.strip() and not (line_no == 1 and raw.startswith(b"\xef\xbb\xbf") and not raw[3:].strip()):
+                # (a first line holding only a UTF-8 byte order mark is blank, as the reader sees it)
                 if count == 0:
                     start, first_line = offset, line_no
                 count += 1

@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import io
 import os
+import re
+import stat
 import struct
 import zlib
 from typing import BinaryIO, Union
 
 from balancer_cli.errors import SampleError
 
-__all__ = ["read_image_size", "ImageSource"]
+__all__ = ["ImageSource", "read_image_size"]
 
 ImageSource = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, BinaryIO]
 
@@ -148,7 +150,7 @@ def _webp(fp: BinaryIO, head: bytes) -> tuple[int, int, int]:
                     break
                 pos += 8 + size + (size & 1)
         return width, height, orientation
-    raise _Unsupported(f"WEBP chunk {kind!r}")
+    raise _Unsupported(f"WEBP chunk {kind.decode('ascii') if kind.isalnum() else kind.hex()}")
 
 
 def _tiff(fp: BinaryIO, head: bytes) -> tuple[int, int, int]:
@@ -210,6 +212,12 @@ def _jpeg(fp: BinaryIO, head: bytes) -> tuple[int, int, int]:
             fp.seek(length - 2, io.SEEK_CUR)
 
 
+def _safe(exc: BaseException) -> str:
+    """A decoder's message without the file's bytes (Pillow quotes some, e.g. an unknown BMP header)."""
+    text = re.sub(r"b(['\"]).*?\1", "<bytes>", str(exc))
+    return ascii(text)[1:-1][:100]
+
+
 def _pillow_plugin(fp: BinaryIO, head: bytes, name: str) -> tuple[int, int, int]:
     """Header-only open through Pillow's format plugins (no pixel decode, no bomb check)."""
     from PIL import Image
@@ -226,7 +234,7 @@ def _pillow_plugin(fp: BinaryIO, head: bytes, name: str) -> tuple[int, int, int]
         except (SyntaxError, IndexError, TypeError, KeyError, EOFError, struct.error, ValueError,
                 OSError) as exc:
             if accept is not None and failure is None:  # its signature matched: a broken file
-                failure = f"{fmt} header: {exc}"
+                failure = f"{fmt} header: {_safe(exc)}"
             continue
         return int(image.size[0]), int(image.size[1]), 1
     if failure is not None:
@@ -264,7 +272,8 @@ def _parse(fp: BinaryIO, name: str, apply_exif_orientation: bool) -> tuple[int, 
         else:
             width, height, orientation = parser(fp, head)
     except _Unsupported as exc:
-        raise SampleError(f"{name}: unsupported image format ({exc}); first bytes {head[:8]!r}",
+        # The file's own bytes never go into the message: a path may lead to any file.
+        raise SampleError(f"{name}: unsupported image format ({exc})",
                           kind="unsupported_image",
                           fix="convert the image to PNG/JPEG/WEBP, or drop the sample") from None
     except (_Corrupt, struct.error) as exc:
@@ -303,13 +312,25 @@ def read_image_size(source: ImageSource, *, apply_exif_orientation: bool = True)
         source.seek(0)
         return _parse(source, name, apply_exif_orientation)
     path = os.fspath(source)
+    if "\x00" in path:
+        raise SampleError(f"{path[:60]!r}: image path holds a NUL byte", kind="missing_file",
+                          fix="fix the record's image path")
     try:
-        fp = open(path, "rb")
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; only regular files are read.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise SampleError(f"{path}: image file not found", kind="missing_file",
                           fix="check the image root / paths of the dataset") from None
     except OSError as exc:
         raise SampleError(f"{path}: cannot open image ({exc.strerror or exc})", kind="missing_file",
                           fix="check the file's permissions and that it is a regular file") from None
-    with fp:
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        what = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+        raise SampleError(f"{path}: is {what}, not an image file", kind="missing_file",
+                          fix="point the record at the image file itself")
+    if getattr(os, "O_NONBLOCK", 0):
+        os.set_blocking(fd, True)
+    with os.fdopen(fd, "rb") as fp:
         return _parse(fp, path, apply_exif_orientation)

@@ -7,7 +7,8 @@ Formats (:func:`detect_format` reads the content, not the name; ``format=`` forc
   find record boundaries, so a syntax error anywhere makes the whole file unreadable).
 - ``internvl-meta``: InternVL's meta JSON ``{name: {"root", "annotation", "repeat_time", ...}}``:
   each dataset's annotation file is scanned with ``root`` as its image root and the dataset name as
-  its source, ``repeat_time`` times (a fraction keeps the first ``int(n * repeat_time)`` records);
+  its source, ``repeat_time`` times as InternVL's loader applies it (a fraction below 1 keeps the
+  first ``int(n * repeat_time)`` records, possibly none; above 1 it must be an integer);
   a per-dataset ``max_dynamic_patch`` overrides the rule's ``max_tiles`` for that dataset.
 - ``parquet``: rows of a Parquet file (only the columns the scan understands are read).
 - ``hf``: a ``datasets.Dataset.save_to_disk`` folder (a ``DatasetDict`` folder takes ``split``,
@@ -25,7 +26,9 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +37,7 @@ from typing import IO, Any
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.scan.hf_datasets import check_builder_input
 
-__all__ = ["FORMATS", "RECORD_FORMATS", "InputSpec", "detect_format", "expand_inputs", "open_input"]
+__all__ = ["FORMATS", "MAX_DYNAMIC_PATCH", "RECORD_FORMATS", "InputSpec", "detect_format", "expand_inputs", "open_input"]
 
 #: Formats ``format=`` (``--format``) accepts, in the order error messages list them.
 FORMATS = ("jsonl", "json", "internvl-meta", "parquet", "hf")
@@ -45,6 +48,8 @@ _MAGIC = {b"PAR1": "parquet"}
 #: File suffix -> format, for files whose first bytes do not say (Arrow IPC streams).
 _SUFFIXES = {".arrow": "hf"}
 _WHITESPACE = " \t\r\n"
+#: The largest InternVL ``max_dynamic_patch`` accepted (InternVL's own configs use 6..48 tiles).
+MAX_DYNAMIC_PATCH = 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,7 +93,11 @@ def open_input(path: str, *, text: bool = False) -> IO:
         balancer_cli.errors.InputError: /no/such/file.jsonl: cannot read input (No such file or directory); fix: ...
     """
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open; a device never ends
+            raise InputError(f"{path}: not a regular file", fix="pass the dataset file itself")
         return open(path, encoding="utf-8") if text else open(path, "rb")
+    except ValueError:  # a NUL byte in the path
+        raise InputError(f"{path!r}: not a valid path", fix="check the path") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read input ({exc.strerror or exc})",
                          fix="check the path and its permissions") from None
@@ -128,7 +137,9 @@ def detect_format(path: str) -> str:
         first_line = text.split("\n", 1)[0]
         try:
             obj = json.loads(first_line)
-        except json.JSONDecodeError:
+        except RecursionError:
+            return "jsonl"  # a record nested too deeply to decode (its own error); meta files are shallow
+        except ValueError:  # JSONDecodeError, or a number of too many digits
             obj = _load_small_json(target)  # a pretty-printed object: only meta files are objects
         return "internvl-meta" if _is_meta(obj) else "jsonl"
     raise InputError(f"{path}: cannot detect the input format (starts with {text[:20]!r})",
@@ -139,7 +150,10 @@ def detect_format(path: str) -> str:
 def _load_small_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except RecursionError:
+        raise InputError(f"{path}: a JSON document nested too deeply to read",
+                         fix="fix the JSON, or write one record per line (JSONL)") from None
+    except (OSError, ValueError) as exc:  # ValueError: UnicodeDecodeError, JSONDecodeError and kin
         raise InputError(f"{path}: neither JSONL nor a valid JSON document ({exc})",
                          fix="fix the JSON, or write one record per line (JSONL)") from None
 
@@ -159,11 +173,25 @@ def _meta_inputs(path: str, image_root: str | None, split: str | None) -> list[I
     for name, entry in meta.items():
         annotation = _relative_to(str(entry["annotation"]), base)
         root = image_root or _relative_to(str(entry.get("root", "")), base)
+        if not isinstance(entry["annotation"], str) or not isinstance(entry.get("root", ""), str):
+            raise InputError(f"{path}: dataset {name!r} has a non-string 'annotation' or 'root'",
+                             fix="give 'annotation' and 'root' as paths (strings)")
         repeat = entry.get("repeat_time", 1)
-        if isinstance(repeat, bool) or not isinstance(repeat, (int, float)) or repeat <= 0:
+        if isinstance(repeat, bool) or not isinstance(repeat, (int, float)) or not math.isfinite(repeat) \
+                or repeat <= 0:
             raise InputError(f"{path}: dataset {name!r} has repeat_time={repeat!r}",
                              fix="repeat_time must be a positive number")
-        overrides = (("max_tiles", int(entry["max_dynamic_patch"])),) if "max_dynamic_patch" in entry else ()
+        if isinstance(repeat, float) and repeat > 1:
+            # InternVL's loader asserts isinstance(repeat_time, int) above 1: 2.0 stops its training.
+            raise InputError(f"{path}: dataset {name!r} has repeat_time={repeat!r}, above 1 but not an integer",
+                             fix="write an integer repeat_time above 1 (2, not 2.0), or a fraction below 1")
+        overrides = ()
+        if "max_dynamic_patch" in entry:
+            patches = entry["max_dynamic_patch"]
+            if isinstance(patches, bool) or not isinstance(patches, int) or not 1 <= patches <= MAX_DYNAMIC_PATCH:
+                raise InputError(f"{path}: dataset {name!r} has max_dynamic_patch={patches!r}",
+                                 fix=f"max_dynamic_patch must be an integer in 1..{MAX_DYNAMIC_PATCH}")
+            overrides = (("max_tiles", patches),)
         fmt = detect_format(annotation)
         if fmt == "internvl-meta":
             raise InputError(f"{path}: dataset {name!r} points at another meta file", fix="flatten the meta file")

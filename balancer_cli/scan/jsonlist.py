@@ -27,6 +27,31 @@ _DECODER = json.JSONDecoder()
 _WHITESPACE = " \t\r\n"
 
 
+def _bracket_end(text: str, pos: int) -> int:
+    """The end of the array or object starting at ``text[pos]`` (strings skipped), -1 if it runs
+    past the text.
+
+    Example:
+        >>> _bracket_end('[[1, "]"], {}] tail', 0), _bracket_end("[[", 0)
+        (14, -1)
+    """
+    depth, i, n = 0, pos, len(text)
+    while i < n:
+        char = text[i]
+        if char == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return -1
+
+
 def iter_json_list(path: str) -> Iterator[tuple[int, str]]:
     """Yield ``(line, element_text)`` of a JSON list, decoding incrementally (constant memory).
 
@@ -87,6 +112,14 @@ def iter_json_list(path: str) -> Iterator[tuple[int, str]]:
                     except json.JSONDecodeError as exc:
                         if eof:
                             raise fail(exc.msg) from None
+                    except RecursionError:
+                        # Nested deeper than the decoder recurses: find the element's end by its
+                        # brackets; the record itself becomes a malformed_record when read.
+                        end = _bracket_end(buf, pos)
+                        if end > 0:
+                            break
+                        if eof:
+                            raise fail("unexpected end of file") from None
                     if not fill() and eof:
                         continue
                 element = buf[pos:end]

@@ -40,26 +40,28 @@ Example:
 
 from __future__ import annotations
 
-import base64
 import functools
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from balancer_cli.errors import SampleError
+from balancer_cli.errors import InputError, SampleError, UsageError, is_int
 from balancer_cli.scan.blocks import MalformedLine, RecordBlock
+from balancer_cli.scan.inputs import MAX_DYNAMIC_PATCH
+from balancer_cli.scan.media_paths import fill_from_header, image_size
 from balancer_cli.scan.readers import read_block
-from balancer_cli.scan.records import Media, RecordError, parse_record
+from balancer_cli.scan.records import FIELD_LIMITS, Media, RecordError, parse_record
 from balancer_cli.scan.templates import DEFAULT_TEMPLATE, check_template, render
 from balancer_cli.scan.text import load_tokenizer
 
 __all__ = [
     "AUDIO_FRAMES_PER_S",
     "AUDIO_LLM_POOL",
+    "INT32_MAX",
     "MODULES",
+    "RULE_PARAM_LIMITS",
     "ScanConfig",
     "block_schema",
     "error_kind",
@@ -68,6 +70,9 @@ __all__ = [
     "unwrap_job",
 ]
 
+#: The largest value of rule parameters whose cost grows with them (tiles, frames per video).
+RULE_PARAM_LIMITS = {"max_tiles": MAX_DYNAMIC_PATCH, "min_tiles": MAX_DYNAMIC_PATCH,
+                     "max_frames": FIELD_LIMITS["num_frames"], "min_frames": FIELD_LIMITS["num_frames"]}
 #: Encoder modules a scan measures, in column order.
 MODULES = ("vision", "video", "audio")
 _MODULE_INDEX = {module: index for index, module in enumerate(MODULES)}
@@ -90,6 +95,9 @@ class ScanConfig:
         strict: raise on the first bad sample instead of recording its error.
         video_size: ``(width, height)`` assumed for videos whose records carry no size.
         fields: field mapping ``(canonical, record_key)`` pairs (see ``records.FIELD_NAMES``).
+        media_roots: folders outside the image root that symlinks in the dataset may lead into
+            (a data folder symlinked onto another disk); any other symlink leaving the root is a
+            ``path_escape`` error.
     """
 
     model: str = "qwen2-vl"
@@ -100,11 +108,27 @@ class ScanConfig:
     strict: bool = False
     video_size: tuple[int, int] = (640, 360)
     fields: tuple[tuple[str, str], ...] = ()
+    media_roots: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name, value in self.model_params:
+            if isinstance(value, float) and not math.isfinite(value):
+                raise UsageError(f"rule parameter {name}={value!r} is not a finite number",
+                                 fix="give a finite value")
+            limit = RULE_PARAM_LIMITS.get(name)
+            if limit is not None and is_int(value) and value > limit:
+                # the tiling families enumerate every tile grid up to max_tiles: 10**6 never ends
+                raise UsageError(f"rule parameter {name}={value:,} is above {limit:,}",
+                                 fix=f"give {name} of at most {limit:,}")
+        width, height = self.video_size
+        if not (is_int(width) and is_int(height) and 1 <= width <= 1 << 20 and 1 <= height <= 1 << 20):
+            raise UsageError(f"video size {width}x{height} is out of range", fix="give WxH, each side in 1..1048576")
 
     @property
     def template_name(self) -> str:
         """The template used: ``template``, else the model's default."""
-        return check_template(self.template or DEFAULT_TEMPLATE.get(self.model.lower(), "plain"))
+        default = self.model if self.model.startswith("hf:") else DEFAULT_TEMPLATE.get(self.model.lower(), "plain")
+        return check_template(self.template or default)
 
     def rule(self, extra: tuple[tuple[str, Any], ...] = ()) -> Any:
         """The vision rule with ``model_params`` and ``extra`` (per-input) overrides applied."""
@@ -156,92 +180,6 @@ def error_kind(error_text: str) -> str:
     return error_text.split(":", 1)[0]
 
 
-def _resolve(ref: str, root: str, kind: str = "image") -> str:
-    """Absolute path of ``ref`` under ``root``; raises path_escape when it leaves the root.
-
-    The check is lexical (``..`` and absolute paths), so symlinked data folders stay allowed.
-    """
-    ref = ref.removeprefix("file://")
-    base = os.path.normpath(os.path.abspath(root))
-    full = os.path.normpath(os.path.join(base, ref))
-    if full != base and not full.startswith(base.rstrip(os.sep) + os.sep):
-        raise SampleError(f"{kind} path {ref!r} escapes the image root {root!r}", kind="path_escape",
-                          fix=f"keep {kind} paths inside --image-root (or pass a wider --image-root)")
-    return full
-
-
-#: The record fields that spare opening each kind of media file (named when a remote file lacks them).
-_SIZE_FIELDS = {"image": "width/height", "video": "duration (and width/height)", "audio": "duration"}
-
-
-def _media_source(media: Media, root: str) -> str | bytes:
-    """The path (resolved under ``root``) or the bytes of a media item (``data:`` URLs decoded)."""
-    kind, ref = media.kind, media.ref
-    if isinstance(ref, str) and ref.startswith("data:") and ";base64," in ref:
-        try:
-            return base64.b64decode(ref.split(";base64,", 1)[1], validate=True)
-        except ValueError:
-            raise SampleError(f"{kind} data URL is not valid base64", kind=f"corrupt_{kind}") from None
-    if isinstance(ref, str):
-        if ref.startswith(("http://", "https://")):
-            raise SampleError(f"remote {kind} {ref[:80]!r} has no {_SIZE_FIELDS[kind]} fields",
-                              kind=f"unsupported_{kind}",
-                              fix=f"add {_SIZE_FIELDS[kind]} to the record (the scan never downloads)")
-        return _resolve(ref, root, kind)
-    return ref
-
-
-def _read_header(media: Media, source: str | bytes, reader: Any) -> Any:
-    """``reader(source)``, its errors naming the file as the record does (the table must not
-    depend on where it was scanned)."""
-    try:
-        return reader(source)
-    except SampleError as exc:
-        if not isinstance(source, str):
-            raise
-        ref = media.ref
-        if exc.kind == "missing_file" and "not found" in exc.message:
-            raise SampleError(f"{media.kind} not found: {ref}", kind="missing_file",
-                              fix="check --image-root or the record's path") from None
-        message = exc.message.replace(source, ref) if source in exc.message else f"{ref}: {exc.message}"
-        raise SampleError(message, kind=exc.kind, fix=exc.fix) from None
-    except OSError as exc:  # a read failing after the open (the readers report failed opens)
-        raise SampleError(f"{media.kind} unreadable: {media.ref} ({exc.strerror or exc})",
-                          kind="unreadable_file") from None
-
-
-def _image_size(media: Media, root: str) -> tuple[int, int]:
-    from balancer_cli.scan.image_header import read_image_size
-
-    if media.width is not None and media.height is not None:
-        return media.width, media.height
-    if media.ref is None:
-        raise RecordError("image without a path, bytes or width/height")
-    return _read_header(media, _media_source(media, root), read_image_size)
-
-
-def _fill_from_header(media: Media, root: str) -> None:
-    """Give a video without ``duration``/``num_frames`` (an audio clip without ``duration``) the
-    values of its file's header; fields the record has win."""
-    from balancer_cli.scan.media_header import read_audio_info, read_video_info
-
-    if media.duration is not None or (media.kind == "video" and media.num_frames):
-        return
-    if media.ref is None:
-        return  # _measure_media reports the missing metadata
-    source = _media_source(media, root)
-    if media.kind == "video":
-        info = _read_header(media, source, read_video_info)
-        media.num_frames = media.num_frames or info.num_frames
-        media.fps = media.fps or info.fps
-        media.width = media.width or info.width
-        media.height = media.height or info.height
-    else:
-        info = _read_header(media, source, read_audio_info)
-        media.sample_rate = media.sample_rate or info.sample_rate
-    media.duration = info.duration
-
-
 def _measure_media(media: Media, rule: Any, config: ScanConfig, image_count: Any) -> tuple[str, int, int, tuple, int]:
     """``(module, encoder_tokens, items, seqlens, llm_tokens)`` of one media item.
 
@@ -261,8 +199,41 @@ def _measure_media(media: Media, rule: Any, config: ScanConfig, image_count: Any
     if media.duration is None or media.duration < 0:
         raise RecordError("audio clip without a file and without a non-negative 'duration' (seconds)",
                           kind="missing_audio_duration")
+    if getattr(rule, "counts_audio", False):  # Qwen2.5-Omni / Qwen3-Omni presets and hf:DIR folders
+        count = rule.count_audio(media.duration)
+        return "audio", count.encoder_tokens, count.items, count.seqlens, count.llm_tokens
     frames = math.ceil(media.duration * AUDIO_FRAMES_PER_S)
     return "audio", frames, 1, (frames,), math.ceil(frames / AUDIO_LLM_POOL)
+
+
+# The scan's media reading under its former names (scan.verify reads sizes the same way).
+_image_size, _fill_from_header = image_size, fill_from_header
+
+#: The largest value of the table's int32 columns.
+INT32_MAX = (1 << 31) - 1
+
+
+def _check_fits(llm: int, tokens: list[int], items: list[int], seqlens: tuple[list[int], ...]) -> None:
+    """Raise ``too_large`` unless every count of one sample fits the table's int32 columns."""
+    values = [llm, *tokens, *items, *(max(s) for s in seqlens if s)]
+    if max(values) > INT32_MAX or min(values) < 0:
+        raise RecordError(f"counts {max(values):,} outside the int32 range of the lengths table",
+                          kind="too_large")
+
+
+def _unexpected(exc: Exception) -> RecordError:
+    """A record's error for an exception no check anticipated, named by its type (never its
+    arguments' raw bytes: the text is cut and escaped)."""
+    if isinstance(exc, RecursionError):
+        return RecordError("record nested too deeply to measure")
+    if isinstance(exc, OSError):
+        return RecordError(f"unreadable file ({exc.strerror or type(exc).__name__})", kind="unreadable_file")
+    if isinstance(exc, UnicodeError):
+        return RecordError(f"text is not valid Unicode ({type(exc).__name__})")
+    if isinstance(exc, MemoryError):
+        return RecordError("record too large to measure in memory", kind="too_large")
+    text = ascii(str(exc))[1:-1][:120]
+    return RecordError(f"cannot measure the record ({type(exc).__name__}: {text})")
 
 
 def _sample_error(exc: Exception, block: RecordBlock, line: int) -> SampleError:
@@ -292,26 +263,36 @@ def measure_block(block: RecordBlock, config: ScanConfig) -> pa.Table:
     errors: list[str | None] = []
     pieces: list[str] = []
     owners: list[int] = []
+    lines: list[int] = []
     for line, record in read_block(block, fields):
         sample_tokens, sample_items, sample_seqlens, sample_llm = [0, 0, 0], [0, 0, 0], ([], [], []), 0
         try:
-            if isinstance(record, MalformedLine):
-                raise RecordError(f"line is not valid JSON ({record.reason})")
-            sample = parse_record(record, fields)
-            if sample.media:
-                sizes = [_image_size(m, block.image_root) for m in sample.media if m.kind == "image"]
-                image_counts = iter(count_images(rule, sizes) if sizes else ())
-                for media in sample.media:
-                    if media.kind != "image":
-                        _fill_from_header(media, block.image_root)
-                    module, n_tokens, n_items, item_seqlens, n_llm = _measure_media(
-                        media, rule, config, next(image_counts) if media.kind == "image" else None)
-                    m = _MODULE_INDEX[module]
-                    sample_tokens[m] += n_tokens
-                    sample_items[m] += n_items
-                    sample_seqlens[m].extend(item_seqlens)
-                    sample_llm += n_llm
-            rendered = render(template, sample.turns)
+            try:
+                if isinstance(record, MalformedLine):
+                    raise RecordError(f"line is not valid JSON ({record.reason})")
+                sample = parse_record(record, fields)
+                if sample.media:
+                    roots = (block.image_root, config.media_roots)
+                    sizes = [image_size(m, *roots) for m in sample.media if m.kind == "image"]
+                    image_counts = iter(count_images(rule, sizes) if sizes else ())
+                    for media in sample.media:
+                        if media.kind != "image":
+                            fill_from_header(media, *roots)
+                        module, n_tokens, n_items, item_seqlens, n_llm = _measure_media(
+                            media, rule, config, next(image_counts) if media.kind == "image" else None)
+                        m = _MODULE_INDEX[module]
+                        sample_tokens[m] += n_tokens
+                        sample_items[m] += n_items
+                        sample_seqlens[m].extend(item_seqlens)
+                        sample_llm += n_llm
+                rendered = render(template, sample.turns)
+                for piece in rendered.pieces:
+                    piece.encode("utf-8")  # a lone surrogate (JSON "\\ud800") fails here, not in the batch
+                _check_fits(sample_llm + rendered.num_special, sample_tokens, sample_items, sample_seqlens)
+            except (RecordError, SampleError):
+                raise
+            except Exception as exc:  # noqa: BLE001 (anything one record causes is its error)
+                raise _unexpected(exc) from None
         except (RecordError, SampleError) as exc:
             error = _sample_error(exc, block, line)
             if config.strict:
@@ -324,12 +305,28 @@ def measure_block(block: RecordBlock, config: ScanConfig) -> pa.Table:
             owners.extend([len(llm)] * len(rendered.pieces))
             errors.append(None)
         llm.append(sample_llm)
+        lines.append(line)
         for m in range(len(MODULES)):
             tokens[m].append(sample_tokens[m])
             items[m].append(sample_items[m])
             seqlens[m].append(sample_seqlens[m])
+    if len(llm) != block.num_records:  # the file changed since it was split into blocks
+        raise InputError(f"{block.path}: {len(llm)} records read where {block.num_records} were counted "
+                         f"(from line or row {block.first_line})",
+                         fix="do not modify the inputs while they are scanned; scan again")
     for owner, n in zip(owners, tokenizer.count_batch(pieces)):
         llm[owner] += n
+    for owner in sorted(set(owners)):
+        if llm[owner] > INT32_MAX:
+            error = SampleError(f"{llm[owner]:,} LLM tokens do not fit the int32 llm_tokens column",
+                                kind="too_large", file=block.path, line=lines[owner],
+                                fix="split the sample, or drop it")
+            if config.strict:
+                raise error
+            llm[owner] = 0
+            for m in range(len(MODULES)):
+                tokens[m][owner], items[m][owner], seqlens[m][owner] = 0, 0, []
+            errors[owner] = f"{error.kind}: {error}"
     columns: dict[str, pa.Array] = {
         "source": pa.array([block.source] * len(llm), pa.string()),
         "llm_tokens": pa.array(llm, pa.int32()),

@@ -21,8 +21,10 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from balancer_cli.errors import InputError
 from balancer_cli.scan.blocks import MalformedLine, RecordBlock
 from balancer_cli.scan.hf_datasets import open_dataset
+from balancer_cli.scan.inputs import open_input
 from balancer_cli.scan.records import FIELD_NAMES
 
 __all__ = ["READERS", "read_block"]
@@ -48,31 +50,56 @@ def read_block(block: RecordBlock, fields: dict[str, str] | None = None) -> Iter
 
 
 def _read_jsonl(block: RecordBlock, fields: dict[str, str]) -> Iterator[tuple[int, Any]]:
-    with open(block.path, "rb") as handle:
+    with open_input(block.path) as handle:  # a file gone since the split is an InputError naming it
         handle.seek(block.start)
         data = handle.read(block.stop - block.start)
+    if block.start == 0 and data.startswith(_BOM):
+        data = data[len(_BOM):]  # a UTF-8 byte order mark is not part of the first record
     try:
         lines: list[str] | list[bytes] = data.decode("utf-8").split("\n")  # str: json skips detection
     except UnicodeDecodeError:
         lines = data.split(b"\n")  # rare: find the bad line(s) one by one
     line = block.first_line
     for raw in lines:
-        if raw.strip():
-            try:
-                yield line, json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                yield line, MalformedLine(reason=str(getattr(exc, "msg", exc)))
+        # Blank as the block split sees it (ASCII whitespace only: str.strip() would also drop
+        # a line of U+3000 or U+001C, which the split counted as a record).
+        if raw.strip(_BLANK if isinstance(raw, str) else None):
+            yield line, _decode(raw)
         line += 1
+
+
+_BLANK = " \t\n\r\x0b\x0c"
+
+
+#: The UTF-8 byte order mark some editors write at the start of a file.
+_BOM = b"\xef\xbb\xbf"
+
+
+def _decode(raw: str | bytes) -> Any:
+    """One JSON value, or the :class:`MalformedLine` saying why not (never raises)."""
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return MalformedLine(reason=str(getattr(exc, "msg", exc)))
+    except RecursionError:
+        return MalformedLine(reason="nested too deeply")
+    except ValueError as exc:  # e.g. an integer literal of more digits than Python converts
+        return MalformedLine(reason=ascii(str(exc))[1:-1][:80])
 
 
 def _read_json_list(block: RecordBlock, fields: dict[str, str]) -> Iterator[tuple[int, Any]]:
     for line, element in zip(block.lines, (block.text or "").split("\x00")):
-        yield line, json.loads(element)
+        yield line, _decode(element)
 
 
-def _wanted_columns(names: Sequence[str], fields: dict[str, str]) -> list[str]:
+def _wanted_columns(names: Sequence[str], fields: dict[str, str], path: str) -> list[str]:
     keep = set(FIELD_NAMES) | set(fields.values())
-    return [name for name in names if name in keep]
+    wanted = [name for name in names if name in keep]
+    if not wanted:  # reading no column would give rows without records: refuse the file
+        shown = ", ".join(map(str, names[:8])) + (", ..." if len(names) > 8 else "")
+        raise InputError(f"{path}: no column the scan understands (columns: {shown or 'none'})",
+                         fix="map one with --field, e.g. --field text=caption --field image=file_name")
+    return wanted
 
 
 def _rows(block: RecordBlock, table: Any) -> Iterator[tuple[int, Any]]:
@@ -84,26 +111,45 @@ def _read_parquet(block: RecordBlock, fields: dict[str, str]) -> Iterator[tuple[
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    handle = pq.ParquetFile(block.path)
-    columns = _wanted_columns(handle.schema_arrow.names, fields)
-    # Read only the row groups overlapping [start, stop), then slice.
-    tables, offset = [], 0
-    for index in range(handle.num_row_groups):
-        rows = handle.metadata.row_group(index).num_rows
-        if offset + rows > block.start and offset < block.stop:
-            group = handle.read_row_group(index, columns=columns)
-            tables.append(group.slice(max(0, block.start - offset),
-                                      min(block.stop, offset + rows) - max(block.start, offset)))
-        offset += rows
-        if offset >= block.stop:
-            break
-    yield from _rows(block, pa.concat_tables(tables) if tables else handle.schema_arrow.empty_table().select(columns))
+    try:
+        handle = pq.ParquetFile(block.path)
+        columns = _wanted_columns(handle.schema_arrow.names, fields, block.path)
+        # Read only the row groups overlapping [start, stop), then slice.
+        tables, offset = [], 0
+        for index in range(handle.num_row_groups):
+            rows = handle.metadata.row_group(index).num_rows
+            if offset + rows > block.start and offset < block.stop:
+                group = handle.read_row_group(index, columns=columns)
+                tables.append(group.slice(max(0, block.start - offset),
+                                          min(block.stop, offset + rows) - max(block.start, offset)))
+            offset += rows
+            if offset >= block.stop:
+                break
+        table = pa.concat_tables(tables) if tables else handle.schema_arrow.empty_table().select(columns)
+        rows = table.to_pylist()
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (pyarrow raises OSError, ArrowInvalid, ... for a corrupt page)
+        raise InputError(f"{block.path}: unreadable Parquet rows {block.start + 1}..{block.stop} "
+                         f"({type(exc).__name__}: {ascii(str(exc))[1:-1][:120]})",
+                         fix="re-write or re-download the file (pyarrow cannot decode it)") from None
+    if len(rows) != block.stop - block.start:
+        raise InputError(f"{block.path}: rows {block.start + 1}..{block.stop} read back as {len(rows)} rows",
+                         fix="re-write the file")
+    for offset, row in enumerate(rows):
+        yield block.start + offset + 1, row
 
 
 def _read_dataset(block: RecordBlock, fields: dict[str, str]) -> Iterator[tuple[int, Any]]:
     dataset = open_dataset(block.path, block.split, block.builder)
-    columns = _wanted_columns(dataset.column_names, fields)
-    yield from _rows(block, dataset.select_columns(columns).with_format("arrow")[block.start:block.stop])
+    columns = _wanted_columns(dataset.column_names, fields, block.path)
+    try:
+        table = dataset.select_columns(columns).with_format("arrow")[block.start:block.stop]
+    except Exception as exc:  # noqa: BLE001 (a corrupt .arrow file raises pyarrow's or datasets' own types)
+        raise InputError(f"{block.path}: unreadable dataset rows {block.start + 1}..{block.stop} "
+                         f"({type(exc).__name__}: {ascii(str(exc))[1:-1][:120]})",
+                         fix="re-save or re-download the dataset") from None
+    yield from _rows(block, table)
 
 
 #: record format -> ``reader(block, fields)`` yielding the block's ``(line, record)`` pairs.

@@ -29,12 +29,13 @@ Example:
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FIELD_NAMES", "Media", "RecordError", "Sample", "parse_record"]
+__all__ = ["FIELD_LIMITS", "FIELD_NAMES", "Media", "RecordError", "Sample", "parse_record"]
 
 #: Canonical field names a field mapping may rename.
 FIELD_NAMES = ("conversations", "messages", "image", "images", "video", "videos", "audio", "audios",
@@ -76,19 +77,40 @@ class Sample:
     media: list[Media] = field(default_factory=list)
 
 
+#: The largest value each numeric record field may hold: every count derived from it must fit the
+#: lengths table's int32 columns, and a frame count the size of the int32 range would make the
+#: rules build multi-gigabyte lists. Far above any real media (a 1,048,576-pixel side, 1,000,000
+#: frames, 30 days of audio).
+FIELD_LIMITS = {"width": 1 << 20, "height": 1 << 20, "num_frames": 1_000_000, "duration": 30 * 86400.0,
+                "fps": 10_000.0, "sampling_rate": 10_000_000}
+
+
 def _number(value: Any, name: str, kind: type) -> Any:
-    if value is None or type(value) is kind:
+    """``value`` as a finite, non-negative ``kind`` within :data:`FIELD_LIMITS` (None stays None)."""
+    if value is None:
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        try:
+    if type(value) is not kind:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if not isinstance(value, (str, bytes)) and not hasattr(value, "__float__"):
+                raise RecordError(f"{name} is a {type(value).__name__}, not a number")
+            try:
+                value = float(value)
+            except (TypeError, ValueError, OverflowError):
+                raise RecordError(f"{name}={str(value)[:40]!r} is not a number") from None
+        if kind is int:
+            if isinstance(value, float) and not math.isfinite(value):
+                raise RecordError(f"{name}={value!r} is not a finite number")
+            if value != int(value):
+                raise RecordError(f"{name}={value!r} is not an integer")
+            value = int(value)
+        else:
             value = float(value)
-        except (TypeError, ValueError):
-            raise RecordError(f"{name}={str(value)[:40]!r} is not a number") from None
-    if kind is int:
-        if value != int(value):
-            raise RecordError(f"{name}={value!r} is not an integer")
-        return int(value)
-    return float(value)
+    if kind is float and not math.isfinite(value):
+        raise RecordError(f"{name}={value!r} is not a finite number")
+    limit = FIELD_LIMITS.get(name)
+    if value < 0 or (limit is not None and value > limit):
+        raise RecordError(f"{name}={value!r} is out of range (0..{limit:,})")
+    return value
 
 
 def _media_item(kind: str, value: Any) -> Media:
@@ -112,7 +134,8 @@ def _media_item(kind: str, value: Any) -> Media:
         duration = _number(value.get("duration"), "duration", float)
         array = value.get("array")
         if duration is None and rate and isinstance(array, (list, tuple)):  # decoded HF Audio
-            duration = len(array[0] if array and isinstance(array[0], (list, tuple)) else array) / rate
+            frames = len(array[0] if array and isinstance(array[0], (list, tuple)) else array)
+            duration = _number(frames / rate, "duration", float)
         return Media(kind, ref if ref is None or isinstance(ref, str) else bytes(ref),
                      _number(width, "width", int), _number(height, "height", int), duration,
                      _number(value.get("num_frames", value.get("nframes")), "num_frames", int),
