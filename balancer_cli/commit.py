@@ -114,6 +114,18 @@ def verify_commit(folder: str | os.PathLike, *, names: Sequence[str], full: bool
                                 "it was changed after it was written", fix=_FIX)
 
 
+#: The folder the replay keeps its per-world-size plans in, beside a committed manifest
+#: (:mod:`balancer_cli.replay.plan_cache`): written by us after the commit, so not listed in the
+#: record, and replaced with the folder (its plans belong to the manifest they were made for).
+PLANS_DIR = "elastic-plans"
+
+
+def _is_plans_dir(path: Path) -> bool:
+    """Whether ``path`` is the replay's plans folder holding only plan files (``R<n>-...``) and temporaries."""
+    return path.name == PLANS_DIR and path.is_dir() and not path.is_symlink() and all(
+        entry.name.startswith(("R", ".")) and entry.is_file() and not entry.is_symlink() for entry in path.iterdir())
+
+
 def check_replaceable(out: str | os.PathLike) -> None:
     """Raise :class:`InputError` unless ``out`` is absent, an empty folder, or a committed folder
     holding only the files its record lists (so replacing it deletes nothing we did not write)."""
@@ -129,7 +141,8 @@ def check_replaceable(out: str | os.PathLike) -> None:
     if record is None:
         raise InputError(f"output folder {out} is not empty and was not written by balancer (no {COMMIT_FILE})",
                          fix=fix)
-    foreign = sorted(present - set(record["files"]) - {COMMIT_FILE})
+    foreign = sorted(name for name in present - set(record["files"]) - {COMMIT_FILE}
+                     if not _is_plans_dir(out / name))
     if foreign:
         raise InputError(f"output folder {out} holds files balancer did not write ({', '.join(foreign[:3])})",
                          fix=fix)

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from balancer_cli._fsutil import atomic_path, bytes_fingerprint
+from balancer_cli.commit import PLANS_DIR as _COMMIT_PLANS_DIR
 
 __all__ = ["PLAN_VERSION", "PLANS_DIR", "PlanCache", "plan_cache_path", "write_plan_cache"]
 
@@ -51,7 +52,7 @@ PLAN_VERSION = 1
 _MAGIC = int.from_bytes(b"balplan", "little")
 _HEADER = 8
 #: The folder of plan files inside a manifest directory.
-PLANS_DIR = "elastic-plans"
+PLANS_DIR = _COMMIT_PLANS_DIR  # a committed folder may hold it (balancer_cli.commit)
 
 
 def plan_cache_path(directory: str | os.PathLike, *, fingerprint: str, manifest_bytes: int, lengths: str | None,

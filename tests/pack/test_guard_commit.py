@@ -6,10 +6,16 @@ import os
 import signal
 import time
 
+import numpy as np
 import pytest
 
 from balancer_cli.cli._common import Terminated, _sigterm_raises
-from balancer_cli.commit import COMMIT_FILE, check_replaceable, committed_folder, read_commit
+from balancer_cli.commit import (
+    COMMIT_FILE,
+    check_replaceable,
+    committed_folder,
+    read_commit,
+)
 from balancer_cli.errors import InputError
 
 
@@ -58,3 +64,26 @@ def test_a_link_to_an_output_folder_stays_a_link(tmp_path):
         (tmp / "manifest.parquet").write_text("v2")
     assert (tmp_path / "link").is_symlink() and (real / "manifest.parquet").read_text() == "v2"
     assert _names(tmp_path) == ["link", "real"]
+
+
+def test_a_folder_with_the_replays_plans_is_ours_to_replace(tmp_path):
+    """The replay writes elastic-plans/ beside a committed manifest; packing into the folder again
+    replaces it (the plans belong to the old manifest), while any other extra file is refused."""
+    from balancer_cli.commit import PLANS_DIR
+    from balancer_cli.lengths import make_lengths_table, write_lengths
+    from balancer_cli.pack.config import PackConfig
+    from balancer_cli.run import pack_to_dir
+
+    lengths = tmp_path / "lengths.parquet"
+    write_lengths(make_lengths_table(np.arange(40, 140)), lengths)
+    out = tmp_path / "out"
+    pack_to_dir([lengths], out, PackConfig(world_size=2), baselines=())
+    (out / PLANS_DIR).mkdir()
+    (out / PLANS_DIR / "R3-abc.npy").write_bytes(b"plan")
+    check_replaceable(out)
+    pack_to_dir([lengths], out, PackConfig(world_size=2, seed=1), baselines=())
+    assert not (out / PLANS_DIR).exists()
+    (out / PLANS_DIR).mkdir()
+    (out / PLANS_DIR / "notes.txt").write_text("mine")
+    with pytest.raises(InputError, match="did not write"):
+        check_replaceable(out)
