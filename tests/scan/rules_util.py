@@ -108,3 +108,24 @@ def qwen2_video_processor_class():
     with torchvision_stub():
         module = importlib.import_module("transformers.models.qwen2_vl.video_processing_qwen2_vl")
     return module.Qwen2VLVideoProcessor
+
+
+def check_image_patches(rule, image_processor, seed: int, *, seqlens: bool) -> int:
+    """Every one of 4,000 random sizes counts as the image processor's ``get_number_of_image_patches``
+    (merge 2: a quarter of the patches in the LLM) or is rejected by both; returns how many counted."""
+    from balancer_cli.scan.rules.base import MediaRejected
+
+    checked = 0
+    for w, h in sizes(seed, 4000):
+        try:
+            patches = image_processor.get_number_of_image_patches(h, w, {})
+        except ValueError:
+            with pytest.raises(MediaRejected):
+                rule.count_image(w, h)
+            continue
+        c = rule.count_image(w, h)
+        assert (c.encoder_tokens, c.items, c.llm_tokens) == (patches, 1, patches // 4), (w, h)
+        assert not seqlens or c.seqlens == (patches,), (w, h)
+        checked += 1
+    return checked
+
