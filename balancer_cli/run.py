@@ -27,10 +27,21 @@ from typing import Any
 
 from balancer_cli._fsutil import check_output, claim_parts_dir, remove_parts_dir
 from balancer_cli._memory import release_freed_memory
-from balancer_cli.commit import check_replaceable, committed_folder, read_commit, write_commit
+from balancer_cli.commit import (
+    check_replaceable,
+    committed_folder,
+    read_commit,
+    write_commit,
+)
 from balancer_cli.errors import InputError, ManifestError, UsageError
 from balancer_cli.lengths import read_lengths
-from balancer_cli.manifest import REPORT_JSON, REPORT_MD, REPORT_PNG, open_manifest, write_manifest
+from balancer_cli.manifest import (
+    REPORT_JSON,
+    REPORT_MD,
+    REPORT_PNG,
+    open_manifest,
+    write_manifest,
+)
 from balancer_cli.pack.config import PackConfig
 from balancer_cli.pack.packers import registry
 

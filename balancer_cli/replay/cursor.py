@@ -50,7 +50,12 @@ from balancer_cli.replay.epoch_plan import EpochPlan, EpochPlanner
 from balancer_cli.replay.plan_cache import PLANS_DIR
 from balancer_cli.replay.reader import ManifestReader
 from balancer_cli.replay.samples import ReplaySamples, StepTokens
-from balancer_cli.replay.state import POSITION_KEYS, ReplayIdentity, make_state, read_state
+from balancer_cli.replay.state import (
+    POSITION_KEYS,
+    ReplayIdentity,
+    make_state,
+    read_state,
+)
 
 __all__ = ["ManifestReplay", "check_rank"]
 

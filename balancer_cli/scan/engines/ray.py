@@ -49,7 +49,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from balancer_cli import __version__
-from balancer_cli._fsutil import atomic_path, bytes_fingerprint, claim_parts_dir, remove_parts_dir
+from balancer_cli._fsutil import (
+    atomic_path,
+    bytes_fingerprint,
+    claim_parts_dir,
+    remove_parts_dir,
+)
 from balancer_cli.errors import InputError, SampleError, UsageError
 
 __all__ = ["SHARD_KEY", "RayOptions", "parts_dir_for", "run_key", "block_key", "import_ray", "ray_session",
