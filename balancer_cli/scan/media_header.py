@@ -44,13 +44,7 @@ from fractions import Fraction
 from typing import Any, BinaryIO, Union
 
 from balancer_cli.errors import SampleError
-from balancer_cli.scan.mov_header import (
-    MOV_DEMUXER,
-    looks_like_mov,
-    normalize_rotation,
-    read_moov,
-    video_track,
-)
+from balancer_cli.scan.mov_header import MOV_DEMUXER, looks_like_mov, normalize_rotation, read_moov, video_track
 from balancer_cli.scan.wav_header import WAV_HEAD_BYTES, wav_frames
 
 __all__ = ["AUDIO_DEMUXERS", "VIDEO_DEMUXERS", "AudioInfo", "MediaSource", "VideoInfo", "read_audio_info",
