@@ -77,7 +77,9 @@ def test_killed_pack_leaves_a_valid_or_refused_output(tmp_path, sig):
             # finished, killed before the handler was installed, or unwound through `finally`
             assert code in (0, -signal.SIGTERM, 143), (code, stderr)
             if code == 143:
-                assert stderr.strip().splitlines() == ["Error: terminated; no output was written"], stderr
+                # the last line (a loaded machine may print a library's warning before it)
+                assert stderr.strip().splitlines()[-1] == "Error: terminated; no output was written", stderr
+                assert "Traceback" not in stderr, stderr
             leftovers = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out."))
             assert not leftovers, leftovers
         outcomes.append((code, _check_readers(out)))
