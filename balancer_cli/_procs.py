@@ -40,8 +40,10 @@ def terminate_workers(pool: Any) -> None:
     """End a ``ProcessPoolExecutor``'s workers now and drop its queued tasks (for ``except`` paths)."""
     processes = list((getattr(pool, "_processes", None) or {}).values())
     for process in processes:
+        # SIGKILL, not SIGTERM: a forked worker inherits the parent's Python SIGTERM handler, which
+        # raises inside the task, and the pool's worker loop would catch it and carry on.
         with contextlib.suppress(Exception):
-            process.terminate()
+            process.kill()
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         with contextlib.suppress(Exception):
