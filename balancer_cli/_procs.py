@@ -29,6 +29,8 @@ _PR_SET_PDEATHSIG = 1
 
 def die_with_parent(parent_pid: int) -> None:
     """Pool initializer: SIGKILL this process when ``parent_pid`` dies (Linux; elsewhere a no-op)."""
+    if os.getpid() == parent_pid:  # not a worker (a pool run in-process): never end the caller
+        return
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
