@@ -32,7 +32,7 @@ from typing import BinaryIO, Union
 
 from balancer_cli.errors import SampleError
 
-__all__ = ["ImageSource", "read_image_size"]
+__all__ = ["ImageSource", "read_image_size", "open_regular"]
 
 ImageSource = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, BinaryIO]
 
@@ -315,22 +315,45 @@ def read_image_size(source: ImageSource, *, apply_exif_orientation: bool = True)
     if "\x00" in path:
         raise SampleError(f"{path[:60]!r}: image path holds a NUL byte", kind="missing_file",
                           fix="fix the record's image path")
+    fd, _ = open_regular(path, "an image", root="image", target="image")
+    with os.fdopen(fd, "rb") as fp:
+        return _parse(fp, path, apply_exif_orientation)
+
+
+def open_regular(path: str, what: str, *, root: str, target: str) -> tuple[int, os.stat_result]:
+    """``(fd, stat)`` of ``path`` opened for reading when it is a regular file; else the sample's
+    ``missing_file`` error (not found, unreadable, a directory, a FIFO or a device).
+
+    Opened with O_NONBLOCK and checked with ``fstat``: a FIFO never waits for a writer, and the
+    file checked is the file read. The fd is blocking again when returned.
+
+    Args:
+        path: the media file.
+        what: the media with its article, for messages ("an image", "a video").
+        root: the folder the fix names ("check the {root} root / paths of the dataset").
+        target: what the record should point at ("point the record at the {target} file itself").
+
+    Example:
+        >>> open_regular("no/such.png", "an image", root="image", target="image")
+        Traceback (most recent call last):
+        ...
+        balancer_cli.errors.SampleError: no/such.png: image file not found; fix: check the image root / paths of the dataset
+    """
+    kind = what.split(" ", 1)[-1]
     try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer; only regular files are read.
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
-        raise SampleError(f"{path}: image file not found", kind="missing_file",
-                          fix="check the image root / paths of the dataset") from None
+        raise SampleError(f"{path}: {kind} file not found", kind="missing_file",
+                          fix=f"check the {root} root / paths of the dataset") from None
     except OSError as exc:
-        raise SampleError(f"{path}: cannot open image ({exc.strerror or exc})", kind="missing_file",
+        raise SampleError(f"{path}: cannot open {kind} ({exc.strerror or exc})", kind="missing_file",
                           fix="check the file's permissions and that it is a regular file") from None
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
-        what = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
-        raise SampleError(f"{path}: is {what}, not an image file", kind="missing_file",
-                          fix="point the record at the image file itself")
+        kind_of = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+        raise SampleError(f"{path}: is {kind_of}, not {what} file", kind="missing_file",
+                          fix=f"point the record at the {target} file itself")
     if getattr(os, "O_NONBLOCK", 0):
         os.set_blocking(fd, True)
-    with os.fdopen(fd, "rb") as fp:
-        return _parse(fp, path, apply_exif_orientation)
+    return fd, info

@@ -38,12 +38,12 @@ from __future__ import annotations
 import io
 import math
 import os
-import stat
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, BinaryIO, Union
 
 from balancer_cli.errors import SampleError
+from balancer_cli.scan.image_header import open_regular
 from balancer_cli.scan.mov_header import MOV_DEMUXER, looks_like_mov, normalize_rotation, read_moov, video_track
 from balancer_cli.scan.wav_header import WAV_HEAD_BYTES, wav_frames
 
@@ -129,18 +129,9 @@ def _open_source(source: MediaSource, kind: str) -> tuple[Any, str, int]:
         source.seek(0)
         return source, name, size
     path = os.fspath(source)
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        raise SampleError(f"{path}: {kind} file not found", kind="missing_file",
-                          fix="check the media root / paths of the dataset") from None
-    except OSError as exc:
-        raise SampleError(f"{path}: cannot open {kind} ({exc.strerror or exc})", kind="missing_file",
-                          fix="check the file's permissions") from None
-    if not stat.S_ISREG(info.st_mode):
-        what = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
-        raise SampleError(f"{path}: is {what}, not a {kind} file", kind="missing_file",
-                          fix="point the record at the media file itself")
+    # The parsers and libraries open the path themselves; the check opens it the same careful way.
+    fd, info = open_regular(path, f"a {kind}", root="media", target="media")
+    os.close(fd)
     return path, path, info.st_size
 
 
