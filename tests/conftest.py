@@ -23,3 +23,20 @@ def shared_data() -> Path:
 def internvl_lengths(shared_data: Path) -> list[Path]:
     """The four OmniBal/InternVL token-length JSON files, sorted by name."""
     return sorted((shared_data / "internvl-lengths").glob("*.json"))
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One small local Ray cluster (2 CPUs, small object store, no dashboard) for the whole run.
+
+    Started once and stopped at the end of the session: starting and stopping a cluster per
+    module left the driver exposed to a dying raylet between modules. Ray is an extra, so tests
+    using it skip cleanly when it is not installed (CI installs it). A module whose own
+    functions must reach the workers registers itself with ``register_pickle_by_value``.
+    """
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray.data")
+    ray.init(address="local", num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False,
+             log_to_driver=False, configure_logging=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    yield ray
+    ray.shutdown()

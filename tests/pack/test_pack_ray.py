@@ -1,13 +1,13 @@
 """``balancer pack --engine ray``: the local engine's bytes, resumable, failing windows reported.
 
-One small local Ray cluster (2 CPUs) serves the whole module; Ray is an extra, so everything skips
+The session's small local Ray cluster (``ray_cluster`` in tests/conftest.py) serves these tests;
+Ray is an extra, so everything skips
 cleanly when it is not installed (CI installs it).
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,18 +18,12 @@ from balancer_cli.pack.config import PackConfig
 from balancer_cli.pack.windows import WindowTask
 from balancer_cli.run import pack_to_dir
 
-ROOT = Path(__file__).resolve().parents[2]
 FILES = ("manifest.parquet", "dropped.parquet", "report.json")
 
 
 @pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    pytest.importorskip("ray.data")
-    ray.init(address="local", num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False,
-             log_to_driver=False, configure_logging=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
-    yield ray
-    ray.shutdown()
+def ray_session(ray_cluster):
+    return ray_cluster
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The Ray Data scan engine: same bytes as the local engine, resumable, retrying failed blocks.
 
-One small local Ray cluster (2 CPUs, small object store, no dashboard) serves the whole module;
+The session's small local Ray cluster (``ray_cluster`` in tests/conftest.py) serves these tests;
 Ray is an extra, so everything skips cleanly when it is not installed (CI installs it).
 """
 
@@ -16,25 +16,19 @@ import pytest
 from balancer_cli.errors import InputError, SampleError, UsageError
 from balancer_cli.lengths import write_lengths
 from balancer_cli.scan import measure as measure_module
-from balancer_cli.scan.pipeline import scan
 from balancer_cli.scan.engines.ray import RayOptions, import_ray, parts_dir_for
 from balancer_cli.scan.measure import ScanConfig
+from balancer_cli.scan.pipeline import scan
 
-ROOT = Path(__file__).resolve().parents[2]
 BLOCK_SIZE = 16
 _real_measure_job = measure_module.measure_job
 
 
 @pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    pytest.importorskip("ray.data")
+def ray_session(ray_cluster):
     # Functions of this module (the failing measures below) travel to workers by value.
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(address="local", num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False,
-             log_to_driver=False, configure_logging=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
-    yield ray
-    ray.shutdown()
+    ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    return ray_cluster
 
 
 def _write_image(path: Path, size: tuple[int, int], fmt: str) -> None:
