@@ -3,9 +3,10 @@ same header bytes, and a scan of records without durations against that limit.
 
 For each media kind one file is encoded (PyAV; audio with ``wave``/soundfile/PyAV) and copied
 ``--files`` times. The bytes a header parse reads are recorded once through a counting file object
-(every ``read`` at its offset: the ``moov`` box and first packet of an mp4, the EBML header and
-first cluster of a Matroska file, a wav's RIFF chunks...); the limit is a loop that opens each copy
-and ``os.pread``s exactly those ranges, with no parsing. Then per kind:
+(every ``read`` at its offset: the first 4 KiB and the ``moov`` box of an mp4/m4a, the first 4 KiB
+of a Matroska, FLAC, MP3 or WAV file, the ``hdrl`` list of an AVI, the first pages and the last
+page of an Ogg file); the limit is a loop that opens each copy and ``os.pread``s exactly those
+ranges, with no parsing. Then per kind:
 
 - ``header/s``: :func:`read_video_info` / :func:`read_audio_info` over the copies (by path);
 - ``raw/s``: the pread loop; ``ratio``: raw/s over header/s (the issue's target: <= 2x);
@@ -44,9 +45,9 @@ from balancer_cli.scan.media_header import read_audio_info, read_video_info  # n
 
 VIDEOS = [  # (name, codec, movflags)
     ("h264.mp4", "libx264", ""), ("h264-faststart.mp4", "libx264", "faststart"), ("h264.mkv", "libx264", ""),
-    ("vp8.webm", "libvpx", ""), ("mpeg4.avi", "mpeg4", ""), ("mpeg4.mov", "mpeg4", ""),
+    ("vp8.webm", "libvpx", ""), ("vp9.webm", "libvpx-vp9", ""), ("mpeg4.avi", "mpeg4", ""), ("mpeg4.mov", "mpeg4", ""),
 ]
-AUDIOS = ["pcm.wav", "pcm.flac", "vorbis.ogg", "lame.mp3", "aac.m4a"]
+AUDIOS = ["pcm.wav", "pcm.flac", "vorbis.ogg", "opus.ogg", "lame.mp3", "aac.m4a", "opus.webm"]
 
 
 class Recorder(io.FileIO):
@@ -87,11 +88,11 @@ def _video(path: Path, codec: str, movflags: str, seconds: float) -> None:
     out.close()
 
 
-def _audio(path: Path, seconds: float) -> None:
+def _audio(path: Path, seconds: float, name: str) -> None:
     import av
     import soundfile as sf
 
-    rate = 16000
+    rate = 48000 if path.suffix == ".webm" else 16000  # Opus: FFmpeg reports 48 kHz whatever was stored
     tone = (0.3 * np.sin(np.arange(int(rate * seconds)) / 7.0)).astype(np.float32)
     if path.suffix == ".wav":
         with wave.open(str(path), "wb") as w:
@@ -100,15 +101,18 @@ def _audio(path: Path, seconds: float) -> None:
             w.setframerate(rate)
             w.writeframes((tone * 32767).astype("<i2").tobytes())
     elif path.suffix in (".flac", ".ogg"):
-        sf.write(path, tone, rate, **({"format": "OGG", "subtype": "VORBIS"} if path.suffix == ".ogg" else {}))
+        subtype = "OPUS" if name.startswith("opus") else "VORBIS"
+        sf.write(path, tone, rate, **({"format": "OGG", "subtype": subtype} if path.suffix == ".ogg" else {}))
     else:
         out = av.open(str(path), "w")
-        stream = out.add_stream("libmp3lame" if path.suffix == ".mp3" else "aac", rate=rate)
+        codec = {".mp3": "libmp3lame", ".webm": "libopus"}.get(path.suffix, "aac")
+        stream = out.add_stream(codec, rate=rate)
         stream.layout = "mono"
-        step = 1152 if path.suffix == ".mp3" else 1024
+        step = stream.codec_context.frame_size or 1024
+        fmt = "flt" if codec == "libopus" else "fltp"
         for start in range(0, len(tone), step):
-            frame = av.AudioFrame.from_ndarray(tone[None, start:start + step], format="fltp", layout="mono")
-            frame.sample_rate = rate
+            frame = av.AudioFrame.from_ndarray(tone[None, start:start + step], format=fmt, layout="mono")
+            frame.sample_rate, frame.pts = rate, start
             for packet in stream.encode(frame):
                 out.mux(packet)
         for packet in stream.encode():
@@ -150,7 +154,7 @@ def _case(tmp: Path, name: str, kind: str, files: int, repeat: int, seconds: flo
     folder.mkdir()
     first = folder / f"0{Path(name).suffix}"
     (_video(first, *next((c, m) for n, c, m in VIDEOS if n == name), seconds) if kind == "video"
-     else _audio(first, seconds))
+     else _audio(first, seconds, name))
     paths = [first] + [folder / f"{i}{first.suffix}" for i in range(1, files)]
     for path in paths[1:]:
         shutil.copyfile(first, path)

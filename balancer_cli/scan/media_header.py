@@ -1,8 +1,10 @@
 """Video and audio metadata from container headers only: no frame or sample is ever decoded.
 
-:func:`read_video_info`: mp4/mov from the ``moov`` box (:mod:`~balancer_cli.scan.mov_header`, FFmpeg's
-arithmetic, no package needed); mkv/webm/avi (also flv, mpeg-ts/ps, asf, ogg, and mp4s with edit
-lists FFmpeg would apply) through PyAV's stream metadata: duration in the stream's time base (else
+:func:`read_video_info`: mp4/mov from the ``moov`` box (:mod:`~balancer_cli.scan.mov_header`),
+mkv/webm from the EBML header elements (:mod:`~balancer_cli.scan.mkv_header`), avi from the
+``hdrl`` list (:mod:`~balancer_cli.scan.avi_header`), with FFmpeg's arithmetic and no package
+needed; flv, mpeg-ts/ps, asf, ogg, and the files those parsers leave to FFmpeg (edit lists it
+would apply, no ``Duration``...) through PyAV's stream metadata: duration in the stream's time base (else
 the container's), the average frame rate, the frame count the container declares (else
 ``round(duration * fps)``, as for Matroska), the size, and the display rotation. PyAV's open runs
 FFmpeg's probe with every video frame discarded (``skip_frame=all``), stopping after the first
@@ -10,8 +12,10 @@ packet (``probesize=32``) where the header says it all. A sample table past the 
 (a cut download) is an error.
 
 :func:`read_audio_info`: PCM/float WAV from its chunk headers (:mod:`~balancer_cli.scan.wav_header`),
-everything libsndfile reads (flac, ogg, mp3, ...) by ``soundfile.info``, which gives the sample
-counts decoders give, and the rest (m4a/aac, webm/opus) by PyAV's stream metadata.
+FLAC's ``STREAMINFO``, Ogg Vorbis/Opus pages, an MP3's Xing/LAME frame, Matroska/WebM audio
+tracks and AAC m4a's ``moov`` box (:mod:`~balancer_cli.scan.audio_header`), each giving the
+counts libsndfile (PyAV, for Matroska and m4a) gives; everything else libsndfile reads (aiff,
+plain CBR mp3, what the parsers leave) by ``soundfile.info``, and the rest by PyAV.
 
 Both take a path (a regular file only: a FIFO or device could block), the bytes, or a seekable
 binary stream, and raise :class:`~balancer_cli.errors.SampleError` naming the file: ``missing_file``,
@@ -35,17 +39,20 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any, BinaryIO, Union
 
 from balancer_cli.errors import SampleError
+from balancer_cli.scan.audio_header import AUDIO_HEAD_BYTES, audio_from_header
+from balancer_cli.scan.avi_header import avi_video
 from balancer_cli.scan.image_header import open_regular
+from balancer_cli.scan.mkv_header import mkv_video
 from balancer_cli.scan.mov_header import MOV_DEMUXER, looks_like_mov, normalize_rotation, read_moov, video_track
-from balancer_cli.scan.wav_header import WAV_HEAD_BYTES, wav_frames
 
 __all__ = ["AUDIO_DEMUXERS", "VIDEO_DEMUXERS", "AudioInfo", "MediaSource", "VideoInfo", "read_audio_info",
            "read_video_info"]
@@ -104,7 +111,7 @@ class AudioInfo:
     num_samples: int
     channels: int
     container: str = ""
-    reader: str = ""  # "wav" (the chunk headers), "soundfile" or "av"
+    reader: str = ""  # a header parser ("wav", "flac", "ogg", "mp3", "mkv", "mov"), "soundfile" or "av"
 
 
 class _Bad(Exception):
@@ -118,21 +125,20 @@ def _import(module: str) -> Any:
         return None
 
 
-def _open_source(source: MediaSource, kind: str) -> tuple[Any, str, int]:
-    """``(what PyAV/soundfile open, name for messages, size in bytes)``; paths must be regular files."""
+def _open_source(source: MediaSource, kind: str) -> tuple[Any, str, int, Callable[[int, int], bytes], int | None]:
+    """``(what PyAV/soundfile open, name for messages, size in bytes, read(n, offset), descriptor to
+    close)``; paths must be regular files (opened once: the header parsers ``pread`` that descriptor)."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
-        return io.BytesIO(data), f"<{kind} bytes>", len(data)
+        return io.BytesIO(data), f"<{kind} bytes>", len(data), lambda n, at: data[at:at + n], None
     if hasattr(source, "read"):
         name = str(getattr(source, "name", f"<{kind} stream>"))
         size = source.seek(0, io.SEEK_END)
         source.seek(0)
-        return source, name, size
+        return source, name, size, lambda n, at: (source.seek(at), source.read(n))[1], None
     path = os.fspath(source)
-    # The parsers and libraries open the path themselves; the check opens it the same careful way.
     fd, info = open_regular(path, f"a {kind}", root="media", target="media")
-    os.close(fd)
-    return path, path, info.st_size
+    return path, path, info.st_size, functools.partial(os.pread, fd), fd
 
 
 def _rewind(target: Any) -> Any:
@@ -179,24 +185,9 @@ def _check_truncation(stream: Any, size: int) -> None:
         _truncated(entries[len(entries) - 1].pos + max(entries[len(entries) - 1].size, 0), size)
 
 
-def _head(target: Any, n: int) -> bytes:
-    if isinstance(target, str):
-        with open(target, "rb", buffering=0) as fp:
-            return fp.read(n)
-    target.seek(0)
-    return target.read(n)
-
-
-def _moov(target: Any, size: int) -> bytes | None:
+def _moov(read: Callable[[int, int], bytes], size: int, head: bytes) -> bytes | None:
     """The ``moov`` box of an ISO-BMFF file (None for anything else), by a few small reads."""
-    if isinstance(target, str):
-        fd = os.open(target, os.O_RDONLY)
-        try:
-            return read_moov(lambda n, at: os.pread(fd, n, at), size) if looks_like_mov(os.pread(fd, 16, 0)) else None
-        finally:
-            os.close(fd)
-    target.seek(0)
-    return read_moov(target.read, size, target.seek) if looks_like_mov(target.read(16)) else None
+    return read_moov(read, size, head=head) if looks_like_mov(head) else None
 
 
 def _truncated(end: int | None, size: int) -> None:
@@ -211,7 +202,8 @@ def _from_moov(moov: bytes | None, size: int) -> tuple[float, float, int, int, i
     if track is None or not track.simple or not track.width or not track.height:
         return None
     _truncated(track.last_sample_end, size)
-    return (float(Fraction(track.duration_ts, track.timescale)), float(track.fps), track.frames, track.width,
+    # int / int is correctly rounded, as float(Fraction(...)) is: the same value, faster
+    return (track.duration_ts / track.timescale, float(track.fps), track.frames, track.width,
             track.height, track.rotation, MOV_DEMUXER)
 
 
@@ -270,11 +262,13 @@ def read_video_info(source: MediaSource, *, apply_rotation: bool = True) -> Vide
         ...
         balancer_cli.errors.SampleError: ...: is a directory, not a video file; fix: point the record at the media file itself
     """
-    target, name, size = _open_source(source, "video")
+    target, name, size, read, fd = _open_source(source, "video")
     av = None
     try:
-        moov = _moov(target, size)
-        values = _from_moov(moov, size)
+        head = read(AUDIO_HEAD_BYTES, 0)
+        moov = _moov(read, size, head)
+        values = _from_moov(moov, size) if moov is not None else mkv_video(read, size, head) or avi_video(
+            read, size, head)
         if values is None:
             av = _import("av")
             if av is None:
@@ -290,6 +284,9 @@ def read_video_info(source: MediaSource, *, apply_rotation: bool = True) -> Vide
             raise SampleError(f"{name}: cannot read video ({exc})", kind="missing_file",
                               fix="check the file and its permissions") from None
         raise _av_failure(av, exc, name, "video") from None
+    finally:
+        if fd is not None:
+            os.close(fd)
     seconds, fps, frames, width, height, rotation, fmt = values
     if (seconds > _MAX_SECONDS or not _MIN_FPS <= fps <= _MAX_FPS or frames > _MAX_SECONDS * _MAX_FPS
             or max(width, height) > _MAX_SIDE):
@@ -323,7 +320,7 @@ def _probe_audio(av: Any, target: Any) -> tuple[float | None, int, int, str]:
 
 
 def read_audio_info(source: MediaSource) -> AudioInfo:
-    """Duration and sample rate of an audio clip from its header: WAV chunks, else libsndfile, else PyAV.
+    """Duration and sample rate of an audio clip from its header: a header parser, else libsndfile, else PyAV.
 
     Args:
         source: a path (a regular file), the file's bytes, or a seekable binary stream.
@@ -339,10 +336,18 @@ def read_audio_info(source: MediaSource) -> AudioInfo:
         ...
         balancer_cli.errors.SampleError: no/such/clip.wav: audio file not found; fix: check the media root / paths of the dataset
     """
-    target, name, size = _open_source(source, "audio")
-    wav = wav_frames(_head(target, WAV_HEAD_BYTES), size)
-    if wav is not None:
-        return _checked_audio(name, wav[0] / wav[1] if wav[1] else None, wav[1], wav[0], wav[2], "WAV", "wav")
+    target, name, size, read, fd = _open_source(source, "audio")
+    try:
+        native = audio_from_header(read, size)
+    except OSError as exc:
+        raise SampleError(f"{name}: cannot read audio ({exc})", kind="missing_file",
+                          fix="check the file and its permissions") from None
+    finally:
+        if fd is not None:
+            os.close(fd)
+    if native is not None:
+        frames, rate, channels, fmt, reader, seconds = native
+        return _checked_audio(name, seconds, rate, frames, channels, fmt, reader)
     sf, av = _import("soundfile"), _import("av")
     if sf is None and av is None:
         raise SampleError(f"{name}: reading an audio clip's duration from its file needs soundfile or PyAV, "

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
-__all__ = ["MOV_DEMUXER", "MovVideo", "looks_like_mov", "normalize_rotation", "read_moov", "video_track"]
+__all__ = ["MOV_DEMUXER", "MovAudio", "MovVideo", "audio_track", "looks_like_mov", "normalize_rotation", "read_moov",
+           "video_track"]
 
 #: FFmpeg's name of the mov/mp4 demuxer (what PyAV reports as ``container.format.name``).
 MOV_DEMUXER = "mov,mp4,m4a,3gp,3g2,mj2"
@@ -60,6 +61,25 @@ class MovVideo:
     simple: bool
 
 
+@dataclass(frozen=True)
+class MovAudio:
+    """The first audio track of a ``moov`` box, where it is plain AAC-LC FFmpeg reads as stored.
+
+    Attributes:
+        duration_ts, timescale: FFmpeg's ``stream.duration`` (after a priming-skip edit list) and
+            ``1/time_base`` (the ``mdhd`` time scale, equal to the sample rate); sample_rate,
+            channels: the AAC configuration's.
+    """
+
+    duration_ts: int
+    timescale: int
+    sample_rate: int
+    channels: int
+
+
+_AAC_RATES = (96000, 88200, 64000, 48000, 44100, 32000, 24000, 22050, 16000, 12000, 11025, 8000, 7350)
+
+
 def normalize_rotation(degrees: float) -> int:
     """``degrees`` (counter-clockwise) as the nearest multiple of 90 in [-180, 180), as PyAV reports them.
 
@@ -81,12 +101,17 @@ def looks_like_mov(head: bytes) -> bool:
     return len(head) >= 8 and head[4:8] in _TOP_LEVEL
 
 
-def read_moov(read: Callable[..., bytes], size: int, seek: Callable[[int], object] | None = None) -> bytes | None:
+def read_moov(read: Callable[..., bytes], size: int, seek: Callable[[int], object] | None = None,
+              head: bytes = b"") -> bytes | None:
     """The ``moov`` box's payload of a file of ``size`` bytes (``read(n)`` after ``seek(offset)``), or None.
 
     ``seek`` may be omitted when ``read`` is ``read(n, offset)`` (``os.pread`` bound to a descriptor).
+    ``head``, the file's first bytes if already read, saves the reads it covers (a faststart file's
+    ``moov`` often sits wholly in its first kilobytes).
     """
     def read_at(offset: int, n: int) -> bytes:
+        if offset + n <= len(head):
+            return head[offset:offset + n]
         if seek is None:
             return read(n, offset)
         seek(offset)
@@ -115,26 +140,32 @@ def read_moov(read: Callable[..., bytes], size: int, seek: Callable[[int], objec
     return None
 
 
-def _boxes(data: bytes, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
-    """``(type, payload_start, box_end)`` of the boxes in ``data[start:end]``."""
-    pos = start
+_BOX = struct.Struct(">I4s")
+
+
+def _box_list(data: bytes, start: int, end: int) -> list[tuple[bytes, int, int]]:
+    """``(type, payload_start, box_end)`` of the boxes in ``data[start:end]`` (a list: one pass, no generator)."""
+    out = []
+    pos, unpack = start, _BOX.unpack_from
     while pos + 8 <= end:
-        length, kind = struct.unpack_from(">I4s", data, pos)
+        length, kind = unpack(data, pos)
         header = 8
         if length == 1 and pos + 16 <= end:
             length, header = struct.unpack_from(">Q", data, pos + 8)[0], 16
         elif length == 0:
             length = end - pos
         if length < header or pos + length > end:
-            return
-        yield kind, pos + header, pos + length
+            break
+        out.append((kind, pos + header, pos + length))
         pos += length
+    return out
 
 
 def _children(data: bytes, start: int, end: int) -> dict[bytes, tuple[int, int]]:
     found: dict[bytes, tuple[int, int]] = {}
-    for kind, s, e in _boxes(data, start, end):
-        found.setdefault(kind, (s, e))
+    for kind, s, e in _box_list(data, start, end):
+        if kind not in found:
+            found[kind] = (s, e)
     return found
 
 
@@ -192,15 +223,26 @@ def video_track(moov: bytes) -> MovVideo | None:
         return None
 
 
-def _video_track(moov: bytes) -> MovVideo | None:
-    top = _children(moov, 0, len(moov))
-    movie_at = _full_box_offset(moov, top[b"mvhd"][0], 36, 48) if b"mvhd" in top else None
-    for kind, start, end in _boxes(moov, 0, len(moov)):
+def _top(moov: bytes) -> tuple[list[tuple[bytes, int, int]], dict[bytes, tuple[int, int]]]:
+    """The ``moov`` payload's boxes, as a list and as a first-of-each-type map (one walk)."""
+    boxes = _box_list(moov, 0, len(moov))
+    top: dict[bytes, tuple[int, int]] = {}
+    for kind, s, e in boxes:
+        if kind not in top:
+            top[kind] = (s, e)
+    return boxes, top
+
+
+def _tracks(moov: bytes, boxes: list, handler: bytes):
+    """``(trak, stbl, timescale, media_ts, counts, deltas)`` of each track whose handler is
+    ``handler`` (``vide``, ``soun``), in file order: its boxes, ``mdhd``'s time scale and duration,
+    and its ``stts`` run lengths and sample durations."""
+    for kind, start, end in boxes:
         if kind != b"trak":
             continue
         trak = _children(moov, start, end)
         mdia = _children(moov, *trak[b"mdia"]) if b"mdia" in trak else {}
-        if b"hdlr" not in mdia or moov[mdia[b"hdlr"][0] + 8:mdia[b"hdlr"][0] + 12] != b"vide":
+        if b"hdlr" not in mdia or moov[mdia[b"hdlr"][0] + 8:mdia[b"hdlr"][0] + 12] != handler:
             continue
         s, _ = mdia[b"mdhd"]
         at = _full_box_offset(moov, s, 12, 20)
@@ -209,7 +251,14 @@ def _video_track(moov: bytes) -> MovVideo | None:
         stts = stbl[b"stts"][0]
         (entries,) = struct.unpack_from(">I", moov, stts + 4)
         pairs = struct.unpack_from(f">{2 * entries}I", moov, stts + 8)
-        counts, deltas = pairs[0::2], pairs[1::2]
+        yield trak, stbl, timescale, media_ts, pairs[0::2], pairs[1::2]
+
+
+def _video_track(moov: bytes) -> MovVideo | None:
+    boxes, top = _top(moov)
+    movie_at = _full_box_offset(moov, top[b"mvhd"][0], 36, 48) if b"mvhd" in top else None
+    for trak, stbl, timescale, media_ts, counts, deltas in _tracks(moov, boxes, b"vide"):
+        entries = len(counts)
         frames_stts, stts_ts = sum(counts), sum(c * d for c, d in zip(counts, deltas))
         duration_ts = min(media_ts, stts_ts)  # FFmpeg: the shorter of mdhd's and the frames' durations
         stsz = stbl.get(b"stsz")
@@ -254,3 +303,88 @@ def _plain_edit(moov: bytes, trak: dict, stbl: dict, timescale: int, duration_ts
         if b"mvhd" in top else (0,)
     covers = movie_scale > 0 and span * timescale >= (duration_ts - timescale / movie_scale) * movie_scale
     return rate == 0x10000 and media_time in (0, delay) and covers
+
+
+def audio_track(moov: bytes) -> MovAudio | None:
+    """The first audio track of a ``moov`` payload where FFmpeg reports it as stored: AAC-LC in an
+    ``mp4a`` entry, ``mdhd`` time scale = the entry's and the configuration's sample rate, at most
+    one edit, no fragments; None for anything else (PyAV then reads the file).
+
+    Example:
+        >>> audio_track(b"") is None
+        True
+    """
+    try:
+        return _audio_track(moov)
+    except (struct.error, IndexError, KeyError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _descriptor(data: bytes, pos: int) -> tuple[int, int, int]:
+    """``(tag, payload_start, payload_end)`` of the MPEG-4 descriptor at ``pos`` (a 1-4 byte size)."""
+    tag, size, pos = data[pos], 0, pos + 1
+    for _ in range(4):
+        byte = data[pos]
+        size, pos = (size << 7) | (byte & 0x7F), pos + 1
+        if not byte & 0x80:
+            break
+    return tag, pos, pos + size
+
+
+def _aac_config(data: bytes, start: int, end: int) -> tuple[int, int] | None:
+    """``(sample_rate, channels)`` of an ``esds`` box's AAC-LC AudioSpecificConfig (None: another codec)."""
+    tag, pos, _ = _descriptor(data, start + 4)  # after version/flags: the ES descriptor
+    if tag != 3:
+        return None
+    flags = data[pos + 2]
+    pos += 3 + (2 if flags & 0x80 else 0) + (data[pos + 3] + 1 if flags & 0x40 else 0) + (2 if flags & 0x20 else 0)
+    tag, pos, _ = _descriptor(data, pos)
+    if tag != 4 or data[pos] != 0x40:  # DecoderConfigDescriptor of MPEG-4 audio
+        return None
+    tag, pos, stop = _descriptor(data, pos + 13)
+    if tag != 5 or stop - pos < 2 or stop > end:
+        return None
+    bits = (data[pos] << 8) | data[pos + 1]
+    kind, index, channels = bits >> 11, (bits >> 7) & 15, (bits >> 3) & 15
+    if kind != 2 or index >= len(_AAC_RATES) or not 1 <= channels <= 6:
+        return None
+    return _AAC_RATES[index], channels
+
+
+def _audio_track(moov: bytes) -> MovAudio | None:
+    boxes, top = _top(moov)
+    if b"mvex" in top:
+        return None
+    for trak, stbl, timescale, media_ts, counts, deltas in _tracks(moov, boxes, b"soun"):
+        duration_ts = min(media_ts, sum(c * d for c, d in zip(counts, deltas)))
+        entry = stbl[b"stsd"][0] + 8
+        length, fourcc, version = struct.unpack_from(">I4s8xH", moov, entry)
+        if fourcc != b"mp4a" or version != 0 or duration_ts <= 0 or timescale <= 0:
+            return None
+        (rate,) = struct.unpack_from(">I", moov, entry + 32)
+        esds = _children(moov, entry + 36, entry + length).get(b"esds")
+        config = _aac_config(moov, *esds) if esds else None
+        if config is None or not config[0] == rate >> 16 == timescale:
+            return None
+        duration_ts = _edited_duration(moov, trak, timescale, duration_ts, top)
+        return MovAudio(duration_ts, timescale, config[0], config[1]) if duration_ts else None
+    return None
+
+
+def _edited_duration(moov: bytes, trak: dict, timescale: int, duration_ts: int, top: dict) -> int | None:
+    """FFmpeg's ``stream.duration`` of an audio track after its edit list (mov_fix_index): one edit
+    at normal rate from ``media_time`` (an AAC encoder's priming samples, skipped) lasting ``span``
+    movie ticks gives ``min(duration, rescale(span))``; None for anything else (several edits,
+    an empty edit, another rate)."""
+    elst = _children(moov, *trak[b"edts"]).get(b"elst") if b"edts" in trak else None
+    if elst is None:
+        return duration_ts
+    (entries,) = struct.unpack_from(">I", moov, elst[0] + 4)
+    (movie_scale,) = struct.unpack_from(">I", moov, _full_box_offset(moov, top[b"mvhd"][0], 12, 20)) \
+        if b"mvhd" in top else (0,)
+    if entries != 1 or movie_scale <= 0:
+        return None
+    span, media_time, rate = struct.unpack_from(">QqI" if moov[elst[0]] == 1 else ">IiI", moov, elst[0] + 8)
+    if rate != 0x10000 or not 0 <= media_time < duration_ts or span <= 0:
+        return None
+    return min(duration_ts, (span * timescale + movie_scale // 2) // movie_scale)  # av_rescale_q, to nearest

@@ -262,15 +262,15 @@ def test_audio_headers_match_decoding(tmp_path):
     for name, rate in files.items():
         path = tmp_path / name
         info = read_audio_info(path)
-        reader = "wav" if name.endswith(".wav") else "soundfile"
+        reader = name.rsplit(".", 1)[1]  # the header parsers
         assert (info.num_samples, info.sample_rate, info.channels, info.reader) == (N_SAMPLES, rate, 1, reader)
         assert info.duration == N_SAMPLES / rate
         assert len(sf.read(path)[0]) == N_SAMPLES  # decoding gives the same count
         assert read_audio_info(path.read_bytes()) == info
-    m4a = read_audio_info(_m4a(tmp_path / "a.m4a"))  # libsndfile cannot read it: PyAV's stream header
+    m4a = read_audio_info(_m4a(tmp_path / "a.m4a"))  # libsndfile cannot read it: the moov box, as PyAV reads it
     with av.open(str(tmp_path / "a.m4a")) as container:
         decoded = sum(frame.samples for frame in container.decode(audio=0))
-    assert m4a.reader == "av" and m4a.sample_rate == SR
+    assert m4a.reader == "mov" and m4a.sample_rate == SR
     assert N_SAMPLES <= m4a.num_samples <= decoded and decoded - m4a.num_samples < 1024  # within one AAC frame
     assert m4a.duration == m4a.num_samples / SR
     assert read_audio_info((tmp_path / "a.m4a").read_bytes()) == m4a
@@ -312,7 +312,8 @@ def test_broken_audio_are_sample_errors(tmp_path):
 
 def test_missing_packages_say_what_to_install(tmp_path, monkeypatch):
     mp4 = _video(tmp_path / "v.mp4", "libx264", Fraction(10), 4)
-    video = _video(tmp_path / "v.mkv", "libx264", Fraction(10), 4)
+    mkv = _video(tmp_path / "v.mkv", "libx264", Fraction(10), 4)
+    video = _video(tmp_path / "v.ts", "libx264", Fraction(10), 4, fmt="mpegts")
     m4a = _m4a(tmp_path / "a.m4a")
     wav = _wav(tmp_path / "a.wav")
     real = media_header._import
@@ -321,19 +322,21 @@ def test_missing_packages_say_what_to_install(tmp_path, monkeypatch):
         read_video_info(video)
     assert caught.value.kind == "missing_video_metadata"
     assert read_video_info(mp4).num_frames == 4  # mp4/mov: read from the moov box, no PyAV needed
+    assert read_video_info(mkv).num_frames == 4  # mkv/webm: from the EBML elements
+    assert read_video_info(_video(tmp_path / "v.avi", "mpeg4", Fraction(10), 4)).num_frames == 4  # avi: hdrl
+    assert read_audio_info(m4a).reader == "mov"  # AAC m4a: from the moov box
     with pytest.raises(SampleError, match="libsndfile cannot read.*pip install av") as caught:
-        read_audio_info(m4a)
+        read_audio_info(video)
     assert caught.value.kind == "unsupported_audio"
     assert read_audio_info(wav).num_samples == N_SAMPLES
     flac = tmp_path / "a.flac"
     sf.write(flac, _tone(), SR)
     monkeypatch.setattr(media_header, "_import", lambda name: None)
     with pytest.raises(SampleError, match="pip install soundfile av") as caught:
-        read_audio_info(flac)
+        read_audio_info(video)
     assert caught.value.kind == "missing_audio_duration"
-    assert read_audio_info(wav).reader == "wav"  # WAV chunk headers need no package
-    monkeypatch.setattr(media_header, "_import", lambda name: None if name == "soundfile" else real(name))
-    assert read_audio_info(flac).reader == "av" and read_audio_info(flac).num_samples == N_SAMPLES
+    assert read_audio_info(wav).reader == "wav"  # the header parsers need no package
+    assert read_audio_info(flac).reader == "flac" and read_audio_info(flac).num_samples == N_SAMPLES
 
 
 def _conv(tag: str) -> list[dict]:
