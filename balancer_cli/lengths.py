@@ -8,6 +8,10 @@ runtime (which read it). Columns, in sample order:
 - per encoder module ``<m>``: ``<m>_tokens`` int32, ``<m>_items`` int32 and optionally
   ``<m>_seqlens`` list<int32>.
 - ``error`` string: null when measured, else why not. Such samples are never packed.
+- optional, for samples of WebDataset tar shards (null for other samples): ``shard`` string
+  (dictionary-encoded), ``key`` string, and ``member_names`` list<string>, ``member_offsets``
+  list<int64>, ``member_sizes`` list<int64> (each member's extension, data offset and size in
+  the shard); see :data:`MEMBER_COLUMNS`.
 
 The file metadata key ``balancer`` holds JSON provenance (schema version, tool version, presets,
 input files with sizes and fingerprints). OmniBal/InternVL token-length JSON
@@ -43,6 +47,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "METADATA_KEY",
     "LLM",
+    "MEMBER_COLUMNS",
     "LengthsTable",
     "make_lengths_table",
     "encoder_modules",
@@ -58,6 +63,9 @@ METADATA_KEY = b"balancer"
 LLM = "llm"
 
 _PARQUET_MAGIC = b"PAR1"
+#: The optional tar-member columns and their types (``shard`` is stored dictionary-encoded).
+MEMBER_COLUMNS = {"shard": pa.string(), "key": pa.string(), "member_names": pa.list_(pa.string()),
+                  "member_offsets": pa.list_(pa.int64()), "member_sizes": pa.list_(pa.int64())}
 
 
 def encoder_modules(column_names: Sequence[str]) -> tuple[str, ...]:
@@ -267,6 +275,11 @@ def _normalize(table: pa.Table, origin: str) -> pa.Table:
     if not pa.types.is_dictionary(source.type):
         source = source.cast(pa.string()).dictionary_encode()
     table = table.set_column(table.column_names.index("source"), "source", source)
+    for name, kind in MEMBER_COLUMNS.items():
+        if name in table.column_names:
+            column = table.column(name)
+            column = column.cast(pa.string()).dictionary_encode() if name == "shard" else column.cast(kind)
+            table = table.set_column(table.column_names.index(name), name, column)
     # Sample ids are positions: renumber so concatenations and filtered inputs stay 0..N-1.
     sample = pa.array(np.arange(n, dtype=np.int64))
     if "sample" in table.column_names:
@@ -329,11 +342,13 @@ def _read_one(path: Path) -> tuple[pa.Table, dict]:
     return read_omnibal_json(path), {"imported_from": "omnibal-json"}
 
 
-def read_lengths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> LengthsTable:
+def read_lengths(paths: str | os.PathLike | Sequence[str | os.PathLike], *, members: bool = False) -> LengthsTable:
     """Read one or several lengths files (Parquet or OmniBal JSON) as one table, in order.
 
     Several files concatenate: ``sample`` indexes the concatenation. A module missing from one
-    file counts as 0 tokens and 0 items for its samples (e.g. a text-only source).
+    file counts as 0 tokens and 0 items for its samples (e.g. a text-only source). The tar
+    member columns (:data:`MEMBER_COLUMNS`) are read only with ``members=True`` (the runtime's
+    ``ShardDataset``): packing and reports read the counts alone.
 
     Raises:
         InputError: unreadable or empty input, missing columns, negative or missing lengths.
@@ -344,6 +359,8 @@ def read_lengths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Leng
     tables, metas = [], []
     for path in path_list:
         table, meta = _read_one(path)
+        if not members:
+            table = table.drop_columns([name for name in MEMBER_COLUMNS if name in table.column_names])
         tables.append(_normalize(table, str(path)))
         metas.append(meta)
     if len(tables) == 1:
@@ -361,6 +378,10 @@ def read_lengths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Leng
                 name = f"{module}_{suffix}"
                 columns[name] = table.column(name) if name in table.column_names else pa.array(np.zeros(n, np.int32))
         columns["error"] = table.column("error")
+        for name, kind in MEMBER_COLUMNS.items():  # kept when any file has them (null elsewhere)
+            if any(name in t.column_names for t in tables):
+                columns[name] = (table.column(name).cast(kind) if name in table.column_names
+                                 else pa.nulls(n, kind))
         aligned.append(pa.table(columns))
     merged = _normalize(pa.concat_tables(aligned).combine_chunks(), " + ".join(map(str, path_list)))
     return LengthsTable(merged, {"inputs": metas}, lengths_fingerprint(merged))

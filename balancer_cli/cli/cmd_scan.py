@@ -108,9 +108,10 @@ def command(inputs: tuple[str, ...], output: str, model: str, tokenizer: str, te
     """Scan datasets into a lengths table: one row per sample with its encoder and LLM tokens.
 
     \b
-    INPUT: LLaVA JSON/JSONL, `messages` JSON/JSONL, InternVL meta JSON, Parquet, or a
-    datasets save_to_disk folder, or with --hf-builder local files for datasets.load_dataset
-    (e.g. --hf-builder imagefolder DIR); several inputs concatenate in order.
+    INPUT: LLaVA JSON/JSONL, `messages` JSON/JSONL, InternVL meta JSON, Parquet, a
+    datasets save_to_disk folder, WebDataset .tar shards (a shard or a folder of them), or
+    with --hf-builder local files for datasets.load_dataset (e.g. --hf-builder imagefolder
+    DIR); several inputs concatenate in order.
     Bad samples keep their row with an `error` (summary by kind); --strict stops at the first.
 
     \b

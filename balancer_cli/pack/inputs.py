@@ -23,7 +23,7 @@ import numpy as np
 from balancer_cli.cost.measured import MeasuredCosts
 from balancer_cli.cost.samples import sample_costs
 from balancer_cli.errors import InputError
-from balancer_cli.lengths import LLM, LengthsTable
+from balancer_cli.lengths import LLM, MEMBER_COLUMNS, LengthsTable
 
 __all__ = ["PackInputs", "prepare_inputs"]
 
@@ -63,7 +63,7 @@ _KNOWN_SUFFIXES = ("_tokens", "_items", "_seqlens")
 
 
 def _check_columns(lengths: LengthsTable) -> None:
-    known = {"sample", "source", "llm_tokens", "error"}
+    known = {"sample", "source", "llm_tokens", "error", *MEMBER_COLUMNS}  # tar members: read by the runtime
     known |= {f"{m}{s}" for m in lengths.modules for s in _KNOWN_SUFFIXES}
     unknown = [c for c in lengths.table.column_names if c not in known]
     if unknown:

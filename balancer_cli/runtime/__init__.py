@@ -7,7 +7,8 @@ sampler (:mod:`~balancer_cli.runtime.sampler`) or an ``IterableDataset``
 (:mod:`~balancer_cli.runtime.collate`), the data-parallel rank comes from ``torch.distributed``,
 a process group or a ``DeviceMesh`` (:mod:`~balancer_cli.runtime.ranks`), trainers that would
 shard the batches again are kept from it (:mod:`~balancer_cli.runtime.trainers`: accelerate,
-Lightning), and post-balancing plans run as all-to-alls (:mod:`~balancer_cli.runtime.dispatch`).
+Lightning), post-balancing plans run as all-to-alls (:mod:`~balancer_cli.runtime.dispatch`), and
+samples scanned from WebDataset tar shards are read back by offset (:mod:`~balancer_cli.runtime.shards`).
 Submodules load on first use (``balancer_cli.runtime.dispatch`` does not load the sampler and
 vice versa); the names below resolve lazily. ``sampler_state_from_loader`` (torch-free, from
 :mod:`balancer_cli.replay.loader_state`) takes the sampler's state out of a torchdata
@@ -27,6 +28,7 @@ __all__ = [
     "ManifestBatchSampler",
     "ManifestIterableDataset",
     "PackedCollator",
+    "ShardDataset",
     "mesh_rank",
     "prepare_manifest_loader",
     "resolve_rank",
@@ -37,6 +39,7 @@ _LAZY = {
     "ManifestBatchSampler": "balancer_cli.runtime.sampler",
     "ManifestIterableDataset": "balancer_cli.runtime.iterable",
     "PackedCollator": "balancer_cli.runtime.collate",
+    "ShardDataset": "balancer_cli.runtime.shards",
     "mesh_rank": "balancer_cli.runtime.ranks",
     "prepare_manifest_loader": "balancer_cli.runtime.trainers",
     "resolve_rank": "balancer_cli.runtime.ranks",

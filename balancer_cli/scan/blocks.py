@@ -1,7 +1,8 @@
 """The scan's unit of work: :class:`RecordBlock` s, and the split of the inputs into them.
 
 A block is a frozen, picklable description of a run of records (input file, format, byte or row
-range, first sample index, source name, image root). The main process walks the inputs once with
+range, first sample index, source name, image root; a tar shard's block carries its samples'
+member index, :class:`~balancer_cli.scan.webdataset.TarSample` s, so no worker reads a header twice). The main process walks the inputs once with
 :func:`iter_blocks` (constant memory: JSONL line by line, JSON lists with an incremental decoder,
 Parquet and ``datasets`` by row counts) and any worker reads a block's records with
 :func:`~balancer_cli.scan.readers.read_block`. Any engine that measures the blocks and
@@ -31,6 +32,7 @@ from balancer_cli.scan.inputs import (
     open_input,
 )
 from balancer_cli.scan.jsonlist import iter_json_list
+from balancer_cli.scan.webdataset import TarSample, iter_tar_samples
 
 __all__ = ["MAX_REPEAT", "MalformedLine", "RecordBlock", "iter_blocks", "repeat_plan"]
 
@@ -73,6 +75,7 @@ class RecordBlock:
     rule_overrides: tuple[tuple[str, Any], ...] = ()
     split: str | None = None
     builder: str | None = None
+    samples: tuple[TarSample, ...] = ()
 
     def __post_init__(self) -> None:
         if self.format not in RECORD_FORMATS:
@@ -152,6 +155,12 @@ def _blocks_once(spec: InputSpec, block_size: int, first_sample: int,
                  limit: int | None = None) -> Iterator[RecordBlock]:
     common = {"path": spec.path, "format": spec.format, "source": spec.source, "image_root": spec.image_root,
               "rule_overrides": spec.rule_overrides, "split": spec.split, "builder": spec.builder}
+    if spec.format == "webdataset":
+        for first_line, samples in _tar_ranges(spec, block_size, limit):
+            yield RecordBlock(first_sample=first_sample, num_records=len(samples), start=samples[0].start,
+                              stop=samples[-1].stop, first_line=first_line, samples=samples, **common)
+            first_sample += len(samples)
+        return
     for start, stop, first_line, text, lines, count in _RANGES[spec.format](spec, block_size, limit):
         yield RecordBlock(first_sample=first_sample, num_records=count, start=start, stop=stop,
                           first_line=first_line, text=text, lines=lines, **common)
@@ -228,10 +237,28 @@ def _row_ranges(rows: Callable[[InputSpec], int]) -> Callable[[InputSpec, int, i
     return ranges
 
 
+def _tar_ranges(spec: InputSpec, block_size: int, limit: int | None) -> Iterator[tuple[int, tuple[TarSample, ...]]]:
+    """``(first sample number in the shard, samples)`` of each block: whole samples, in order."""
+    chunk: list[TarSample] = []
+    first, total = 1, 0
+    for sample in iter_tar_samples(spec.path):
+        if limit is not None and total == limit:
+            break
+        chunk.append(sample)
+        total += 1
+        if len(chunk) == block_size:
+            yield first, tuple(chunk)
+            first, chunk = first + len(chunk), []
+    if chunk:
+        yield first, tuple(chunk)
+
+
 #: format -> the ranges of its blocks, ``(spec, block_size, limit) -> ranges`` (the first ``limit`` records).
 _RANGES: dict[str, Callable[[InputSpec, int, int | None], Iterator[_Range]]] = {
     "jsonl": _jsonl_ranges,
     "json": _json_list_ranges,
     "parquet": _row_ranges(_parquet_rows),
     "hf": _row_ranges(_dataset_rows),
+    "webdataset": lambda spec, block_size, limit: (  # (blocks are built from samples: see _blocks_once)
+        (s[0].start, s[-1].stop, first, None, (), len(s)) for first, s in _tar_ranges(spec, block_size, limit)),
 }

@@ -14,6 +14,10 @@ Formats (:func:`detect_format` reads the content, not the name; ``format=`` forc
 - ``hf``: a ``datasets.Dataset.save_to_disk`` folder (a ``DatasetDict`` folder takes ``split``,
   default ``train``), or a ``datasets`` cache ``.arrow`` file (what ``load_dataset`` over local
   files writes).
+- ``webdataset``: a WebDataset ``.tar`` shard (:mod:`~balancer_cli.scan.webdataset`), or a folder
+  of them: its ``*.tar`` files, sorted by name, each an input whose source is the folder's name
+  (other files in the folder are ignored). Compressed shards (``.tar.gz``, ``.tgz``, gzip bytes)
+  are refused: the lengths table addresses members by their offsets in the raw tar.
 
 Example:
     >>> import json, pathlib, tempfile
@@ -36,11 +40,12 @@ from typing import IO, Any
 
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.scan.hf_datasets import check_builder_input
+from balancer_cli.scan.webdataset import is_tar, shard_files
 
 __all__ = ["FORMATS", "MAX_DYNAMIC_PATCH", "RECORD_FORMATS", "InputSpec", "detect_format", "expand_inputs", "open_input"]
 
 #: Formats ``format=`` (``--format``) accepts, in the order error messages list them.
-FORMATS = ("jsonl", "json", "internvl-meta", "parquet", "hf")
+FORMATS = ("jsonl", "json", "internvl-meta", "parquet", "hf", "webdataset")
 #: Formats that hold records: a meta file lists other inputs, which are read in their own format.
 RECORD_FORMATS = tuple(name for name in FORMATS if name != "internvl-meta")
 #: Leading bytes -> format, checked before the name (a Parquet file is Parquet whatever its name).
@@ -117,8 +122,11 @@ def detect_format(path: str) -> str:
     if target.is_dir():
         if (target / "dataset_dict.json").is_file() or (target / "state.json").is_file():
             return "hf"
-        raise InputError(f"{path}: a folder that is not a `datasets` save_to_disk folder",
-                         fix="pass the data files themselves (JSONL, JSON, Parquet) or a save_to_disk folder")
+        if shard_files(path):  # refuses compressed shards
+            return "webdataset"
+        raise InputError(f"{path}: a folder that is not a `datasets` save_to_disk folder and holds no .tar shards",
+                         fix="pass the data files themselves (JSONL, JSON, Parquet), a save_to_disk folder, "
+                             "or a folder of WebDataset .tar shards")
     if not target.exists():
         raise InputError(f"{path}: no such file", fix="check the path")
     with open_input(path) as handle:
@@ -126,6 +134,8 @@ def detect_format(path: str) -> str:
     for magic, name in _MAGIC.items():
         if head.startswith(magic):
             return name
+    if is_tar(path, head):  # refuses compressed shards
+        return "webdataset"
     if target.suffix in _SUFFIXES:
         return _SUFFIXES[target.suffix]
     text = head.decode("utf-8", errors="replace").lstrip(_WHITESPACE + "\ufeff")
@@ -195,8 +205,9 @@ def _meta_inputs(path: str, image_root: str | None, split: str | None) -> list[I
         fmt = detect_format(annotation)
         if fmt == "internvl-meta":
             raise InputError(f"{path}: dataset {name!r} points at another meta file", fix="flatten the meta file")
-        specs.append(InputSpec(path=annotation, format=fmt, source=str(name), image_root=root,
-                               repeat=float(repeat), rule_overrides=overrides, split=split))
+        paths = shard_files(annotation) if fmt == "webdataset" and Path(annotation).is_dir() else [annotation]
+        specs += [InputSpec(path=one, format=fmt, source=str(name), image_root=root, repeat=float(repeat),
+                            rule_overrides=overrides, split=split) for one in paths]
     return specs
 
 
@@ -249,6 +260,14 @@ def expand_inputs(paths: Sequence[str], *, image_root: str | None = None, format
             raise InputError(f"{path}: no such file", fix="check the path")
         if fmt == "internvl-meta":
             specs += _meta_inputs(path, image_root, split)
+            continue
+        if fmt == "webdataset" and Path(path).is_dir():
+            shards = shard_files(path)
+            if not shards:
+                raise InputError(f"{path}: no .tar shards in the folder", fix="pass a folder of WebDataset .tar shards")
+            specs += [InputSpec(path=shard, format=fmt, source=Path(path).name or Path(path).resolve().name,
+                                image_root=image_root or path,
+                                split=split) for shard in shards]
             continue
         root = image_root or str(Path(path).parent if not Path(path).is_dir() else Path(path))
         specs.append(InputSpec(path=path, format=fmt, source=Path(path).name, image_root=root, split=split))

@@ -26,6 +26,7 @@ from typing import Any
 
 from balancer_cli.errors import SampleError
 from balancer_cli.scan.records import Media, RecordError
+from balancer_cli.scan.tar_window import MemberRef, TarWindow
 
 __all__ = ["fill_from_header", "image_size", "media_source", "read_header", "resolve_media_path"]
 
@@ -84,14 +85,21 @@ def resolve_media_path(ref: str, root: str, kind: str = "image", media_roots: tu
 _SIZE_FIELDS = {"image": "width/height", "video": "duration (and width/height)", "audio": "duration"}
 
 
-def media_source(media: Media, root: str, media_roots: tuple[str, ...] = ()) -> str | bytes:
-    """The path (resolved under ``root``) or the bytes of a media item (``data:`` URLs decoded).
+def media_source(media: Media, root: str, media_roots: tuple[str, ...] = ()) -> str | bytes | TarWindow:
+    """The path (resolved under ``root``) or the bytes of a media item (``data:`` URLs decoded), or
+    a window over its tar member (closed by :func:`read_header`).
 
     Example:
         >>> media_source(Media("image", "data:image/gif;base64,R0lGODlh"), ".")
         b'GIF89a'
     """
     kind, ref = media.kind, media.ref
+    if isinstance(ref, MemberRef):
+        try:
+            return TarWindow(ref)
+        except OSError as exc:
+            raise SampleError(f"{kind} member {ref.name} unreadable: cannot open {ref.shard} "
+                              f"({exc.strerror or exc})", kind="unreadable_file") from None
     if isinstance(ref, str) and ref.startswith("data:") and ";base64," in ref:
         try:
             return base64.b64decode(ref.split(";base64,", 1)[1], validate=True)
@@ -106,9 +114,9 @@ def media_source(media: Media, root: str, media_roots: tuple[str, ...] = ()) -> 
     return ref
 
 
-def read_header(media: Media, source: str | bytes, reader: Any) -> Any:
+def read_header(media: Media, source: str | bytes | TarWindow, reader: Any) -> Any:
     """``reader(source)``, its errors naming the file as the record does (the table must not
-    depend on where it was scanned)."""
+    depend on where it was scanned); a tar member's window is closed afterwards."""
     try:
         return reader(source)
     except SampleError as exc:
@@ -123,6 +131,9 @@ def read_header(media: Media, source: str | bytes, reader: Any) -> Any:
     except OSError as exc:  # a read failing after the open (the readers report failed opens)
         raise SampleError(f"{media.kind} unreadable: {media.ref} ({exc.strerror or exc})",
                           kind="unreadable_file") from None
+    finally:
+        if isinstance(source, TarWindow):
+            source.close()
 
 
 def image_size(media: Media, root: str, media_roots: tuple[str, ...] = ()) -> tuple[int, int]:

@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 from balancer_cli import __version__
 from balancer_cli._fsutil import bytes_fingerprint, file_fingerprint
 from balancer_cli.errors import InputError
-from balancer_cli.lengths import SCHEMA_VERSION, LengthsTable, lengths_fingerprint
+from balancer_cli.lengths import MEMBER_COLUMNS, SCHEMA_VERSION, LengthsTable, lengths_fingerprint
 from balancer_cli.scan.blocks import RecordBlock, iter_blocks
 from balancer_cli.scan.engines import get_engine
 from balancer_cli.scan.hf_datasets import builder_files
@@ -47,7 +47,8 @@ from balancer_cli.scan.measure import (
 )
 from balancer_cli.scan.text import load_tokenizer
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "ScanResult", "assemble", "default_jobs", "rule_summary", "scan", "scan_metadata"]
+__all__ = ["DEFAULT_BLOCK_SIZE", "ScanResult", "assemble", "default_jobs", "member_columns",
+           "rule_summary", "scan", "scan_metadata"]
 
 #: Records per block: the unit of work and of in-flight memory.
 DEFAULT_BLOCK_SIZE = 2048
@@ -74,11 +75,48 @@ def default_jobs() -> int:
         return os.cpu_count() or 1
 
 
+#: The optional columns of samples from tar shards (null for other samples), in column order.
+_MEMBER_SCHEMA = pa.schema(list(MEMBER_COLUMNS.items()))
+
+
+def member_columns(block: RecordBlock, table: pa.Table) -> pa.Table:
+    """``table`` (one measured block) with the :data:`~balancer_cli.lengths.MEMBER_COLUMNS` of its samples: the shard
+    and key of each, and its members' extensions, data offsets and sizes (tar blocks only).
+
+    Example:
+        >>> from balancer_cli.scan.webdataset import TarSample
+        >>> block = RecordBlock(path="s.tar", format="webdataset", source="s", first_sample=0, num_records=1,
+        ...                     samples=(TarSample("a", ("json", "jpg"), (512, 1536), (20, 900)),))
+        >>> member_columns(block, pa.table({"llm_tokens": [5]})).to_pylist()[0]["member_offsets"]
+        [512, 1536]
+    """
+    samples = block.samples
+    values = [[block.path] * len(samples), [s.key for s in samples], [list(s.names) for s in samples],
+              [list(s.offsets) for s in samples], [list(s.sizes) for s in samples]]
+    for field, column in zip(_MEMBER_SCHEMA, values):
+        table = table.append_column(field, pa.array(column, field.type))
+    return table
+
+
+def _with_member_columns(tables: Sequence[pa.Table]) -> list[pa.Table]:
+    """Every table with the member columns when some has them (nulls for other formats)."""
+    if not any("shard" in t.column_names for t in tables):
+        return list(tables)
+    out = []
+    for table in tables:
+        if "shard" not in table.column_names:
+            for field in _MEMBER_SCHEMA:
+                table = table.append_column(field, pa.nulls(table.num_rows, field.type))
+        out.append(table)
+    return out
+
+
 def assemble(tables: Sequence[pa.Table], metadata: dict[str, Any]) -> LengthsTable:
     """Concatenate measured blocks (in sample order) into the lengths table.
 
     ``vision`` columns are always kept; ``video_*``/``audio_*`` only when some sample has such
-    media. ``source`` is dictionary-encoded in order of first appearance.
+    media. ``source`` is dictionary-encoded in order of first appearance. Samples of tar shards
+    add the :data:`~balancer_cli.lengths.MEMBER_COLUMNS` (``shard`` dictionary-encoded; null for other samples).
 
     Example:
         >>> from balancer_cli.scan.measure import block_schema
@@ -89,7 +127,7 @@ def assemble(tables: Sequence[pa.Table], metadata: dict[str, Any]) -> LengthsTab
     """
     if not tables or sum(t.num_rows for t in tables) == 0:
         raise InputError("the inputs hold no samples", fix="pass files with at least one record")
-    table = pa.concat_tables(tables).combine_chunks()
+    table = pa.concat_tables(_with_member_columns(tables)).combine_chunks()
     n = table.num_rows
     columns: dict[str, Any] = {
         "sample": pa.array(np.arange(n, dtype=np.int64)),
@@ -102,6 +140,10 @@ def assemble(tables: Sequence[pa.Table], metadata: dict[str, Any]) -> LengthsTab
             for suffix in ("tokens", "items", "seqlens"):
                 columns[f"{module}_{suffix}"] = table.column(f"{module}_{suffix}")
     columns["error"] = table.column("error")
+    if "shard" in table.column_names:
+        columns["shard"] = table.column("shard").dictionary_encode()
+        for field in _MEMBER_SCHEMA.names[1:]:
+            columns[field] = table.column(field)
     out = pa.table(columns).combine_chunks()
     return LengthsTable(out, metadata, lengths_fingerprint(out))
 
@@ -214,7 +256,7 @@ def scan(inputs: Sequence[str], config: ScanConfig, jobs: int | None = None, eng
             raise RuntimeError(f"block {block.path}@{block.first_sample} out of order or short")  # engine bug
         first_sample += block.num_records
         samples_O[owners.popleft()] += block.num_records
-        tables.append(table)
+        tables.append(member_columns(block, table) if block.samples else table)
         if progress is not None:
             progress(block.num_records)
     metadata = scan_metadata(config, specs, samples_O)

@@ -26,6 +26,7 @@ from balancer_cli.scan.blocks import MalformedLine, RecordBlock
 from balancer_cli.scan.hf_datasets import open_dataset
 from balancer_cli.scan.inputs import open_input
 from balancer_cli.scan.records import FIELD_NAMES
+from balancer_cli.scan.webdataset import sample_record
 
 __all__ = ["READERS", "read_block"]
 
@@ -35,7 +36,7 @@ def read_block(block: RecordBlock, fields: dict[str, str] | None = None) -> Iter
 
     A JSONL line that is not valid JSON yields ``(line, MalformedLine(...))`` so the sample keeps
     its row. ``line`` is the 1-based line (JSONL, JSON list: the element's first line) or row
-    number. ``fields`` (canonical name -> record key) says which table columns to read.
+    number, or a tar sample's key (errors name ``SHARD:KEY``). ``fields`` (canonical name -> record key) says which table columns to read.
 
     Example:
         >>> import pathlib, tempfile
@@ -152,10 +153,18 @@ def _read_dataset(block: RecordBlock, fields: dict[str, str]) -> Iterator[tuple[
     yield from _rows(block, table)
 
 
+def _read_tar(block: RecordBlock, fields: dict[str, str]) -> Iterator[tuple[int | str, Any]]:
+    with open_input(block.path) as handle:  # a shard gone since the split is an InputError naming it
+        fd = handle.fileno()
+        for sample in block.samples:
+            yield sample.key, sample_record(block.path, sample, fd, fields)
+
+
 #: record format -> ``reader(block, fields)`` yielding the block's ``(line, record)`` pairs.
 READERS: dict[str, Callable[[RecordBlock, dict[str, str]], Iterator[tuple[int, Any]]]] = {
     "jsonl": _read_jsonl,
     "json": _read_json_list,
     "parquet": _read_parquet,
     "hf": _read_dataset,
+    "webdataset": _read_tar,
 }

@@ -35,7 +35,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FIELD_LIMITS", "FIELD_NAMES", "Media", "RecordError", "Sample", "parse_record"]
+from balancer_cli.scan.tar_window import MemberRef
+
+__all__ = ["FIELD_LIMITS", "FIELD_NAMES", "BadRecord", "Media", "RecordError", "Sample", "parse_record"]
 
 #: Canonical field names a field mapping may rename.
 FIELD_NAMES = ("conversations", "messages", "image", "images", "video", "videos", "audio", "audios",
@@ -55,12 +57,22 @@ class RecordError(Exception):
         self.kind = kind
 
 
+@dataclass(frozen=True)
+class BadRecord:
+    """A reader's stand-in for a record it could not build (a tar sample without ``json``/``txt``,
+    a truncated member): :func:`parse_record` raises its error, so the sample keeps its row."""
+
+    message: str
+    kind: str = "malformed_record"
+
+
 @dataclass
 class Media:
-    """One image, video or audio clip of a sample; ``ref`` is a path, raw bytes, or None."""
+    """One image, video or audio clip of a sample; ``ref`` is a path, raw bytes, a tar member
+    (:class:`~balancer_cli.scan.tar_window.MemberRef`), or None."""
 
     kind: str
-    ref: str | bytes | None = None
+    ref: str | bytes | MemberRef | None = None
     width: int | None = None
     height: int | None = None
     duration: float | None = None
@@ -114,7 +126,7 @@ def _number(value: Any, name: str, kind: type) -> Any:
 
 
 def _media_item(kind: str, value: Any) -> Media:
-    if isinstance(value, str):
+    if isinstance(value, (str, MemberRef)):
         return Media(kind, value)
     if isinstance(value, (bytes, bytearray, memoryview)):
         return Media(kind, bytes(value))
@@ -125,7 +137,7 @@ def _media_item(kind: str, value: Any) -> Media:
                 candidate = value.get(key)
                 if isinstance(candidate, Mapping):  # OpenAI {"image_url": {"url": ...}}
                     candidate = candidate.get("url")
-                if isinstance(candidate, str):
+                if isinstance(candidate, (str, MemberRef)):
                     ref = candidate
                     break
         width = value.get("width", value.get("img_width"))
@@ -136,7 +148,7 @@ def _media_item(kind: str, value: Any) -> Media:
         if duration is None and rate and isinstance(array, (list, tuple)):  # decoded HF Audio
             frames = len(array[0] if array and isinstance(array[0], (list, tuple)) else array)
             duration = _number(frames / rate, "duration", float)
-        return Media(kind, ref if ref is None or isinstance(ref, str) else bytes(ref),
+        return Media(kind, ref if ref is None or isinstance(ref, (str, MemberRef)) else bytes(ref),
                      _number(width, "width", int), _number(height, "height", int), duration,
                      _number(value.get("num_frames", value.get("nframes")), "num_frames", int),
                      _number(value.get("fps"), "fps", float), rate)
@@ -321,6 +333,8 @@ def parse_record(record: Any, fields: Mapping[str, str] | None = None) -> Sample
         >>> parse_record({"text": "hi", "audio": {"path": "a.wav", "duration": 2.5}}).media
         [Media(kind='audio', ref='a.wav', width=None, height=None, duration=2.5, num_frames=None, fps=None, sample_rate=None)]
     """
+    if isinstance(record, BadRecord):
+        raise RecordError(record.message, record.kind)
     if not isinstance(record, Mapping):
         raise RecordError(f"record is a JSON {type(record).__name__}, expected an object")
     if fields:
