@@ -34,23 +34,31 @@ from collections.abc import Sequence
 import numpy as np
 
 from balancer_cli.errors import ManifestError
-from balancer_cli.manifest import ManifestFile, read_dropped
+from balancer_cli.manifest import ManifestFile, ManifestRows, read_dropped
 
 __all__ = ["check_manifest", "check_rows"]
 
 _FIX = "re-run `balancer pack`; the manifest was edited or written by another tool"
 
 
-def check_manifest(manifest: ManifestFile) -> None:
+def check_manifest(manifest: ManifestFile, rows: ManifestRows | None = None) -> None:
     """Read ``manifest``'s key columns and dropped list and run :func:`check_rows` on them.
+
+    Args:
+        manifest: the opened manifest.
+        rows: its rows when the caller read them already (:meth:`ManifestFile.read_all`): they
+            are checked instead of a second read (a report at 10M rows holds one copy, not two).
 
     Raises:
         ManifestError: naming the first thing that differs.
     """
     meta = manifest.meta
-    table = manifest._file.read(columns=["step", "rank", "micro", "sample"], use_threads=False)  # noqa: SLF001
-    step, rank, micro, sample = (table.column(i).to_numpy() for i in range(4))
-    del table
+    if rows is None:
+        table = manifest._file.read(columns=["step", "rank", "micro", "sample"], use_threads=False)  # noqa: SLF001
+        step, rank, micro, sample = (table.column(i).to_numpy() for i in range(4))
+        del table
+    else:
+        step, rank, micro, sample = rows.step, rows.rank, rows.micro, rows.sample
     dropped_sample, dropped_reason = read_dropped(manifest.path)
     try:
         world_size, micro_batches = int(meta["world_size"]), int(meta["micro_batches"])
@@ -67,7 +75,8 @@ def check_manifest(manifest: ManifestFile) -> None:
     del step, rank, micro, sample
     for name in manifest._file.schema_arrow.names:  # noqa: SLF001 (post-balancing's <m>_rank columns)
         if name.endswith("_rank") and name != "rank":
-            values = manifest._file.read(columns=[name], use_threads=False).column(0).to_numpy()  # noqa: SLF001
+            values = rows.extra[name] if rows is not None else \
+                manifest._file.read(columns=[name], use_threads=False).column(0).to_numpy()  # noqa: SLF001
             if len(values) and (int(values.min()) < 0 or int(values.max()) >= world_size):
                 raise ManifestError(f"{manifest.path}: column {name} names a rank outside 0..{world_size - 1}",
                                     fix=_FIX)

@@ -94,7 +94,8 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInput
         ManifestError: the manifest disagrees with its metadata or loses/duplicates a sample
             (:func:`~balancer_cli.replay.integrity.check_manifest`).
     """
-    check_manifest(manifest)  # metadata, step shape and conservation, before any metric
+    rows = manifest.read_all()
+    check_manifest(manifest, rows)  # metadata, step shape and conservation, before any metric
     meta = manifest.meta
     cost = dict(cost or {})
     config = PackConfig.from_meta(meta, **cost)
@@ -105,7 +106,6 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInput
     manifest.check_lengths(fingerprint)
     caps_K = np.array([meta["params"]["caps"][m] for m in inputs.modules], dtype=np.int64)
     bounds_K = np.array([meta["params"]["bounds"][m] for m in inputs.modules], dtype=np.int64)
-    rows = manifest.read_all()
     dropped_sample, dropped_reason = read_dropped(manifest.path)
     shape = dict(caps_K=caps_K, world_size=config.world_size, micro_batches=config.micro_batches)
     ours = evaluate_rows(inputs, rows, dropped_sample, tuple(dropped_reason),
