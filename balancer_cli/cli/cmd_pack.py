@@ -47,7 +47,7 @@ __all__ = ["command"]
 @click.option("--post-balance", is_flag=True, help="Add per-phase <m>_rank columns (post-balancing dispatcher).")
 @click.option("--window-samples", type=click.IntRange(min=1), default=None, metavar="W",
               help="Pack in windows of about W samples (stratified by source), each a run of whole steps; "
-                   "default: from --memory-gb.")
+                   "default: from --memory-gb, at most 1.5M (larger windows run slower).")
 @click.option("--memory-gb", type=FiniteFloatRange(min=0, min_open=True), default=None, metavar="G",
               help="Memory budget of one window, in GiB (default 8): runs larger than it are packed in windows.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,

@@ -13,6 +13,7 @@ from balancer_cli.pack.config import PackConfig, stream_seed
 from balancer_cli.pack.inputs import prepare_inputs
 from balancer_cli.pack.pipeline import pack_manifest, place_packer, resolve_thresholds
 from balancer_cli.pack.windows import (
+    MAX_WINDOW_SAMPLES,
     num_windows,
     resolve_window_samples,
     window_members,
@@ -44,6 +45,9 @@ def test_window_counts_and_budget():
     assert num_windows(10, 30) == 1
     assert resolve_window_samples(10**6, None, None) is None  # fits the default budget: one window
     assert resolve_window_samples(10**7, None, 1.0) == window_samples_for(1.0, 10**7) < 10**6
+    # a budget that would allow bigger windows still gets windows of at most MAX_WINDOW_SAMPLES
+    assert resolve_window_samples(10**7, None, None) == MAX_WINDOW_SAMPLES < window_samples_for(8.0, 10**7)
+    assert resolve_window_samples(10**7, 4_000_000, None) == 4_000_000  # unless W is given
     # the held samples count: a budget that cannot hold them is refused with the size it needs
     assert window_samples_for(8.0, 10**8) < window_samples_for(8.0, 10**7) < window_samples_for(8.0)
     with pytest.raises(UsageError, match="cannot hold 100,000,000 samples"):
