@@ -85,14 +85,16 @@ def scan_to_file(inputs: Sequence[str | os.PathLike], output: str | os.PathLike,
     import time
 
     from balancer_cli.lengths import write_lengths
+    from balancer_cli.scan.patterns import expand_pattern
     from balancer_cli.scan.pipeline import scan
 
-    check_output(output, inputs)
+    inputs_as_files = [p for given in inputs for p in expand_pattern(str(given))]  # a quoted shard pattern too
+    check_output(output, inputs_as_files)
     engine_options = None
     if engine == "ray":
         from balancer_cli.scan.engines.ray import RayOptions, parts_dir_for
 
-        check_output(parts_dir_for(output), inputs, folder=True)
+        check_output(parts_dir_for(output), inputs_as_files, folder=True)
         engine_options = RayOptions(parts_dir=str(parts_dir_for(output)), address=ray_address, num_cpus=jobs or None,
                                     keep_parts=keep_parts, notify=notify)
     elif keep_parts or ray_address:

@@ -16,7 +16,9 @@ Formats (:func:`detect_format` reads the content, not the name; ``format=`` forc
   files writes).
 - ``webdataset``: a WebDataset ``.tar`` shard (:mod:`~balancer_cli.scan.webdataset`), or a folder
   of them: its ``*.tar`` files, sorted by name, each an input whose source is the folder's name
-  (other files in the folder are ignored). Compressed shards (``.tar.gz``, ``.tgz``, gzip bytes)
+  (other files in the folder are ignored), or a pattern of them: WebDataset's brace notation
+  ``shard-{000000..000099}.tar`` or a glob, when the shell did not expand it
+  (:mod:`~balancer_cli.scan.patterns`). Compressed shards (``.tar.gz``, ``.tgz``, gzip bytes)
   are refused: the lengths table addresses members by their offsets in the raw tar.
 
 Example:
@@ -40,6 +42,7 @@ from typing import IO, Any
 
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.scan.hf_datasets import check_builder_input
+from balancer_cli.scan.patterns import expand_pattern, is_pattern
 from balancer_cli.scan.webdataset import is_tar, shard_files
 
 __all__ = ["FORMATS", "MAX_DYNAMIC_PATCH", "RECORD_FORMATS", "InputSpec", "detect_format", "expand_inputs", "open_input"]
@@ -251,24 +254,40 @@ def expand_inputs(paths: Sequence[str], *, image_root: str | None = None, format
                              fix="--hf-builder already says how to read the inputs; drop --format")
         return [_builder_spec(str(path), builder, image_root, split) for path in paths]
     specs: list[InputSpec] = []
-    for path in paths:
-        if format is None:
-            fmt = detect_format(path)  # raises for a missing path
-        elif os.path.exists(path):
-            fmt = format
-        else:
-            raise InputError(f"{path}: no such file", fix="check the path")
-        if fmt == "internvl-meta":
-            specs += _meta_inputs(path, image_root, split)
-            continue
-        if fmt == "webdataset" and Path(path).is_dir():
-            shards = shard_files(path)
-            if not shards:
-                raise InputError(f"{path}: no .tar shards in the folder", fix="pass a folder of WebDataset .tar shards")
-            specs += [InputSpec(path=shard, format=fmt, source=Path(path).name or Path(path).resolve().name,
-                                image_root=image_root or path,
-                                split=split) for shard in shards]
-            continue
-        root = image_root or str(Path(path).parent if not Path(path).is_dir() else Path(path))
-        specs.append(InputSpec(path=path, format=fmt, source=Path(path).name, image_root=root, split=split))
+    for given in paths:
+        expanded = expand_pattern(str(given))
+        pattern_source = _pattern_source(str(given)) if len(expanded) != 1 or expanded[0] != str(given) else None
+        for path in expanded:
+            specs += _specs(path, format, image_root, split, pattern_source)
     return specs
+
+
+def _pattern_source(pattern: str) -> str:
+    """The source of the shards a pattern names: its folder's name (as for a folder of shards)."""
+    head = os.path.dirname(pattern)
+    while head and is_pattern(os.path.basename(head)):
+        head = os.path.dirname(head)
+    return Path(head).name or Path(head or ".").resolve().name
+
+
+def _specs(path: str, format: str | None, image_root: str | None, split: str | None,
+           pattern_source: str | None) -> list[InputSpec]:
+    """The input specs of one path (a meta file or a shard folder expands to several)."""
+    if format is None:
+        fmt = detect_format(path)  # raises for a missing path
+    elif os.path.exists(path):
+        fmt = format
+    else:
+        raise InputError(f"{path}: no such file", fix="check the path")
+    if fmt == "internvl-meta":
+        return _meta_inputs(path, image_root, split)
+    if fmt == "webdataset" and Path(path).is_dir():
+        shards = shard_files(path)
+        if not shards:
+            raise InputError(f"{path}: no .tar shards in the folder", fix="pass a folder of WebDataset .tar shards")
+        return [InputSpec(path=shard, format=fmt, source=Path(path).name or Path(path).resolve().name,
+                          image_root=image_root or path, split=split) for shard in shards]
+    root = image_root or str(Path(path).parent if not Path(path).is_dir() else Path(path))
+    # shards a pattern names share their folder's source, as those of a folder do
+    source = pattern_source if fmt == "webdataset" and pattern_source else Path(path).name
+    return [InputSpec(path=path, format=fmt, source=source, image_root=root, split=split)]
