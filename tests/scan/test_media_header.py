@@ -28,6 +28,8 @@ from balancer_cli.scan.mov_header import read_moov, video_track
 av = pytest.importorskip("av")
 sf = pytest.importorskip("soundfile")
 
+from media_util import encode_video  # noqa: E402
+
 # (file name, codec, frame rate, frames): containers with a frame count (mp4/mov/avi) and without (mkv/webm).
 VIDEOS = [
     ("h264.mp4", "libx264", Fraction(2), 5),
@@ -42,20 +44,7 @@ SR = 16000
 N_SAMPLES = 24037  # 1.5023125 s at 16 kHz: not a whole number of codec frames
 
 
-def _encode_video(target, codec: str, rate: Fraction, frames: int, width: int = 32, height: int = 24,
-                  fmt: str | None = None, rotation: int | None = None, faststart: bool = False) -> None:
-    out = av.open(target, "w", format=fmt, options={"movflags": "faststart"} if faststart else {})
-    stream = out.add_stream(codec, rate=rate)
-    stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-    if rotation is not None:
-        stream.set_display_rotation(rotation)
-    for i in range(frames):
-        pixels = np.random.default_rng(i).integers(0, 255, (height, width, 3), dtype=np.uint8)
-        for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
-            out.mux(packet)
-    for packet in stream.encode():
-        out.mux(packet)
-    out.close()
+_encode_video = encode_video
 
 
 def _video(path: Path, codec: str, rate: Fraction, frames: int, **kwargs) -> Path:

@@ -26,6 +26,7 @@ from balancer_cli.scan.mov_header import audio_track, video_track
 
 av = pytest.importorskip("av")
 sf = pytest.importorskip("soundfile")
+from media_util import encode_video, finish  # noqa: E402
 
 
 class Window(io.RawIOBase):
@@ -94,19 +95,7 @@ def _read_of(path: Path):
 
 
 def _video(path: Path, codec: str, rate: Fraction, frames: int, width: int = 32, height: int = 24) -> Path:
-    if codec not in av.codecs_available:
-        pytest.skip(f"PyAV has no {codec} encoder here")
-    out = av.open(str(path), "w")
-    stream = out.add_stream(codec, rate=rate)
-    stream.width, stream.height = width, height
-    stream.pix_fmt = "yuvj420p" if codec == "mjpeg" else "yuv420p"
-    for i in range(frames):
-        pixels = np.random.default_rng(i).integers(0, 255, (height, width, 3), dtype=np.uint8)
-        for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
-            out.mux(packet)
-    for packet in stream.encode():
-        out.mux(packet)
-    out.close()
+    encode_video(path, codec, rate, frames, width, height)
     return path
 
 
@@ -202,9 +191,7 @@ def _aac(path: Path, samples: int, rate: int, channels: int, pts: bool = False) 
             frame.pts = start
         for packet in stream.encode(frame):
             out.mux(packet)
-    for packet in stream.encode():
-        out.mux(packet)
-    out.close()
+    finish(out, stream)
     return path
 
 
@@ -293,9 +280,7 @@ def _lame(path: Path, samples: int, rate: int, channels: int, vbr: bool) -> Path
         frame.sample_rate = rate
         for packet in stream.encode(frame):
             out.mux(packet)
-    for packet in stream.encode():
-        out.mux(packet)
-    out.close()
+    finish(out, stream)
     return path
 
 
@@ -347,9 +332,7 @@ def _mka(path: Path, codec: str, samples: int, rate: int, channels: int) -> Path
         frame.sample_rate, frame.pts = rate, start
         for packet in stream.encode(frame):
             out.mux(packet)
-    for packet in stream.encode():
-        out.mux(packet)
-    out.close()
+    finish(out, stream)
     return path
 
 

@@ -8,7 +8,6 @@ import wave
 from fractions import Fraction
 from pathlib import Path
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -16,19 +15,11 @@ from balancer_cli.cli import main
 from balancer_cli.lengths import read_lengths
 
 av = pytest.importorskip("av")
+from media_util import encode_video  # noqa: E402
 
 
 def _video(path: Path, codec: str, rate: Fraction, frames: int) -> None:
-    out = av.open(str(path), "w")
-    stream = out.add_stream(codec, rate=rate)
-    stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
-    for i in range(frames):
-        image = np.full((48, 64, 3), (i * 7) % 255, np.uint8)
-        for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
-            out.mux(packet)
-    for packet in stream.encode():
-        out.mux(packet)
-    out.close()
+    encode_video(path, codec, rate, frames, width=64, height=48)
 
 
 def _wav(path: Path, seconds: float, rate: int = 16000) -> None:
