@@ -109,9 +109,10 @@ def command(inputs: tuple[str, ...], output: str, model: str, tokenizer: str, te
 
     \b
     INPUT: LLaVA JSON/JSONL, `messages` JSON/JSONL, InternVL meta JSON, Parquet, a
-    datasets save_to_disk folder, WebDataset .tar shards (a shard or a folder of them), or
-    with --hf-builder local files for datasets.load_dataset (e.g. --hf-builder imagefolder
-    DIR); several inputs concatenate in order.
+    datasets save_to_disk folder, WebDataset .tar shards (a shard, a folder of them,
+    or a quoted pattern: 'shards/train-{000000..000099}.tar'), or with --hf-builder
+    local files for datasets.load_dataset (e.g. --hf-builder imagefolder DIR);
+    several inputs concatenate in order.
     Bad samples keep their row with an `error` (summary by kind); --strict stops at the first.
 
     \b
