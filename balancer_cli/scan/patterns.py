@@ -4,7 +4,7 @@ for inputs the shell did not expand (quoted, or from a config file).
 A path that exists is taken as written, whatever characters it holds. Otherwise braces expand as
 ``braceexpand`` (what WebDataset uses) does for the forms datasets use: numeric ranges
 ``{a..b}`` (zero-padded to the wider bound when a bound has a leading zero; descending when
-``a > b``), comma lists ``{x,y}``, several groups in one path (their product, left to right);
+``a > b``), letter ranges ``{a..c}``, comma lists ``{x,y}``, several groups in one path (their product, left to right);
 then each result is a glob when it holds ``*``, ``?`` or ``[`` (matches sorted by name). A
 pattern that matches nothing is an error naming it.
 
@@ -29,6 +29,7 @@ __all__ = ["MAX_EXPANSION", "brace_expand", "expand_pattern", "is_pattern"]
 MAX_EXPANSION = 1_000_000
 _GROUP = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)")
+_LETTERS = re.compile(r"([a-zA-Z])\.\.([a-zA-Z])")
 _GLOB = re.compile(r"[*?\[]")
 
 
@@ -49,6 +50,10 @@ def _alternatives(body: str) -> list[str] | None:
                              fix=f"split the inputs: at most {MAX_EXPANSION:,} paths per pattern")
         step = 1 if b >= a else -1
         return [str(v).zfill(width) if v >= 0 else "-" + str(-v).zfill(width - 1) for v in range(a, b + step, step)]
+    match = _LETTERS.fullmatch(body)
+    if match:
+        a, b = (ord(c) for c in match.groups())
+        return [chr(c) for c in (range(a, b + 1) if b >= a else range(a, b - 1, -1))]
     if "," in body:
         return body.split(",")
     return None  # "{}" or "{x}": literal braces, as braceexpand keeps them

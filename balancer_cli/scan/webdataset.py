@@ -16,7 +16,7 @@ members. Members group into samples exactly as WebDataset's ``group_by_keys`` do
 
 The record is the ``json`` member, else the ``txt`` member as ``{"text": ...}``; image, video
 and audio members (by their last extension, see :data:`MEDIA_EXTENSIONS`) become the record's
-``images``/``videos``/``audios`` in extension order, read in place through
+``images``/``videos``/``audios`` in natural extension order (``2.jpg`` before ``10.jpg``), read in place through
 :class:`~balancer_cli.scan.tar_window.TarWindow` s. Size fields of the record win, as for
 JSONL records. Compressed shards are refused: offsets must address the raw tar.
 
@@ -38,7 +38,6 @@ import re
 import tarfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from balancer_cli.errors import InputError
@@ -46,8 +45,8 @@ from balancer_cli.scan.records import BadRecord
 from balancer_cli.scan.tar_window import MemberRef
 
 __all__ = ["COMPRESSED_MAGIC", "MEDIA_EXTENSIONS", "TarSample", "base_plus_ext", "check_uncompressed",
-           "group_members", "is_tar", "iter_tar_members", "iter_tar_samples", "media_kind", "sample_record",
-           "shard_files"]
+           "group_members", "is_tar", "iter_tar_members", "iter_tar_samples", "media_kind", "natural_key",
+           "sample_record", "shard_files"]
 
 #: Media kind of each member extension (its last dot-separated part, lower-cased).
 MEDIA_EXTENSIONS = {**dict.fromkeys(("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"), "image"),
@@ -59,6 +58,7 @@ _COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz
 _KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # WebDataset's base_plus_ext
 _META = re.compile(r"__[^/]*__($|/)")
 _BLOCK = tarfile.BLOCKSIZE
+_DIGITS = re.compile(r"(\d+)")
 
 
 def base_plus_ext(name: str) -> tuple[str | None, str | None]:
@@ -70,6 +70,16 @@ def base_plus_ext(name: str) -> tuple[str | None, str | None]:
     """
     match = _KEY.match(name)
     return (match.group(1), match.group(2)) if match else (None, None)
+
+
+def natural_key(ext: str) -> tuple:
+    """Sort key of member extensions with their numbers compared as numbers.
+
+    Example:
+        >>> sorted(["10.jpg", "2.jpg", "1.png", "jpg"], key=natural_key)
+        ['1.png', '2.jpg', '10.jpg', 'jpg']
+    """
+    return tuple((0, int(part), part) if part.isdigit() else (1, 0, part) for part in _DIGITS.split(ext) if part)
 
 
 def media_kind(ext: str) -> str | None:
@@ -317,7 +327,7 @@ def sample_record(shard: str, sample: TarSample, fd: int, fields: Mapping[str, s
     except OSError as exc:
         return BadRecord(f"unreadable member of {shard} ({exc})", "unreadable_file")
     for kind in ("image", "video", "audio"):
-        refs = [members[ext] for ext in sorted(members) if media_kind(ext) == kind]
+        refs = [members[ext] for ext in sorted(members, key=natural_key) if media_kind(ext) == kind]
         if refs:
             _attach(record, kind, refs, fields)
     return record

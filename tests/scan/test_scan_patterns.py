@@ -91,3 +91,34 @@ def test_patterns_naming_nothing_are_one_line_errors(tmp_path):
     odd = tmp_path / "odd-{1..2}.tar"
     _shard(odd, range(2))
     assert expand_pattern(str(odd)) == [str(odd)]
+
+
+def test_letter_ranges():
+    assert brace_expand("part-{a..c}.tar") == ["part-a.tar", "part-b.tar", "part-c.tar"]
+    assert brace_expand("{C..A}") == ["C", "B", "A"]
+
+
+def test_media_members_bind_in_natural_order(tmp_path):
+    """Twelve images ``0.png`` .. ``11.png``: the placeholders take them 0, 1, 2, ..., 10, 11 (not 0, 1, 10, 11, 2)."""
+    from PIL import Image
+
+    from balancer_cli.lengths import read_lengths
+
+    shard = tmp_path / "s.tar"
+    sizes = [(56 + 28 * i, 56) for i in range(12)]  # every image a different token count
+    with tarfile.open(shard, "w") as tar:
+        record = json.dumps({"conversations": [{"from": "human", "value": "<image>" * 12 + "\nCompare."},
+                                               {"from": "gpt", "value": "ok"}]}).encode()
+        members = [("k.json", record)]
+        for i, size in enumerate(sizes):
+            buf = io.BytesIO()
+            Image.new("RGB", size).save(buf, "PNG")
+            members.append((f"k.{i}.png", buf.getvalue()))
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    out = tmp_path / "l.parquet"
+    assert _scan(str(shard), "-o", str(out)).exit_code == 0
+    seqlens = read_lengths(out).table.column("vision_seqlens").to_pylist()[0]
+    assert seqlens == sorted(seqlens) and len(set(seqlens)) == 12  # widths grow with the index
