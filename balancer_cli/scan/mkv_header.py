@@ -292,45 +292,45 @@ def mkv_audio(read: Callable[[int, int], bytes], size: int, head: bytes) -> tupl
     return round(seconds * rate), rate, channels, seconds
 
 
-def _first_audio(tracks: tuple[bytes, int, int]) -> tuple[int, int] | None:
-    """``(SamplingFrequency, Channels)`` of the first audio TrackEntry, when FFmpeg reports them as stored."""
+def _first_entry(tracks: tuple[bytes, int, int], track_type: int) -> dict[int, tuple[int, int]] | None:
+    """The elements of the first TrackEntry whose TrackType is ``track_type`` (1 video, 2 audio)."""
     buf = tracks[0]
     for ident, s, e in _children(*tracks):
         if ident != _ENTRY:
             continue
         entry = {i: (a, b) for i, a, b in _children(buf, s, e)}
-        if _TYPE not in entry or _uint(buf, *entry[_TYPE]) != 2:
-            continue
-        codec = buf[entry[_CODEC][0]:entry[_CODEC][1]] if _CODEC in entry else b""
-        if _AUDIO not in entry or _TRACK_SCALE in entry or not codec.startswith(_PLAIN_AUDIO):
-            return None
-        audio = {i: (a, b) for i, a, b in _children(buf, *entry[_AUDIO])}
-        if _RATE not in audio or _OUT_RATE in audio:
-            return None
-        rate = _float(buf, *audio[_RATE])
-        channels = _uint(buf, *audio[_CHANNELS]) if _CHANNELS in audio else 1
-        if not (rate == int(rate) > 0 and 0 < channels <= 64) or (codec == b"A_OPUS" and rate != 48000):
-            return None
-        return int(rate), channels
+        if _TYPE in entry and _uint(buf, *entry[_TYPE]) == track_type:
+            return entry
     return None
+
+
+def _first_audio(tracks: tuple[bytes, int, int]) -> tuple[int, int] | None:
+    """``(SamplingFrequency, Channels)`` of the first audio TrackEntry, when FFmpeg reports them as stored."""
+    buf, entry = tracks[0], _first_entry(tracks, 2)
+    if entry is None:
+        return None
+    codec = buf[entry[_CODEC][0]:entry[_CODEC][1]] if _CODEC in entry else b""
+    if _AUDIO not in entry or _TRACK_SCALE in entry or not codec.startswith(_PLAIN_AUDIO):
+        return None
+    audio = {i: (a, b) for i, a, b in _children(buf, *entry[_AUDIO])}
+    if _RATE not in audio or _OUT_RATE in audio:
+        return None
+    rate = _float(buf, *audio[_RATE])
+    channels = _uint(buf, *audio[_CHANNELS]) if _CHANNELS in audio else 1
+    if not (rate == int(rate) > 0 and 0 < channels <= 64) or (codec == b"A_OPUS" and rate != 48000):
+        return None
+    return int(rate), channels
 
 
 def _first_video(tracks: tuple[bytes, int, int]) -> tuple[int, int, int] | None:
     """``(DefaultDuration, PixelWidth, PixelHeight)`` of the first video TrackEntry (None: none or unusual)."""
-    buf = tracks[0]
-    for ident, s, e in _children(*tracks):
-        if ident != _ENTRY:
-            continue
-        entry = {i: (a, b) for i, a, b in _children(buf, s, e)}
-        if _TYPE not in entry or _uint(buf, *entry[_TYPE]) != 1:
-            continue
-        if _DEFAULT_DURATION not in entry or _VIDEO not in entry or _TRACK_SCALE in entry:
-            return None
-        video = {i: (a, b) for i, a, b in _children(buf, *entry[_VIDEO])}
-        if _WIDTH not in video or _HEIGHT not in video or any(c in video for c in _CROPS):
-            return None
-        default_duration = _uint(buf, *entry[_DEFAULT_DURATION])
-        if not 0 < default_duration < 1 << 62:
-            return None
-        return default_duration, _uint(buf, *video[_WIDTH]), _uint(buf, *video[_HEIGHT])
-    return None
+    buf, entry = tracks[0], _first_entry(tracks, 1)
+    if entry is None or _DEFAULT_DURATION not in entry or _VIDEO not in entry or _TRACK_SCALE in entry:
+        return None
+    video = {i: (a, b) for i, a, b in _children(buf, *entry[_VIDEO])}
+    if _WIDTH not in video or _HEIGHT not in video or any(c in video for c in _CROPS):
+        return None
+    default_duration = _uint(buf, *entry[_DEFAULT_DURATION])
+    if not 0 < default_duration < 1 << 62:
+        return None
+    return default_duration, _uint(buf, *video[_WIDTH]), _uint(buf, *video[_HEIGHT])
