@@ -341,16 +341,19 @@ class ManifestFile:
         return ManifestRows.from_table(table.slice(int(a), int(b - a)))
 
     def read_all(self) -> ManifestRows:
-        """All rows (every epoch), a row group at a time into arrays of their final size and type
-        (no Arrow table of the whole file: at 10M rows the peak is the rows plus one row group)."""
+        """All rows (every epoch), a row group at a time into arrays of their final size and type."""
         f, narrow = self._file, self.meta.get("num_samples", 2**31) < 2**31  # narrow: ids fit int32
         columns = {name: np.empty(f.metadata.num_rows, dtype=np.int32 if name == "sample" and narrow else
                                   f.schema_arrow.field(name).type.to_pandas_dtype()) for name in f.schema_arrow.names}
         at = 0
         for i in range(f.num_row_groups):
             table = f.read_row_group(i, use_threads=False)
-            for name, column in columns.items():
-                column[at:at + table.num_rows] = table.column(name).to_numpy()
+            for name, target in columns.items():
+                values = table.column(name).to_numpy()
+                if values.dtype != target.dtype and not (  # ids that are not int32 (not our file): kept exact
+                        values.dtype.kind in "iu" and (values.astype(target.dtype) == values).all()):
+                    columns[name] = target = target.astype(values.dtype)  # for the checks to see them
+                target[at:at + table.num_rows] = values
             at += table.num_rows
             del table
         release_freed_memory()  # the row groups' buffers

@@ -41,25 +41,17 @@ __all__ = ["check_manifest", "check_rows"]
 _FIX = "re-run `balancer pack`; the manifest was edited or written by another tool"
 
 
-def check_manifest(manifest: ManifestFile, rows: ManifestRows | None = None) -> None:
-    """Read ``manifest``'s key columns and dropped list and run :func:`check_rows` on them.
+def check_manifest(manifest: ManifestFile) -> ManifestRows:
+    """Read ``manifest``'s rows and dropped list and run :func:`check_rows` on them.
 
-    Args:
-        manifest: the opened manifest.
-        rows: its rows when the caller read them already (:meth:`ManifestFile.read_all`): they
-            are checked instead of a second read (a report at 10M rows holds one copy, not two).
+    Returns:
+        The rows checked (:meth:`ManifestFile.read_all`), for a caller that needs them: a report
+        at 10M rows then holds one copy, not two.
 
     Raises:
         ManifestError: naming the first thing that differs.
     """
     meta = manifest.meta
-    if rows is None:
-        table = manifest._file.read(columns=["step", "rank", "micro", "sample"], use_threads=False)  # noqa: SLF001
-        step, rank, micro, sample = (table.column(i).to_numpy() for i in range(4))
-        del table
-    else:
-        step, rank, micro, sample = rows.step, rows.rank, rows.micro, rows.sample
-    dropped_sample, dropped_reason = read_dropped(manifest.path)
     try:
         world_size, micro_batches = int(meta["world_size"]), int(meta["micro_batches"])
         num_samples, num_steps = int(meta["num_samples"]), int(meta["num_steps"])
@@ -69,17 +61,15 @@ def check_manifest(manifest: ManifestFile, rows: ManifestRows | None = None) -> 
     if sum(epochs) != num_steps:
         raise ManifestError(f"{manifest.path}: num_steps {num_steps} is not the sum of epoch_num_steps {epochs}",
                             fix=_FIX)
-    check_rows(str(manifest.path), step, rank, micro, sample, world_size=world_size, micro_batches=micro_batches,
-               num_samples=num_samples, epoch_num_steps=epochs, dropped_sample=dropped_sample,
-               dropped_reason=dropped_reason)
-    del step, rank, micro, sample
-    for name in manifest._file.schema_arrow.names:  # noqa: SLF001 (post-balancing's <m>_rank columns)
-        if name.endswith("_rank") and name != "rank":
-            values = rows.extra[name] if rows is not None else \
-                manifest._file.read(columns=[name], use_threads=False).column(0).to_numpy()  # noqa: SLF001
-            if len(values) and (int(values.min()) < 0 or int(values.max()) >= world_size):
-                raise ManifestError(f"{manifest.path}: column {name} names a rank outside 0..{world_size - 1}",
-                                    fix=_FIX)
+    rows = manifest.read_all()  # (after the metadata checks: it reads num_samples)
+    dropped_sample, dropped_reason = read_dropped(manifest.path)
+    check_rows(str(manifest.path), rows.step, rows.rank, rows.micro, rows.sample, world_size=world_size,
+               micro_batches=micro_batches, num_samples=num_samples, epoch_num_steps=epochs,
+               dropped_sample=dropped_sample, dropped_reason=dropped_reason)
+    for name, values in rows.extra.items():  # post-balancing's <m>_rank columns
+        if name.endswith("_rank") and len(values) and (int(values.min()) < 0 or int(values.max()) >= world_size):
+            raise ManifestError(f"{manifest.path}: column {name} names a rank outside 0..{world_size - 1}", fix=_FIX)
+    return rows
 
 
 def check_rows(where: str, step: np.ndarray, rank: np.ndarray, micro: np.ndarray, sample: np.ndarray, *,

@@ -94,8 +94,7 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInput
         ManifestError: the manifest disagrees with its metadata or loses/duplicates a sample
             (:func:`~balancer_cli.replay.integrity.check_manifest`).
     """
-    rows = manifest.read_all()
-    check_manifest(manifest, rows)  # metadata, step shape and conservation, before any metric
+    rows = check_manifest(manifest)  # metadata, step shape and conservation, before any metric
     meta = manifest.meta
     cost = dict(cost or {})
     config = PackConfig.from_meta(meta, **cost)

@@ -141,6 +141,17 @@ def test_integrity_names_what_differs(packed, tmp_path):
                     "step 0 has 4 groups, expected 3 ranks x 2 micro-batches")
 
 
+def _past_int32(rows):
+    sample = rows.sample.astype(np.int64)
+    sample[2] += 2**32  # the same id modulo 2^32: a narrowing read would see the original sample
+    return ManifestRows(rows.step, rows.rank, rows.micro, sample, rows.extra)
+
+
+def test_sample_ids_past_int32_are_read_exactly_and_refused(packed, tmp_path):
+    rows = open_manifest(packed).read_all()
+    _refused_by_all(_rewrite(packed, tmp_path / "wrapped", rows=_past_int32), f"{int(rows.sample[2]) + 2**32}")
+
+
 def test_edited_epochs_are_refused(packed, tmp_path):
     folder = _rewrite(packed, tmp_path / "epochs")
     meta = dict(open_manifest(folder).meta)
