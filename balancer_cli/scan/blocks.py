@@ -34,7 +34,7 @@ from balancer_cli.scan.inputs import (
 from balancer_cli.scan.jsonlist import iter_json_list
 from balancer_cli.scan.webdataset import TarSample, iter_tar_samples
 
-__all__ = ["MAX_REPEAT", "MalformedLine", "RecordBlock", "iter_blocks", "repeat_plan"]
+__all__ = ["MAX_REPEAT", "RecordBlock", "iter_blocks", "repeat_plan"]
 
 #: One block's records: ``(start, stop, first_line, text, lines, count)`` (see :class:`RecordBlock`).
 _Range = tuple[int, int, int, str | None, tuple[int, ...], int]
@@ -83,13 +83,6 @@ class RecordBlock:
         if self.first_sample < 0 or self.num_records < 0 or not 0 <= self.start <= self.stop:
             raise ValueError(f"RecordBlock of {self.path}: first_sample={self.first_sample}, "
                              f"num_records={self.num_records}, range {self.start}..{self.stop} out of bounds")
-
-
-@dataclass(frozen=True, kw_only=True)
-class MalformedLine:
-    """A JSONL line that is not valid JSON (the reason is the decoder's message)."""
-
-    reason: str
 
 
 def iter_blocks(inputs: Sequence[str] | Sequence[InputSpec], block_size: int = 2048) -> Iterator[RecordBlock]:

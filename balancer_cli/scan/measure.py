@@ -48,7 +48,7 @@ from typing import Any
 import pyarrow as pa
 
 from balancer_cli.errors import InputError, SampleError, UsageError, is_int
-from balancer_cli.scan.blocks import MalformedLine, RecordBlock
+from balancer_cli.scan.blocks import RecordBlock
 from balancer_cli.scan.inputs import MAX_DYNAMIC_PATCH
 from balancer_cli.scan.media_paths import fill_from_header, image_size
 from balancer_cli.scan.readers import read_block
@@ -268,8 +268,6 @@ def measure_block(block: RecordBlock, config: ScanConfig) -> pa.Table:
         sample_tokens, sample_items, sample_seqlens, sample_llm = [0, 0, 0], [0, 0, 0], ([], [], []), 0
         try:
             try:
-                if isinstance(record, MalformedLine):
-                    raise RecordError(f"line is not valid JSON ({record.reason})")
                 sample = parse_record(record, fields)
                 if sample.media:
                     roots = (block.image_root, config.media_roots)

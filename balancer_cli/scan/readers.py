@@ -12,20 +12,19 @@ Example:
     >>> p = pathlib.Path(tempfile.mkdtemp()) / "d.jsonl"
     >>> _ = p.write_text(json.dumps({"text": "a"}) + "\\n\\nnot json\\n")
     >>> list(read_block(next(iter_blocks([str(p)]))))
-    [(1, {'text': 'a'}), (3, MalformedLine(reason='Expecting value'))]
+    [(1, {'text': 'a'}), (3, BadRecord(message='line is not valid JSON (Expecting value)', kind='malformed_record'))]
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from balancer_cli.errors import InputError
-from balancer_cli.scan.blocks import MalformedLine, RecordBlock
+from balancer_cli.scan.blocks import RecordBlock
 from balancer_cli.scan.hf_datasets import open_dataset
 from balancer_cli.scan.inputs import open_input
-from balancer_cli.scan.records import FIELD_NAMES
+from balancer_cli.scan.records import FIELD_NAMES, decode_record
 from balancer_cli.scan.webdataset import sample_record
 
 __all__ = ["READERS", "read_block"]
@@ -34,7 +33,7 @@ __all__ = ["READERS", "read_block"]
 def read_block(block: RecordBlock, fields: dict[str, str] | None = None) -> Iterator[tuple[int, Any]]:
     """Yield ``(line, record)`` for each record of ``block``, in order.
 
-    A JSONL line that is not valid JSON yields ``(line, MalformedLine(...))`` so the sample keeps
+    A JSONL line that is not valid JSON yields ``(line, BadRecord(...))`` so the sample keeps
     its row. ``line`` is the 1-based line (JSONL, JSON list: the element's first line) or row
     number, or a tar sample's key (errors name ``SHARD:KEY``). ``fields`` (canonical name -> record key) says which table columns to read.
 
@@ -65,7 +64,7 @@ def _read_jsonl(block: RecordBlock, fields: dict[str, str]) -> Iterator[tuple[in
         # Blank as the block split sees it (ASCII whitespace only: str.strip() would also drop
         # a line of U+3000 or U+001C, which the split counted as a record).
         if raw.strip(_BLANK if isinstance(raw, str) else None):
-            yield line, _decode(raw)
+            yield line, decode_record(raw, "line")
         line += 1
 
 
@@ -76,21 +75,9 @@ _BLANK = " \t\n\r\x0b\x0c"
 _BOM = b"\xef\xbb\xbf"
 
 
-def _decode(raw: str | bytes) -> Any:
-    """One JSON value, or the :class:`MalformedLine` saying why not (never raises)."""
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return MalformedLine(reason=str(getattr(exc, "msg", exc)))
-    except RecursionError:
-        return MalformedLine(reason="nested too deeply")
-    except ValueError as exc:  # e.g. an integer literal of more digits than Python converts
-        return MalformedLine(reason=ascii(str(exc))[1:-1][:80])
-
-
 def _read_json_list(block: RecordBlock, fields: dict[str, str]) -> Iterator[tuple[int, Any]]:
     for line, element in zip(block.lines, (block.text or "").split("\x00")):
-        yield line, _decode(element)
+        yield line, decode_record(element, "line")
 
 
 def _wanted_columns(names: Sequence[str], fields: dict[str, str], path: str) -> list[str]:

@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -37,7 +38,8 @@ from typing import Any
 
 from balancer_cli.scan.tar_window import MemberRef
 
-__all__ = ["FIELD_LIMITS", "FIELD_NAMES", "BadRecord", "Media", "RecordError", "Sample", "parse_record"]
+__all__ = ["FIELD_LIMITS", "FIELD_NAMES", "BadRecord", "Media", "RecordError", "Sample", "decode_record",
+           "parse_record"]
 
 #: Canonical field names a field mapping may rename.
 FIELD_NAMES = ("conversations", "messages", "image", "images", "video", "videos", "audio", "audios",
@@ -59,11 +61,31 @@ class RecordError(Exception):
 
 @dataclass(frozen=True)
 class BadRecord:
-    """A reader's stand-in for a record it could not build (a tar sample without ``json``/``txt``,
-    a truncated member): :func:`parse_record` raises its error, so the sample keeps its row."""
+    """A reader's stand-in for a record it could not build (a JSONL line that is not JSON, a tar
+    sample without ``json``/``txt``, a truncated member): :func:`parse_record` raises its error,
+    so the sample keeps its row."""
 
     message: str
     kind: str = "malformed_record"
+
+
+def decode_record(raw: str | bytes, what: str) -> Any:
+    """One JSON value from text or UTF-8 bytes, or the :class:`BadRecord` saying why not, naming
+    ``what`` (``line``, ``member k.json``); never raises.
+
+    Example:
+        >>> decode_record('{"text": "a"}', "line"), decode_record("[1,", "line")
+        ({'text': 'a'}, BadRecord(message='line is not valid JSON (Expecting value)', kind='malformed_record'))
+    """
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        reason = str(getattr(exc, "msg", exc))
+    except RecursionError:
+        reason = "nested too deeply"
+    except ValueError as exc:  # e.g. an integer literal of more digits than Python converts
+        reason = ascii(str(exc))[1:-1][:80]
+    return BadRecord(f"{what} is not valid JSON ({reason})")
 
 
 @dataclass

@@ -32,7 +32,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import tarfile
@@ -41,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from balancer_cli.errors import InputError
-from balancer_cli.scan.records import BadRecord
+from balancer_cli.scan.records import BadRecord, decode_record
 from balancer_cli.scan.tar_window import MemberRef
 
 __all__ = ["COMPRESSED_MAGIC", "MEDIA_EXTENSIONS", "TarSample", "base_plus_ext", "check_uncompressed",
@@ -311,7 +310,9 @@ def sample_record(shard: str, sample: TarSample, fd: int, fields: Mapping[str, s
                for ext, offset, size in zip(sample.names, sample.offsets, sample.sizes)}
     try:
         if "json" in members:
-            record = json.loads(_read_member(fd, members["json"]))
+            record = decode_record(_read_member(fd, members["json"]), f"member {sample.key}.json")
+            if isinstance(record, BadRecord):
+                return record
             if not isinstance(record, dict):
                 return BadRecord(f"member {sample.key}.json is a JSON {type(record).__name__}, expected an object")
         elif "txt" in members:
@@ -319,11 +320,7 @@ def sample_record(shard: str, sample: TarSample, fd: int, fields: Mapping[str, s
         else:
             return BadRecord(f"sample {sample.key!r} has no json or txt member (members: {', '.join(sample.names)})")
     except UnicodeDecodeError as exc:
-        return BadRecord(f"member {sample.key}.{'json' if 'json' in members else 'txt'} is not UTF-8 ({exc.reason})")
-    except RecursionError:
-        return BadRecord(f"member {sample.key}.json is nested too deeply")
-    except ValueError as exc:
-        return BadRecord(f"member {sample.key}.json is not valid JSON ({getattr(exc, 'msg', str(exc)[:80])})")
+        return BadRecord(f"member {sample.key}.txt is not UTF-8 ({exc.reason})")
     except OSError as exc:
         return BadRecord(f"unreadable member of {shard} ({exc})", "unreadable_file")
     for kind in ("image", "video", "audio"):
