@@ -262,12 +262,17 @@ def expand_inputs(paths: Sequence[str], *, image_root: str | None = None, format
     return specs
 
 
+def _folder_source(folder: str) -> str:
+    """The source of the shards of a folder: its name (``.``: the working directory's)."""
+    return Path(folder).name or Path(folder or ".").resolve().name
+
+
 def _pattern_source(pattern: str) -> str:
-    """The source of the shards a pattern names: its folder's name (as for a folder of shards)."""
+    """The source of the shards a pattern names: the name of the folder it lies in."""
     head = os.path.dirname(pattern)
     while head and is_pattern(os.path.basename(head)):
         head = os.path.dirname(head)
-    return Path(head).name or Path(head or ".").resolve().name
+    return _folder_source(head)
 
 
 def _specs(path: str, format: str | None, image_root: str | None, split: str | None,
@@ -285,8 +290,8 @@ def _specs(path: str, format: str | None, image_root: str | None, split: str | N
         shards = shard_files(path)
         if not shards:
             raise InputError(f"{path}: no .tar shards in the folder", fix="pass a folder of WebDataset .tar shards")
-        return [InputSpec(path=shard, format=fmt, source=Path(path).name or Path(path).resolve().name,
-                          image_root=image_root or path, split=split) for shard in shards]
+        return [InputSpec(path=shard, format=fmt, source=_folder_source(path), image_root=image_root or path,
+                          split=split) for shard in shards]
     root = image_root or str(Path(path).parent if not Path(path).is_dir() else Path(path))
     # shards a pattern names share their folder's source, as those of a folder do
     source = pattern_source if fmt == "webdataset" and pattern_source else Path(path).name
