@@ -123,3 +123,27 @@ def test_atomic_outputs_respect_the_umask(tmp_path):
         os.umask(old)
     assert (tmp_path / "out.bin").stat().st_mode & 0o777 == 0o644
     assert [p.name for p in tmp_path.iterdir()] == ["out.bin"]
+
+
+def test_prefetch_is_only_a_hint():
+    """A compiled kernel that prefetches (any integer index type, 1-D and 2-D arrays, the last
+    element) computes exactly what the same kernel without it does."""
+    from balancer_cli._jit import HAVE_NUMBA, njit, prefetch
+
+    if not HAVE_NUMBA:
+        pytest.skip("numba absent: prefetch is a no-op function")
+
+    def gather_sum(table_NK, rows, hint):
+        total = 0.0
+        for p in range(len(rows)):
+            if hint and p + 2 < len(rows):
+                prefetch(table_NK, rows[p + 2] * table_NK.shape[1])
+                prefetch(rows, np.int32(p + 2))
+            total += table_NK[rows[p], 0] * 3.0 + table_NK[rows[p], -1]
+        return total
+
+    compiled = njit(gather_sum)
+    rng = np.random.default_rng(0)
+    table = rng.random((1000, 3))
+    for rows in (rng.integers(0, 1000, 500), rng.integers(0, 1000, 500).astype(np.int32), np.array([999])):
+        assert compiled(table, rows, True) == compiled(table, rows, False) != 0.0

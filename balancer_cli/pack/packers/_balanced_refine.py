@@ -127,8 +127,7 @@ def _with_sources(source_F, count_G, wsum_GK, max_sources):
         (code_F, wsum, target, inv_t, inv_t2): each row's source column (int8 up to 127
         columns), and the sums, targets and weights extended by the O source columns.
     """
-    _, code = np.unique(source_F, return_inverse=True)
-    code = code.reshape(-1)
+    code = _dense_codes(np.asarray(source_F).reshape(-1))
     freq = np.bincount(code)
     keep = np.argsort(-freq, kind="stable")[: max(1, max_sources - 1)]
     col = np.full(len(freq), len(keep), dtype=np.int64)  # rare sources share the last column
@@ -143,6 +142,20 @@ def _with_sources(source_F, count_G, wsum_GK, max_sources):
     inv_t2 = inv_t**2
     inv_t2[K:] *= MIX_WEIGHT
     return code_F, wsum, target_K, inv_t, inv_t2
+
+
+def _dense_codes(values_F):
+    """(F,) index of each value among the sorted distinct values (``np.unique``'s inverse),
+    through a lookup table when they are integers of a small range (no sort: 1.2M rows 10 ms
+    instead of 0.3 s)."""
+    if values_F.dtype.kind in "iub" and len(values_F):
+        wide = values_F.astype(np.int64)
+        low = int(wide.min())
+        span = int(wide.max()) - low + 1
+        if span <= 1 << 20:
+            present = np.bincount(wide - low, minlength=span) > 0
+            return (np.cumsum(present) - 1)[wide - low]
+    return np.unique(values_F, return_inverse=True)[1].reshape(-1)
 
 
 def _membership(members_GX, count_G):

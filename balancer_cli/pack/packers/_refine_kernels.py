@@ -10,9 +10,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from balancer_cli._jit import njit
+from balancer_cli._jit import njit, prefetch
 
 __all__ = ["refine_pass", "targeted_pass"]
+
+#: Groups ahead of the visited one whose data the random-partner pass prefetches, in three
+#: stages (each needs what the one before loaded): the group's own partner list, sums and
+#: member row; its partners' (read through that list); the rows of both. Partners are random
+#: groups, so without it every read of theirs waits for memory in turn (1.2M rows: 0.96 s a
+#: pass, 0.39 s with it).
+_AHEAD_OWN = 16
+_AHEAD_SUMS = 8
+_AHEAD_ROWS = 4
 
 
 @njit
@@ -141,6 +150,12 @@ def refine_pass(order_G, cand_GC, members_GX, count_G, sum_GK, lsum_GK, weight_N
     room_h = np.zeros(KL, np.int64)
     changes = 0
     for idx in range(G):
+        if idx + _AHEAD_OWN < G:
+            _prefetch_group(order_G[idx + _AHEAD_OWN], cand_GC, members_GX, count_G, sum_GK, lsum_GK, True)
+        if idx + _AHEAD_SUMS < G:
+            _prefetch_group(order_G[idx + _AHEAD_SUMS], cand_GC, members_GX, count_G, sum_GK, lsum_GK, False)
+        if idx + _AHEAD_ROWS < G:
+            _prefetch_rows(order_G[idx + _AHEAD_ROWS], cand_GC, members_GX, count_G, weight_NK, load_NK, code_N)
         g = order_G[idx]
         if _penalty(sum_GK, g, target_K, inv_t2_K) <= tol:
             continue
@@ -212,6 +227,35 @@ def refine_pass(order_G, cand_GC, members_GX, count_G, sum_GK, lsum_GK, weight_N
             count_G[h] += 1
         changes += 1
     return changes
+
+
+@njit
+def _prefetch_group(g, cand_GC, members_GX, count_G, sum_GK, lsum_GK, own):  # pragma: no cover
+    """Prefetch group g's partner list, sums, count and member row (``own``), else its partners'."""
+    C = cand_GC.shape[1]
+    if own:
+        prefetch(cand_GC, g * C)
+    for c in range(C):
+        h = g if own else cand_GC[g, c]
+        prefetch(sum_GK, h * sum_GK.shape[1])
+        prefetch(lsum_GK, h * lsum_GK.shape[1])
+        prefetch(count_G, h)
+        prefetch(members_GX, h * members_GX.shape[1])
+        if own:
+            break
+
+
+@njit
+def _prefetch_rows(g, cand_GC, members_GX, count_G, weight_NK, load_NK, code_N):  # pragma: no cover
+    """Prefetch the weights, loads and sources of group g's and its partners' members."""
+    for c in range(-1, cand_GC.shape[1]):
+        h = g if c < 0 else cand_GC[g, c]
+        for a in range(count_G[h]):
+            i = members_GX[h, a]
+            prefetch(weight_NK, i * weight_NK.shape[1])
+            prefetch(load_NK, i * load_NK.shape[1])
+            if len(code_N) > 0:
+                prefetch(code_N, i)
 
 
 @njit

@@ -59,7 +59,7 @@ from balancer_cli.errors import InputError, UsageError, is_int
 from balancer_cli.pack.bounds import groups_lower_bound
 from balancer_cli.pack.packers._balanced_refine import refine
 from balancer_cli.pack.packers._common import assemble, check_inputs, split_oversize
-from balancer_cli.pack.packers._fill_kernels import deal_rounds, first_fit, row_shares
+from balancer_cli.pack.packers._fill_kernels import deal_rounds, first_fit, row_shares, suffix_min
 from balancer_cli.pack.types import Packing
 
 __all__ = ["BalancedOptions", "pack_balanced", "LOOKBACK"]
@@ -231,7 +231,7 @@ def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed
     if G > limit:
         # Too many extra groups: first fit decreasing alone packs tighter; keep its groups.
         ffd_queue = _by_size(rows, load_c, caps_c, rng)
-        ffd_gid, G_ffd = first_fit(ffd_queue, load_c, caps_c, _min_rest(ffd_queue, load_c), LOOKBACK,
+        ffd_gid, G_ffd = first_fit(ffd_queue, load_c, caps_c, suffix_min(ffd_queue, load_c), LOOKBACK,
                                    np.zeros((0, load_c.shape[1]), np.int64))
         if rounded(G_ffd) < G:
             queue, gid, G, first_fit_kept = ffd_queue, ffd_gid, rounded(G_ffd), True
@@ -263,11 +263,6 @@ def _by_size(rows, load, caps, rng):
     return shuffled[np.argsort(-size, kind="stable")]
 
 
-def _min_rest(queue, load):
-    """(P, K) suffix minimum of each module's load: what every row still to come needs at least."""
-    return np.ascontiguousarray(np.minimum.accumulate(load[queue][::-1], axis=0)[::-1])
-
-
 def _deal(rows, load, weight, caps, G, rng, fill_share):
     """Step 2: deal the bigger rows in rounds of G, the rest by first fit into the room left.
 
@@ -296,7 +291,7 @@ def _deal(rows, load, weight, caps, G, rng, fill_share):
         return queue, gid
     rest = _by_size(rest, load, caps, rng)
     lsum_GK = _load_sums(gid[dealt], queue[:cut][dealt], load, G)
-    rest_gid, _ = first_fit(rest, load, caps, _min_rest(rest, load), LOOKBACK, lsum_GK)
+    rest_gid, _ = first_fit(rest, load, caps, suffix_min(rest, load), LOOKBACK, lsum_GK)
     return np.concatenate([queue[:cut][dealt], rest]), np.concatenate([gid[dealt], rest_gid])
 
 
