@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from balancer_cli.errors import UsageError
-from balancer_cli.pack.packers._refine_kernels import refine_pass, targeted_pass
+from balancer_cli.pack.packers._refine_kernels import compact_rows, expand_rows, refine_pass, targeted_pass
 
 __all__ = ["refine", "PARTNERS", "CELL_WIDTH", "SCAN", "MIX_WEIGHT", "TARGETED_MIN_SHARE", "TARGETED_MAX_ROWS"]
 
@@ -73,12 +73,9 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
     # The kernels read each visited group's rows many times: on rows renumbered in group order
     # (compact copies of their weights and loads) a group's rows are neighbours in memory, which
     # halves a pass at 1M rows (random reads of (N, K) tables were its cost, not the arithmetic).
-    mask = np.arange(members_GX.shape[1])[None, :] < count_G[:, None]
-    rows_F = members_GX[mask]
-    local_GX = np.full_like(members_GX, -1)
-    local_GX[mask] = np.arange(len(rows_F))
-    weight_FK = np.ascontiguousarray(weight_NK[rows_F])
-    load_FK = np.ascontiguousarray(load_NK[rows_F])
+    rows_F, local_GX, weight_FK, load_FK, source_F = compact_rows(
+        members_GX, count_G, np.ascontiguousarray(weight_NK, dtype=np.float64), np.ascontiguousarray(load_NK),
+        np.zeros(0, np.int8) if source_N is None else _dense_codes(np.asarray(source_N).reshape(-1)))
     target_K = wsum_GK.sum(axis=0) / G
     inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
     inv_t2 = inv_t**2
@@ -89,8 +86,7 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
         # Per-source sample counts join the objective with a small weight: groups become
         # equal mixes of sources too, so whatever class of groups the assigner puts in a step
         # (e.g. equal item counts), the step stays a random-like mix.
-        code, wsum, target_K, inv_t, inv_t2 = _with_sources(
-            np.asarray(source_N).reshape(-1)[rows_F], count_G, wsum_GK, max_sources)
+        code, wsum, target_K, inv_t, inv_t2 = _with_sources(source_F, count_G, wsum_GK, max_sources)
     for _ in range(passes):
         changed = 0
         if targeted:
@@ -105,9 +101,7 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
                                load_FK, caps_K, target_K, inv_t2, _TOL)
         if changed == 0:
             break
-    valid = local_GX >= 0
-    members_GX[:] = -1
-    members_GX[valid] = rows_F[local_GX[valid]]
+    expand_rows(local_GX, count_G, rows_F, members_GX)
 
 
 def _with_sources(source_F, count_G, wsum_GK, max_sources):
