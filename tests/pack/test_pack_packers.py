@@ -213,11 +213,11 @@ def test_kernels_pure_python_fallback_gives_identical_packings(monkeypatch):
     caps = np.array([12, 3000])
     fast = (pack_balanced(load, caps, group_multiple=4, seed=1), pack_isf(load, caps, np.array([12, 2900]), iterations=4),
             baselines.pack_llm_ffd(load, caps, seed=1))
-    from balancer_cli._jit import _prefetch_python
+    from balancer_cli.pack.packers import _table_kernels
 
-    for kernels in (_fill_kernels, _refine_kernels):  # the compiled hint has no Python form
-        monkeypatch.setattr(kernels, "prefetch", _prefetch_python)
-    for user, kernels, names in ((balanced, _fill_kernels, ("deal_rounds", "first_fit", "row_shares", "suffix_min")),
+    for user, kernels, names in ((balanced, _fill_kernels, ("deal_rounds", "first_fit", "row_shares")),
+                                 (balanced, _table_kernels, ("group_tables", "load_sums", "suffix_min")),
+                                 (_balanced_refine, _table_kernels, ("compact_rows", "expand_rows")),
                                  (baselines, _fill_kernels, ("first_fit_tree",)),
                                  (_balanced_refine, _refine_kernels, ("refine_pass", "targeted_pass")),
                                  (isf, _fill_kernels, ("greedy_close",))):

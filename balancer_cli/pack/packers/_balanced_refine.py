@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from balancer_cli.errors import UsageError
-from balancer_cli.pack.packers._refine_kernels import compact_rows, expand_rows, refine_pass, targeted_pass
+from balancer_cli.pack.packers._refine_kernels import refine_pass, targeted_pass
+from balancer_cli.pack.packers._table_kernels import compact_rows, expand_rows
 
 __all__ = ["refine", "PARTNERS", "CELL_WIDTH", "SCAN", "MIX_WEIGHT", "TARGETED_MIN_SHARE", "TARGETED_MAX_ROWS"]
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from balancer_cli._jit import njit, prefetch
 
-__all__ = ["greedy_close", "first_fit", "first_fit_tree", "deal_rounds", "row_shares", "suffix_min"]
+__all__ = ["greedy_close", "first_fit", "first_fit_tree", "deal_rounds", "row_shares"]
 
 #: Rows ahead whose table rows the gathering kernels prefetch (rows come in random order).
 _AHEAD = 16
@@ -82,6 +82,7 @@ def first_fit(rows, load_NK, caps_K, min_rest_PK, lookback, lsum0_GK):  # pragma
     Example:
         >>> import numpy as np
         >>> load_NK = np.array([[6], [5], [4], [3]]); rows = np.arange(4)
+        >>> from balancer_cli.pack.packers._table_kernels import suffix_min
         >>> min_rest_PK = suffix_min(rows, load_NK)
         >>> gid, G = first_fit(rows, load_NK, np.array([9]), min_rest_PK, 64, np.zeros((0, 1), np.int64))
         >>> gid.tolist(), G
@@ -209,31 +210,6 @@ def row_shares(rows, load_NK, caps_K, weight_NK, inv_t_K):  # pragma: no cover -
         size[p] = s
         norm[p] = w
     return hard, size, norm
-
-
-@njit
-def suffix_min(rows, load_NK):  # pragma: no cover - compiled
-    """(P, K) per-module minimum load of ``rows[p:]``: what every row still to come needs at least.
-
-    One backward pass over the gathered rows (numpy's ``minimum.accumulate`` over a reversed
-    (P, K) gather is strided: a third of dealing at 1.2M rows).
-
-    Example:
-        >>> import numpy as np
-        >>> suffix_min(np.array([2, 0, 1]), np.array([[5, 1], [3, 4], [4, 2]])).tolist()
-        [[3, 1], [3, 1], [3, 4]]
-    """
-    P = len(rows)
-    K = load_NK.shape[1]
-    out = np.empty((P, K), dtype=load_NK.dtype)
-    for p in range(P - 1, -1, -1):
-        if p >= _AHEAD:
-            prefetch(load_NK, rows[p - _AHEAD] * K)
-        i = rows[p]
-        for k in range(K):
-            v = load_NK[i, k]
-            out[p, k] = v if p == P - 1 or v < out[p + 1, k] else out[p + 1, k]
-    return out
 
 
 @njit

@@ -12,7 +12,7 @@ import numpy as np
 
 from balancer_cli._jit import njit, prefetch
 
-__all__ = ["refine_pass", "targeted_pass", "compact_rows", "expand_rows"]
+__all__ = ["refine_pass", "targeted_pass"]
 
 #: Groups ahead of the visited one whose data the random-partner pass prefetches, in three
 #: stages (each needs what the one before loaded): the group's own partner list, sums and
@@ -389,77 +389,3 @@ def targeted_pass(order_G, members_GX, count_G, group_of_N, pos_N, sum_GK, lsum_
         changes += 1
     return changes
 
-
-@njit
-def compact_rows(members_GX, count_G, weight_NK, load_NK, source_N):  # pragma: no cover
-    """The groups' rows renumbered in group order (group 0's first), with compact copies of their
-    tables: the passes then read a group's rows as neighbours in memory.
-
-    Args:
-        members_GX: (G, X) member rows of each group, the first ``count_G[g]`` valid.
-        count_G: (G,) members per group.
-        weight_NK: (N, K) balanced weight of every row.
-        load_NK: (N, KL) load of every row.
-        source_N: (N,) source of every row, or an empty array (none).
-
-    Returns:
-        (rows_F, local_GX, weight_FK, load_FK, source_F): the original row of each new number;
-        the member table in new numbers (int32, -1 padded); the rows' weights, loads and
-        sources (empty without sources).
-
-    Example:
-        >>> import numpy as np
-        >>> w = np.array([[1.0], [2.0], [3.0]])
-        >>> rows, local, wf, lf, sf = compact_rows(np.array([[2, -1], [0, 1]]), np.array([1, 2]), w,
-        ...                                        w.astype(np.int64), np.zeros(0, np.int8))
-        >>> rows.tolist(), local.tolist(), wf.ravel().tolist()
-        ([2, 0, 1], [[0, -1], [1, 2]], [3.0, 1.0, 2.0])
-    """
-    G, X = members_GX.shape
-    K = weight_NK.shape[1]
-    KL = load_NK.shape[1]
-    F = 0
-    for g in range(G):
-        F += count_G[g]
-    rows_F = np.empty(F, np.int64)
-    local_GX = np.full((G, X), -1, np.int32)
-    weight_FK = np.empty((F, K))
-    load_FK = np.empty((F, KL), load_NK.dtype)
-    source_F = np.empty(F if len(source_N) > 0 else 0, source_N.dtype)
-    f = 0
-    for g in range(G):
-        if g + _AHEAD_ROWS < G:  # members are in dealing order: random rows of the tables
-            for a in range(count_G[g + _AHEAD_ROWS]):
-                i = members_GX[g + _AHEAD_ROWS, a]
-                prefetch(weight_NK, i * K)
-                prefetch(load_NK, i * KL)
-        for a in range(count_G[g]):
-            i = members_GX[g, a]
-            rows_F[f] = i
-            local_GX[g, a] = f
-            for k in range(K):
-                weight_FK[f, k] = weight_NK[i, k]
-            for k in range(KL):
-                load_FK[f, k] = load_NK[i, k]
-            if len(source_F) > 0:
-                source_F[f] = source_N[i]
-            f += 1
-    return rows_F, local_GX, weight_FK, load_FK, source_F
-
-
-@njit
-def expand_rows(local_GX, count_G, rows_F, members_GX):  # pragma: no cover
-    """Write the member table back in original rows: ``members_GX[g, a] = rows_F[local_GX[g, a]]``
-    for the first ``count_G[g]`` members, -1 after them.
-
-    Example:
-        >>> import numpy as np
-        >>> members = np.zeros((2, 2), np.int64)
-        >>> expand_rows(np.array([[1, 0], [2, 7]], np.int32), np.array([2, 1]), np.array([5, 6, 9]), members)
-        >>> members.tolist()
-        [[6, 5], [9, -1]]
-    """
-    G, X = local_GX.shape
-    for g in range(G):
-        for a in range(X):
-            members_GX[g, a] = rows_F[local_GX[g, a]] if a < count_G[g] else -1

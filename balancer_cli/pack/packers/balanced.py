@@ -59,7 +59,8 @@ from balancer_cli.errors import InputError, UsageError, is_int
 from balancer_cli.pack.bounds import groups_lower_bound
 from balancer_cli.pack.packers._balanced_refine import refine
 from balancer_cli.pack.packers._common import assemble, check_inputs, split_oversize
-from balancer_cli.pack.packers._fill_kernels import deal_rounds, first_fit, row_shares, suffix_min
+from balancer_cli.pack.packers._fill_kernels import deal_rounds, first_fit, row_shares
+from balancer_cli.pack.packers._table_kernels import group_tables, load_sums, suffix_min
 from balancer_cli.pack.types import Packing
 
 __all__ = ["BalancedOptions", "pack_balanced", "LOOKBACK"]
@@ -202,7 +203,7 @@ def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed
     """Steps 1-2: G and the dealt groups of ``rows`` (first fit's when dealing needs too many).
 
     Returns:
-        (members_GX, count_G, wsum_GK, lsum_GK, first_fit_kept): see :func:`_padded`; whether
+        (members_GX, count_G, wsum_GK, lsum_GK, first_fit_kept): see :func:`group_tables`; whether
         first fit's groups were kept.
     """
     lb = groups_lower_bound(load[rows], caps)
@@ -235,7 +236,7 @@ def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed
                                    np.zeros((0, load_c.shape[1]), np.int64))
         if rounded(G_ffd) < G:
             queue, gid, G, first_fit_kept = ffd_queue, ffd_gid, rounded(G_ffd), True
-    members, count, wsum, lsum = _padded(queue, gid, G, weight, load, width=max_count)
+    members, count, wsum, lsum = group_tables(queue, gid, G, max_count, weight, load)
     if (count == 0).any():
         if count.max() < 2:
             raise InputError(f"{len(rows)} samples cannot fill {G} groups", fix="lower {world_size} or {micro_batches}")
@@ -290,34 +291,9 @@ def _deal(rows, load, weight, caps, G, rng, fill_share):
     if len(rest) == 0:
         return queue, gid
     rest = _by_size(rest, load, caps, rng)
-    lsum_GK = _load_sums(gid[dealt], queue[:cut][dealt], load, G)
+    lsum_GK = load_sums(gid[dealt], queue[:cut][dealt], load, G)
     rest_gid, _ = first_fit(rest, load, caps, suffix_min(rest, load), LOOKBACK, lsum_GK)
     return np.concatenate([queue[:cut][dealt], rest]), np.concatenate([gid[dealt], rest_gid])
-
-
-def _padded(queue, gid, G, weight, load, width):
-    """The (G, X) member table (-1 padded, X at least ``width``), counts and per-group sums.
-
-    Returns:
-        (members_GX, count_G, wsum_GK, lsum_GK): member rows, members per group, weight sums
-        (float) and load sums (int64) per group.
-    """
-    order = np.argsort(gid, kind="stable")
-    count = np.bincount(gid, minlength=G).astype(np.int64)
-    X = max(int(count.max()), width)
-    members = np.full((G, X), -1, dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(count)[:-1]])
-    sorted_g = gid[order]
-    members[sorted_g, np.arange(len(order)) - starts[sorted_g]] = queue[order]
-    wsum = np.stack([np.bincount(gid, weight[queue, k], minlength=G) for k in range(weight.shape[1])], axis=1)
-    lsum = _load_sums(gid, queue, load, G)
-    return members, count, wsum, lsum
-
-
-def _load_sums(gid, rows, load, G):
-    """(G, K) int64 load sums of ``rows`` by group id (bincount per module, exact for integer loads)."""
-    sums = np.stack([np.bincount(gid, load[rows, k], minlength=G) for k in range(load.shape[1])], axis=1)
-    return np.rint(sums).astype(np.int64)
 
 
 def _fill_empty(members, count, wsum, lsum, weight, load):
