@@ -1,6 +1,7 @@
 """``report.png``: per-step load per rank for each module, and load histograms, ours vs a baseline.
 
-Rendered with matplotlib's Agg backend (no display needed). One row per module: the left panel
+Rendered on matplotlib's Agg canvas through its object API (no display, no pyplot state, the
+caller's backend untouched). One row per module: the left panel
 shows, for the first steps, the spread of rank loads T(s, r) at each step (min..max band and the
 mean) for the manifest and the baseline; the right panel overlays the histograms of T(s, r)
 relative to the step mean, where a balanced packing is a narrow spike at 1.
@@ -41,13 +42,13 @@ def plot_report(path: str | os.PathLike, ours: Mapping[str, np.ndarray], baselin
         baseline: the same for one baseline, or None.
         ours_label, baseline_label: legend names.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     modules = list(ours)
-    fig, axes = plt.subplots(len(modules), 2, figsize=(12, 3.2 * len(modules)), squeeze=False)
+    fig = Figure(figsize=(12, 3.2 * len(modules)))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(modules), 2, squeeze=False)
     series = [(ours_label, ours, "tab:blue")]
     if baseline is not None:
         series.append((baseline_label or "baseline", baseline, "tab:orange"))
@@ -75,4 +76,3 @@ def plot_report(path: str | os.PathLike, ours: Mapping[str, np.ndarray], baselin
         right.legend(fontsize=8)
     fig.subplots_adjust(left=0.07, right=0.98, top=0.95, bottom=0.08, hspace=0.45, wspace=0.2)
     fig.savefig(path, format="png", dpi=90, metadata={"Software": None})
-    plt.close(fig)
