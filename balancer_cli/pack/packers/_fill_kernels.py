@@ -18,43 +18,51 @@ _AHEAD = 16
 
 
 @njit
-def greedy_close(load_PK, caps_K):  # pragma: no cover - compiled
+def greedy_close(rows, load_NK, caps_K):  # pragma: no cover - compiled
     """Groups formed by walking rows in order, closing a group when the next row would exceed a cap.
 
+    Reads the loads through ``rows`` (prefetched ahead: they come shuffled) instead of a (P, K)
+    gathered copy, and sums each group on the way.
+
     Args:
-        load_PK: (P, K) load of each row, in packing order; every row fits the caps on its own.
+        rows: (P,) rows in packing order; every row fits the caps on its own.
+        load_NK: (N, K) load of every row.
         caps_K: (K,) caps per group.
 
     Returns:
-        (G + 1,) offsets of the groups in row order; the trailing open group is kept.
+        (offsets, sums_GK): the (G + 1,) offsets of the groups in ``rows`` order (the trailing
+        open group is kept) and their (G, K) int64 load sums.
 
     Example:
         >>> import numpy as np
-        >>> greedy_close(np.array([[3, 10], [3, 10], [4, 10]]), np.array([9, 100])).tolist()
-        [0, 2, 3]
+        >>> offsets, sums = greedy_close(np.array([2, 0, 1]), np.array([[3, 10], [3, 10], [4, 10]]), np.array([9, 100]))
+        >>> offsets.tolist(), sums.tolist()
+        ([0, 2, 3], [[7, 20], [3, 10]])
     """
-    P, K = load_PK.shape
+    P = len(rows)
+    K = load_NK.shape[1]
     offsets = np.empty(P + 1, dtype=np.int64)
+    sums = np.zeros((P, K), dtype=np.int64)
     offsets[0] = 0
     ng = 0
-    acc = np.zeros(K, dtype=np.int64)
     for p in range(P):
+        if p + _AHEAD < P:
+            prefetch(load_NK, rows[p + _AHEAD] * K)
+        i = rows[p]
         over = False
         for k in range(K):
-            if acc[k] + load_PK[p, k] > caps_K[k]:
+            if sums[ng, k] + load_NK[i, k] > caps_K[k]:
                 over = True
                 break
         if over and p > offsets[ng]:
             ng += 1
             offsets[ng] = p
-            for k in range(K):
-                acc[k] = 0
         for k in range(K):
-            acc[k] += load_PK[p, k]
+            sums[ng, k] += load_NK[i, k]
     if P > offsets[ng]:
         ng += 1
         offsets[ng] = P
-    return offsets[: ng + 1]
+    return offsets[: ng + 1], sums[:ng]
 
 
 @njit

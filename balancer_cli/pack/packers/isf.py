@@ -41,7 +41,8 @@ from balancer_cli.pack.types import Packing
 __all__ = ["pack_isf", "isf_round"]
 
 
-def isf_round(rows: np.ndarray, load_NK: np.ndarray, caps_K: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def isf_round(rows: np.ndarray, load_NK: np.ndarray, caps_K: np.ndarray,
+              seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One sampling round: shuffle ``rows`` with ``RandomState(seed)`` and pack greedily.
 
     Args:
@@ -51,19 +52,20 @@ def isf_round(rows: np.ndarray, load_NK: np.ndarray, caps_K: np.ndarray, seed: i
         seed: the ``RandomState`` seed of the shuffle.
 
     Returns:
-        (order_rows, offsets): the rows in packed order and the (G+1,) group offsets.
+        (order_rows, offsets, sums_GK): the rows in packed order, the (G+1,) group offsets and
+        the groups' (G, K) load sums.
 
     Example:
         >>> import numpy as np
         >>> load_NK = np.array([[1, 60], [1, 50], [1, 40], [1, 30]])
-        >>> order, offsets = isf_round(np.arange(4), load_NK, np.array([9, 100]), seed=0)
-        >>> order.tolist(), offsets.tolist()
-        ([2, 3, 1, 0], [0, 2, 3, 4])
+        >>> order, offsets, sums = isf_round(np.arange(4), load_NK, np.array([9, 100]), seed=0)
+        >>> order.tolist(), offsets.tolist(), sums[:, 1].tolist()
+        ([2, 3, 1, 0], [0, 2, 3, 4], [70, 50, 60])
     """
     perm = np.random.RandomState(seed).permutation(len(rows))
     order = rows[perm]
-    offsets = greedy_close(np.ascontiguousarray(load_NK[order]), caps_K)
-    return order, offsets
+    offsets, sums = greedy_close(order, load_NK, caps_K)
+    return order, offsets, sums
 
 
 def _accepted(sums_GK: np.ndarray, bounds_K: np.ndarray) -> np.ndarray:
@@ -120,21 +122,19 @@ def pack_isf(
     if iterations < 1:
         raise UsageError(f"{{iterations}} must be >= 1, got {iterations}", fix="use {iterations} 50 (the default)")
     split = split_oversize(load, caps, policy=oversize, sample_ids=ids, module_names=module_names)
-    order, offsets = isf_round(split.fit, load, caps, seed)
+    order, offsets, sums = isf_round(split.fit, load, caps, seed)
     done_order: list[np.ndarray] = []
     done_sizes: list[np.ndarray] = []
     for i in range(iterations - 1):
         sizes = np.diff(offsets)
         if len(sizes) == 0:
             break
-        gid = np.repeat(np.arange(len(sizes)), sizes)
-        sums = np.add.reduceat(load[order], offsets[:-1], axis=0)  # groups are never empty
         keep_G = _accepted(sums, bounds)
-        keep_P = keep_G[gid]
+        keep_P = np.repeat(keep_G, sizes)
         done_order.append(order[keep_P])
         done_sizes.append(sizes[keep_G])
         pool = order[~keep_P]
-        order, offsets = isf_round(pool, load, caps, seed + i)
+        order, offsets, sums = isf_round(pool, load, caps, seed + i)
     done_order.append(order)
     done_sizes.append(np.diff(offsets))
     all_order = np.concatenate(done_order)
