@@ -43,7 +43,7 @@ import numpy as np
 
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.manifest import StepShape
-from balancer_cli.pack.types import Assignment, Packing, group_sums
+from balancer_cli.pack.types import Assignment, Packing, dense_ids, group_sums
 
 __all__ = ["assign_groups", "group_source_counts", "split_to_multiple", "check_assignment"]
 
@@ -78,16 +78,19 @@ def _classes(cost_GK: np.ndarray, R: int, discrete_levels: int) -> np.ndarray:
     """
     G, K = cost_GK.shape
     present = cost_GK > 0
-    key = [present[:, k].astype(np.float64) for k in np.flatnonzero(_sparse(cost_GK))]
+    key = [present[:, k].astype(np.int64) for k in np.flatnonzero(_sparse(cost_GK))]
     n_classes = 1 << len(key)
     for k in range(K):
+        # A module of many values shows it in its first rows already: no sort of the whole column.
+        if len(np.unique(cost_GK[: 4 * discrete_levels, k])) > discrete_levels:
+            continue
         levels = np.unique(cost_GK[:, k])
         if 1 < len(levels) <= discrete_levels and G >= 4 * R * n_classes * len(levels):
-            key.append(cost_GK[:, k])
+            key.append(np.searchsorted(levels, cost_GK[:, k]))  # the value's rank: the same order
             n_classes *= len(levels)
     if not key:
         return np.zeros(G, np.int64)
-    return np.unique(np.stack(key, axis=1), axis=0, return_inverse=True)[1].reshape(-1)
+    return _row_ids(np.stack(key, axis=1))
 
 
 def assign_groups(
@@ -199,8 +202,7 @@ def _row_ids(key_XC: np.ndarray) -> np.ndarray:
     dims = shifted.max(axis=0) + 1
     if float(np.prod(dims.astype(np.float64))) >= 2.0**62:
         return np.unique(key_XC, axis=0, return_inverse=True)[1].reshape(-1)
-    flat = np.ravel_multi_index(shifted.T, dims)
-    return np.unique(flat, return_inverse=True)[1].reshape(-1)
+    return dense_ids(np.ravel_multi_index(shifted.T, dims))
 
 
 def _blocks(cost_GK, dev_GO, R, rng, tolerance, discrete_levels, sparse_factor):

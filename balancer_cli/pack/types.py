@@ -21,7 +21,8 @@ from typing import Literal, get_args
 
 import numpy as np
 
-__all__ = ["Packing", "Assignment", "check_packing", "group_sums", "index_dtype", "Oversize", "OVERSIZE_POLICIES"]
+__all__ = ["Packing", "Assignment", "check_packing", "group_sums", "index_dtype", "dense_ids", "Oversize",
+           "OVERSIZE_POLICIES"]
 
 
 def index_dtype(n: int) -> np.dtype:
@@ -32,6 +33,27 @@ def index_dtype(n: int) -> np.dtype:
         (dtype('int32'), dtype('int64'))
     """
     return np.dtype(np.int32 if n < 2**31 else np.int64)
+
+
+def dense_ids(values: np.ndarray) -> np.ndarray:
+    """(n,) int64 index of each value among the sorted distinct values: ``np.unique``'s inverse.
+
+    Integers of a range up to ~4x their count (or 2^20) go through a lookup table instead of a
+    sort (210k group keys: 2 ms instead of 20; 1.2M source codes: 10 ms instead of 300).
+
+    Example:
+        >>> dense_ids(np.array([7, -2, 7, 40])).tolist(), dense_ids(np.array(["b", "a", "b"])).tolist()
+        ([1, 0, 1, 2], [1, 0, 1])
+    """
+    values = np.asarray(values).reshape(-1)
+    if values.dtype.kind in "iub" and len(values):
+        wide = values.astype(np.int64)
+        low = int(wide.min())
+        span = int(wide.max()) - low + 1
+        if span <= max(1 << 20, 4 * len(wide)):
+            present = np.bincount(wide - low, minlength=span) > 0
+            return (np.cumsum(present) - 1)[wide - low]
+    return np.unique(values, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 #: What to do with a sample over a cap on its own: its own group, dropped, or an error.
 Oversize = Literal["isolate", "drop", "error"]

@@ -14,6 +14,7 @@ import numpy as np
 from balancer_cli.errors import UsageError
 from balancer_cli.pack.packers._refine_kernels import refine_pass, targeted_pass
 from balancer_cli.pack.packers._table_kernels import compact_rows, expand_rows
+from balancer_cli.pack.types import dense_ids
 
 __all__ = ["refine", "PARTNERS", "CELL_WIDTH", "SCAN", "MIX_WEIGHT", "TARGETED_MIN_SHARE", "TARGETED_MAX_ROWS"]
 
@@ -76,7 +77,7 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
     # halves a pass at 1M rows (random reads of (N, K) tables were its cost, not the arithmetic).
     rows_F, local_GX, weight_FK, load_FK, source_F = compact_rows(
         members_GX, count_G, np.ascontiguousarray(weight_NK, dtype=np.float64), np.ascontiguousarray(load_NK),
-        np.zeros(0, np.int8) if source_N is None else _dense_codes(np.asarray(source_N).reshape(-1)))
+        np.zeros(0, np.int8) if source_N is None else dense_ids(np.asarray(source_N).reshape(-1)))
     target_K = wsum_GK.sum(axis=0) / G
     inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
     inv_t2 = inv_t**2
@@ -122,7 +123,7 @@ def _with_sources(source_F, count_G, wsum_GK, max_sources):
         (code_F, wsum, target, inv_t, inv_t2): each row's source column (int8 up to 127
         columns), and the sums, targets and weights extended by the O source columns.
     """
-    code = _dense_codes(np.asarray(source_F).reshape(-1))
+    code = dense_ids(np.asarray(source_F).reshape(-1))
     freq = np.bincount(code)
     keep = np.argsort(-freq, kind="stable")[: max(1, max_sources - 1)]
     col = np.full(len(freq), len(keep), dtype=np.int64)  # rare sources share the last column
@@ -137,20 +138,6 @@ def _with_sources(source_F, count_G, wsum_GK, max_sources):
     inv_t2 = inv_t**2
     inv_t2[K:] *= MIX_WEIGHT
     return code_F, wsum, target_K, inv_t, inv_t2
-
-
-def _dense_codes(values_F):
-    """(F,) index of each value among the sorted distinct values (``np.unique``'s inverse),
-    through a lookup table when they are integers of a small range (no sort: 1.2M rows 10 ms
-    instead of 0.3 s)."""
-    if values_F.dtype.kind in "iub" and len(values_F):
-        wide = values_F.astype(np.int64)
-        low = int(wide.min())
-        span = int(wide.max()) - low + 1
-        if span <= 1 << 20:
-            present = np.bincount(wide - low, minlength=span) > 0
-            return (np.cumsum(present) - 1)[wide - low]
-    return np.unique(values_F, return_inverse=True)[1].reshape(-1)
 
 
 def _membership(members_GX, count_G):
