@@ -348,7 +348,7 @@ def split_to_multiple(packing: Packing, weight_N: np.ndarray, multiple: int) -> 
     sizes = packing.group_sizes()
     weight_G = group_sums(packing, np.asarray(weight_N, dtype=np.float64))
     order = np.argsort(-weight_G, kind="stable")
-    offsets = packing.group_offsets.tolist()
+    offsets = np.asarray(packing.group_offsets, dtype=np.int64)
     multi = order[sizes[order] >= 2][:need]
     if len(multi) < need:
         raise InputError(
@@ -356,20 +356,20 @@ def split_to_multiple(packing: Packing, weight_N: np.ndarray, multiple: int) -> 
             f"two or more samples, {need} splits needed",
             fix="lower {world_size} or {micro_batches}, or pack more samples",
         )
-    splits = {int(g): int(sizes[g] // 2) for g in multi}
-    new_offsets = []
-    new_iso = []
-    for g in range(G):
-        new_offsets.append(offsets[g])
-        new_iso.append(bool(packing.isolated[g]))
-        if g in splits:
-            new_offsets.append(offsets[g] + splits[g])
-            new_iso.append(False)
-    new_offsets.append(offsets[-1])
+    # Each split group g is followed by its second half (never isolated): one more offset inside g.
+    split = np.zeros(G, bool)
+    split[multi] = True
+    new_offsets = np.empty(G + need + 1, np.int64)
+    new_iso = np.zeros(G + need, bool)
+    at = np.arange(G) + np.cumsum(split) - split  # where group g lands among the new groups
+    new_offsets[at] = offsets[:-1]
+    new_offsets[at[multi] + 1] = offsets[multi] + sizes[multi] // 2
+    new_offsets[-1] = offsets[-1]
+    new_iso[at] = packing.isolated
     return Packing(
         order=packing.order,
-        group_offsets=np.asarray(new_offsets, dtype=np.int64),
-        isolated=np.asarray(new_iso, dtype=bool),
+        group_offsets=new_offsets,
+        isolated=new_iso,
         dropped=packing.dropped,
         dropped_reason=packing.dropped_reason,
     )

@@ -129,17 +129,17 @@ def pack_llm_ffd(load_NK: np.ndarray, caps_K: np.ndarray, *, seed: int = 0, over
     bins = _first_fit(tokens[fit], cap)
     by_bin = np.argsort(bins, kind="stable")
     counts = np.bincount(bins, minlength=int(bins.max()) + 1 if len(bins) else 0)
-    sizes = [int(c) for c in counts if c > 0]
+    sizes = [counts[counts > 0].astype(np.int64)]
     members = [ids[fit[by_bin]]]
-    isolated = [False] * len(sizes)
+    isolated = [np.zeros(len(sizes[0]), bool)]
     dropped, reasons = np.array([], np.int64), ()
     if oversize == "isolate":
         members.append(ids[order[over]])
-        sizes += [1] * int(over.sum())
-        isolated += [True] * int(over.sum())
+        sizes.append(np.ones(int(over.sum()), np.int64))
+        isolated.append(np.ones(int(over.sum()), bool))
     else:
         dropped = ids[order[over]]
         reasons = ("oversize",) * len(dropped)
-    offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
-    return Packing(np.concatenate(members).astype(np.int64), offsets, np.array(isolated, bool), dropped, reasons)
+    offsets = np.concatenate([[0], np.cumsum(np.concatenate(sizes))]).astype(np.int64)
+    return Packing(np.concatenate(members).astype(np.int64), offsets, np.concatenate(isolated), dropped, reasons)
 
