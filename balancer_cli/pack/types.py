@@ -46,7 +46,7 @@ def dense_ids(values: np.ndarray) -> np.ndarray:
         ([1, 0, 1, 2], [1, 0, 1])
     """
     values = np.asarray(values).reshape(-1)
-    if values.dtype.kind in "iub" and len(values):
+    if values.dtype.kind in "iub" and len(values) and not (values.dtype == np.uint64 and values.max() >= 2**63):
         wide = values.astype(np.int64)
         low = int(wide.min())
         span = int(wide.max()) - low + 1

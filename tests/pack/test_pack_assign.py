@@ -97,6 +97,25 @@ def test_split_to_multiple_keeps_conservation_and_caps(n, multiple, seed):
         return
     assert q.num_groups % multiple == 0
     check_packing(q, n, load, caps)
+    # only splits: the same rows in the same order, every old boundary kept, isolated flags kept
+    assert np.array_equal(q.order, p.order)
+    kept = np.isin(q.group_offsets, p.group_offsets)
+    assert set(p.group_offsets.tolist()) <= set(q.group_offsets.tolist())
+    assert q.num_groups - p.num_groups == int((~kept).sum()) == (-p.num_groups) % multiple
+    assert np.array_equal(q.isolated[kept[:-1]], p.isolated) and not q.isolated[~kept[:-1]].any()
+
+
+@SETTINGS
+@given(values=st.lists(st.integers(-2**40, 2**40), max_size=60),
+       dtype=st.sampled_from(["int8", "int32", "int64", "uint16"]), small=st.booleans())
+def test_dense_ids_are_numpy_uniques_inverse(values, dtype, small):
+    """The lookup-table path (small ranges) and the sort path give ``np.unique``'s inverse."""
+    from balancer_cli.pack.types import dense_ids
+
+    info = np.iinfo(dtype)
+    span = 50 if small else info.max
+    arr = np.array([min(max(v % (span + 1) if small else v, info.min), info.max) for v in values], dtype=dtype)
+    assert np.array_equal(dense_ids(arr), np.unique(arr, return_inverse=True)[1].reshape(-1))
 
 
 def test_search_ranks_candidates_and_respects_limits():
