@@ -10,11 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from balancer_cli._jit import njit, prefetch
+from balancer_cli.pack.packers._table_kernels import ROWS_AHEAD
 
 __all__ = ["greedy_close", "first_fit", "first_fit_tree", "deal_rounds", "row_shares"]
-
-#: Rows ahead whose table rows the gathering kernels prefetch (rows come in random order).
-_AHEAD = 16
 
 
 @njit
@@ -46,8 +44,8 @@ def greedy_close(rows, load_NK, caps_K):  # pragma: no cover - compiled
     offsets[0] = 0
     ng = 0
     for p in range(P):
-        if p + _AHEAD < P:
-            prefetch(load_NK, rows[p + _AHEAD] * K)
+        if p + ROWS_AHEAD < P:
+            prefetch(load_NK, rows[p + ROWS_AHEAD] * K)
         i = rows[p]
         over = False
         for k in range(K):
@@ -201,9 +199,9 @@ def row_shares(rows, load_NK, caps_K, weight_NK, inv_t_K):  # pragma: no cover -
     size = np.empty(P)
     norm = np.empty(P)
     for p in range(P):
-        if p + _AHEAD < P:
-            prefetch(load_NK, rows[p + _AHEAD] * load_NK.shape[1])
-            prefetch(weight_NK, rows[p + _AHEAD] * weight_NK.shape[1])
+        if p + ROWS_AHEAD < P:
+            prefetch(load_NK, rows[p + ROWS_AHEAD] * load_NK.shape[1])
+            prefetch(weight_NK, rows[p + ROWS_AHEAD] * weight_NK.shape[1])
         i = rows[p]
         h = 0.0
         s = 0.0

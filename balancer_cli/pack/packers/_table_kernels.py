@@ -14,10 +14,11 @@ import numpy as np
 
 from balancer_cli._jit import njit, prefetch
 
-__all__ = ["group_tables", "load_sums", "suffix_min", "compact_rows", "expand_rows"]
+__all__ = ["group_tables", "load_sums", "suffix_min", "compact_rows", "expand_rows", "ROWS_AHEAD"]
 
-#: Rows (or groups) ahead whose table rows the kernels prefetch.
-_AHEAD = 16
+#: Rows ahead whose table rows the kernels that gather rows in random order prefetch (here and
+#: in :mod:`~balancer_cli.pack.packers._fill_kernels`); groups ahead for the compaction.
+ROWS_AHEAD = 16
 _AHEAD_GROUPS = 4
 
 
@@ -58,9 +59,9 @@ def group_tables(queue, gid, G, width, weight_NK, load_NK):  # pragma: no cover 
     lsum = np.zeros((G, KL), np.int64)
     fill = np.zeros(G, np.int64)
     for p in range(P):
-        if p + _AHEAD < P:
-            prefetch(weight_NK, queue[p + _AHEAD] * KW)
-            prefetch(load_NK, queue[p + _AHEAD] * KL)
+        if p + ROWS_AHEAD < P:
+            prefetch(weight_NK, queue[p + ROWS_AHEAD] * KW)
+            prefetch(load_NK, queue[p + ROWS_AHEAD] * KL)
         g = gid[p]
         i = queue[p]
         members[g, fill[g]] = i
@@ -84,8 +85,8 @@ def load_sums(gid, rows, load_NK, G):  # pragma: no cover - compiled
     KL = load_NK.shape[1]
     lsum = np.zeros((G, KL), np.int64)
     for p in range(len(rows)):
-        if p + _AHEAD < len(rows):
-            prefetch(load_NK, rows[p + _AHEAD] * KL)
+        if p + ROWS_AHEAD < len(rows):
+            prefetch(load_NK, rows[p + ROWS_AHEAD] * KL)
         for k in range(KL):
             lsum[gid[p], k] += load_NK[rows[p], k]
     return lsum
@@ -107,8 +108,8 @@ def suffix_min(rows, load_NK):  # pragma: no cover - compiled
     K = load_NK.shape[1]
     out = np.empty((P, K), dtype=load_NK.dtype)
     for p in range(P - 1, -1, -1):
-        if p >= _AHEAD:
-            prefetch(load_NK, rows[p - _AHEAD] * K)
+        if p >= ROWS_AHEAD:
+            prefetch(load_NK, rows[p - ROWS_AHEAD] * K)
         i = rows[p]
         for k in range(K):
             v = load_NK[i, k]
