@@ -6,14 +6,22 @@ module's cap independently, within the user's memory limits (``max_caps_K``), on
 subsample, and ranks candidates by one objective built from the shared metrics:
 
 ``sum_k (1 - utilization_k) + pad_ratio_weight * pad_ratio + 10 * excluded_share
-+ (steps / steps_lower_bound - 1) + size_weight * |mean group size / target - 1|
++ (efficiency - 1) + 10 * max(0, efficiency - 1.03) + size_weight * |mean group size / target - 1|
 + mix_weight * max(0, mix_vs_random - 1)``
 
-where ``excluded_share`` counts oversize samples (isolated or dropped) and ``steps_lower_bound``
-is the fewest steps the candidate's own caps permit (packing efficiency); the target group
-size sets the scale of the caps; ``mix_vs_random`` is the steps' source mix against random
-batching of the same steps (:func:`~balancer_cli.pack.evaluate.step_mix_ratio`, with
-``source_N``): caps whose groups cannot be mixed (tight caps make groups of one kind) lose.
+where ``excluded_share`` counts oversize samples (isolated or dropped); ``efficiency`` is the
+groups over the fewest the candidate's own caps permit
+(:func:`~balancer_cli.pack.bounds.groups_lower_bound`), and past ``MAX_STEP_EXCESS`` (1.03,
+the packer's own limit) it weighs ten times as much: more steps than that are a cost, not a
+preference. The target group size sets the scale of the caps; ``mix_vs_random`` is the steps'
+source mix against random batching of the same steps
+(:func:`~balancer_cli.pack.evaluate.step_mix_ratio`, with ``source_N``): caps whose groups
+cannot be mixed (tight caps make groups of one kind) lose.
+
+A subsample holds few steps, so its groups are counted before rounding to whole steps: the
+rounding would hide the excess, and would change the packer's decisions (first fit's tighter
+but unmixed groups kept or not) against the full data's. An input of up to 1.5x the sample
+size is evaluated whole, with its rounding, exactly as it will be packed.
 For ``algorithm="isf"`` every cap candidate is combined with acceptance bounds (the encoders'
 bound equal to their cap, the LLM's at a few fractions of its cap). The best candidate is then
 packed once on the full data by the caller.
@@ -45,12 +53,15 @@ from balancer_cli.pack.assign import (
 )
 from balancer_cli.pack.bounds import groups_lower_bound
 from balancer_cli.pack.evaluate import step_mix_ratio
-from balancer_cli.pack.packers.balanced import BalancedOptions, pack_balanced
+from balancer_cli.pack.packers.balanced import MAX_STEP_EXCESS, BalancedOptions, pack_balanced
 from balancer_cli.pack.packers.isf import pack_isf
 from balancer_cli.pack.types import group_sums
 
 __all__ = ["SearchResult", "Candidate", "search_thresholds", "default_caps", "DEFAULT_GROUP_SIZE"]
 
+#: Weight of groups beyond ``MAX_STEP_EXCESS`` x the lower bound: steps past it are a cost the
+#: user did not ask for (a contract, not a preference), so they outweigh any other term.
+_OVER_BOUND_WEIGHT = 10.0
 #: OmniBal's search stops when the average group holds micro_bs..micro_bs+1 samples (micro_bs 4).
 DEFAULT_GROUP_SIZE = 4.5
 
@@ -127,20 +138,31 @@ def _axis(max_cap: int, center: float, grid: int, floor: float) -> np.ndarray:
     return np.clip(vals, 1, max_cap)
 
 
-def _evaluate(load, cost, source, caps, bounds, shape, algorithm, seed, passes):
+def _evaluate(load, cost, source, caps, bounds, shape, algorithm, seed, passes, exact):
+    """Metrics of one candidate on the subsample, or None when it cannot fill a step.
+
+    On a part of the data (``exact`` False) groups are packed without rounding their number to
+    whole steps, then the heaviest are split to a multiple (as for ISF): a subsample holds few
+    steps, and rounding to them would hide the packer's own excess of groups (the efficiency
+    term) and change its decisions (whether first fit's tighter but unmixed groups are kept)
+    against the full data's. On all of it (``exact``) the candidate is packed as the full run is.
+    """
     n = len(load)
     R, M, per_step = shape.world_size, shape.micro_batches, shape.groups_per_step
     if algorithm == "isf":
         p = pack_isf(load, caps, bounds, iterations=20, seed=seed)
-        if p.num_groups >= per_step:
-            p = split_to_multiple(p, cost[:, -1], per_step)
     else:
-        p = pack_balanced(load, caps, cost_NK=cost, group_multiple=per_step, seed=seed, source_N=source,
-                          options=BalancedOptions(passes=passes))
+        p = pack_balanced(load, caps, cost_NK=cost, group_multiple=per_step if exact else 1, seed=seed,
+                          source_N=source, options=BalancedOptions(passes=passes))
+    if p.num_groups < per_step:
+        return None
+    lower_bound = max(1, groups_lower_bound(load, caps))
+    # Exact: steps over the fewest steps, as the report counts them; else groups over the fewest groups.
+    efficiency = (-(-p.num_groups // per_step) / -(-lower_bound // per_step) if exact
+                  else p.num_groups / lower_bound)
+    p = split_to_multiple(p, cost[:, -1], per_step)
     G = p.num_groups
     excluded = (len(p.dropped) + int(p.isolated.sum())) / n
-    if G < per_step or G % per_step:
-        return None
     gs = group_sums(p, cost)
     mix_GO = None if source is None else group_source_counts(p, source)
     a = assign_groups(gs, world_size=R, micro_batches=M, seed=seed, mix_GO=mix_GO)
@@ -154,7 +176,7 @@ def _evaluate(load, cost, source, caps, bounds, shape, algorithm, seed, passes):
         util.append(utilization(load_SR))
     pad = pad_ratio(gid, cost[p.order, -1])
     size = len(p.order) / max(G, 1)
-    return a.num_steps, dist, util, pad, excluded, size, mix
+    return efficiency, dist, util, pad, excluded, size, mix
 
 
 def search_thresholds(
@@ -187,7 +209,8 @@ def search_thresholds(
         seed: subsample and packing seed.
         algorithm: ``balanced`` (our packer; bounds are reported equal to the caps) or ``isf``.
         grid: points per module axis (``grid ** K`` cap candidates).
-        sample_size: samples evaluated per candidate (a seeded subsample).
+        sample_size: samples evaluated per candidate (a seeded subsample; an input of up to 1.5x
+            this many is evaluated whole, exactly as it will be packed).
         pad_ratio_weight, size_weight: objective weights.
         passes: refinement passes of our packer during the search.
         source_N: (N,) source code per sample: groups and steps are mixed by source and the
@@ -213,7 +236,8 @@ def search_thresholds(
     shape = StepShape(world_size=world_size, micro_batches=micro_batches)
     R, M = shape.world_size, shape.micro_batches
     rng = np.random.default_rng(seed)
-    n = min(len(load), int(sample_size))
+    # Up to 1.5x the sample size the whole input is cheap enough, and evaluated exactly.
+    n = len(load) if len(load) <= 1.5 * int(sample_size) else int(sample_size)
     pick = np.sort(rng.choice(len(load), n, replace=False)) if n < len(load) else np.arange(len(load))
     sub_load, sub_cost = load[pick], cost[pick]
     sub_source = None if source_N is None else np.asarray(source_N, dtype=np.int64)[pick]
@@ -231,17 +255,18 @@ def search_thresholds(
         else:
             bound_sets = [caps]
         for bounds in bound_sets:
-            res = _evaluate(sub_load, sub_cost, sub_source, caps, bounds, shape, algorithm, seed, passes)
+            res = _evaluate(sub_load, sub_cost, sub_source, caps, bounds, shape, algorithm, seed, passes,
+                            exact=n == len(load))
             if res is None:
                 continue
-            steps, dist, util, pad, excluded, size, mix = res
-            steps_lb = max(1, -(-groups_lower_bound(sub_load, caps) // shape.groups_per_step))
+            efficiency, dist, util, pad, excluded, size, mix = res
             objective = (sum(1.0 - u for u in util) + pad_ratio_weight * pad + 10.0 * excluded
-                         + (steps / steps_lb - 1.0) + size_weight * abs(size / target - 1.0)
+                         + (efficiency - 1.0) + _OVER_BOUND_WEIGHT * max(0.0, efficiency - MAX_STEP_EXCESS)
+                         + size_weight * abs(size / target - 1.0)
                          + mix_weight * max(0.0, mix - 1.0))
             candidates.append(Candidate(tuple(caps.tolist()), tuple(int(b) for b in bounds), float(objective),
                                         tuple(dist), tuple(util), float(pad), float(excluded),
-                                        float(steps / steps_lb), float(size), float(mix)))
+                                        float(efficiency), float(size), float(mix)))
             grid_obj[idx] = min(grid_obj[idx], objective)
     if not candidates:
         raise InputError(

@@ -118,6 +118,46 @@ def test_dense_ids_are_numpy_uniques_inverse(values, dtype, small):
     assert np.array_equal(dense_ids(arr), np.unique(arr, return_inverse=True)[1].reshape(-1))
 
 
+@SETTINGS
+@given(pool=st.lists(st.one_of(st.floats(-1e6, 1e6), st.just(0.0), st.just(-0.0), st.just(float("nan"))),
+                     min_size=1, max_size=30),
+       n=st.sampled_from([10, 5000, 20000]), seed=st.integers(0, 3), as_int=st.booleans())
+def test_stable_argsort_is_numpys_stable_order(pool, n, seed, as_int):
+    """Ties (runs of every length), NaNs and signed zeros come out in numpy's stable order."""
+    from balancer_cli.pack._sort_kernels import stable_argsort
+
+    values = np.array(pool)[np.random.default_rng(seed).integers(0, len(pool), n)]
+    if as_int:
+        values = np.nan_to_num(values).astype(np.int64)
+    got = stable_argsort(values)
+    assert got.dtype == np.int64 and np.array_equal(got, np.argsort(values, kind="stable"))
+
+
+def test_search_counts_groups_before_rounding_to_steps():
+    """On a subsample the efficiency is the packer's own groups over the bound, not whole steps
+    (which on a few steps would round away the excess); an input up to 1.5x the sample size is
+    evaluated whole."""
+    from balancer_cli.pack.bounds import groups_lower_bound
+    from balancer_cli.pack.packers.balanced import BalancedOptions
+
+    rng = np.random.default_rng(1)
+    n = 9000
+    items = rng.choice([1, 3, 4, 5], n)
+    load = np.stack([items, 256 * items + rng.integers(40, 300, n)], 1)
+    res = search_thresholds(load, load.astype(float), world_size=32, micro_batches=2, max_caps_K=np.array([24, 6144]),
+                            grid=2, sample_size=4000, seed=3)
+    assert res.sample_size == 4000
+    pick = np.sort(np.random.default_rng(3).choice(n, 4000, replace=False))
+    for c in res.candidates:
+        caps = np.array(c.caps_K)
+        p = pack_balanced(load[pick], caps, cost_NK=load[pick].astype(float), seed=3,
+                          options=BalancedOptions(passes=3))
+        assert c.steps_over_lower_bound == pytest.approx(p.num_groups / groups_lower_bound(load[pick], caps))
+    whole = search_thresholds(load, load.astype(float), world_size=32, micro_batches=2,
+                              max_caps_K=np.array([24, 6144]), grid=2, sample_size=6000)
+    assert whole.sample_size == n
+
+
 def test_search_ranks_candidates_and_respects_limits():
     rng = np.random.default_rng(0)
     n = 5000
