@@ -150,7 +150,7 @@ def resolve_thresholds(inputs: PackInputs, config: PackConfig) -> tuple[np.ndarr
     if all(m in caps for m in inputs.modules):
         caps_K = np.array([caps[m] for m in inputs.modules], dtype=np.int64)
     else:
-        search = run_search(inputs, config)
+        search = run_search(inputs, config, prune=True)  # the same best caps, fewer candidates measured
         caps_K = np.asarray(search.best_caps_K, dtype=np.int64)
         if config.algorithm == "isf":  # our packer's search reports bounds = caps: keep ISF's defaults then
             for k, module in enumerate(inputs.modules):

@@ -81,6 +81,10 @@ class Candidate:
     mean_group_size: float
     #: Step mix against random batching of the same steps (1.0 = as mixed; 1.0 without sources).
     mix_vs_random: float = 1.0
+    #: Skipped (``prune=True``): the terms its packing alone decides already exceed the best
+    #: candidate's objective; ``objective`` is then that lower bound, and the assignment's
+    #: metrics (Dist Ratio, utilization, pad ratio, mix) are not measured (empty / NaN).
+    pruned: bool = False
 
 
 @dataclass(frozen=True)
@@ -138,8 +142,9 @@ def _axis(max_cap: int, center: float, grid: int, floor: float) -> np.ndarray:
     return np.clip(vals, 1, max_cap)
 
 
-def _evaluate(load, cost, source, caps, bounds, shape, algorithm, seed, passes, exact):
-    """Metrics of one candidate on the subsample, or None when it cannot fill a step.
+def _packed(load, cost, source, caps, bounds, shape, algorithm, seed, passes, exact):
+    """One candidate's packing split to whole steps and its efficiency, or None when it cannot
+    fill a step.
 
     On a part of the data (``exact`` False) groups are packed without rounding their number to
     whole steps, then the heaviest are split to a multiple (as for ISF): a subsample holds few
@@ -147,8 +152,7 @@ def _evaluate(load, cost, source, caps, bounds, shape, algorithm, seed, passes, 
     term) and change its decisions (whether first fit's tighter but unmixed groups are kept)
     against the full data's. On all of it (``exact``) the candidate is packed as the full run is.
     """
-    n = len(load)
-    R, M, per_step = shape.world_size, shape.micro_batches, shape.groups_per_step
+    per_step = shape.groups_per_step
     if algorithm == "isf":
         p = pack_isf(load, caps, bounds, iterations=20, seed=seed)
     else:
@@ -160,9 +164,12 @@ def _evaluate(load, cost, source, caps, bounds, shape, algorithm, seed, passes, 
     # Exact: steps over the fewest steps, as the report counts them; else groups over the fewest groups.
     efficiency = (-(-p.num_groups // per_step) / -(-lower_bound // per_step) if exact
                   else p.num_groups / lower_bound)
-    p = split_to_multiple(p, cost[:, -1], per_step)
-    G = p.num_groups
-    excluded = (len(p.dropped) + int(p.isolated.sum())) / n
+    return split_to_multiple(p, cost[:, -1], per_step), efficiency
+
+
+def _measured(p, cost, source, shape, seed):
+    """(dist_K, util_K, pad, mix) of a packing assigned to steps x ranks (as :func:`assign_groups` places it)."""
+    R, M = shape.world_size, shape.micro_batches
     gs = group_sums(p, cost)
     mix_GO = None if source is None else group_source_counts(p, source)
     a = assign_groups(gs, world_size=R, micro_batches=M, seed=seed, mix_GO=mix_GO)
@@ -174,9 +181,7 @@ def _evaluate(load, cost, source, caps, bounds, shape, algorithm, seed, passes, 
         load_SR = step_loads(step_P, rank_P, cost[p.order, k], num_steps=a.num_steps, world_size=R)
         dist.append(dist_ratio(load_SR))
         util.append(utilization(load_SR))
-    pad = pad_ratio(gid, cost[p.order, -1])
-    size = len(p.order) / max(G, 1)
-    return efficiency, dist, util, pad, excluded, size, mix
+    return dist, util, pad_ratio(gid, cost[p.order, -1]), mix
 
 
 def search_thresholds(
@@ -196,6 +201,7 @@ def search_thresholds(
     passes: int = 3,
     source_N: np.ndarray | None = None,
     mix_weight: float = 1.0,
+    prune: bool = False,
 ) -> SearchResult:
     """Grid-search caps (and ISF bounds) on a subsample; see the module docstring.
 
@@ -216,6 +222,12 @@ def search_thresholds(
         source_N: (N,) source code per sample: groups and steps are mixed by source and the
             objective counts the step mix (None: sources are ignored).
         mix_weight: weight of the step mix in the objective.
+        prune: skip the refinement, assignment and metrics of candidates whose packing alone
+            (excluded share, efficiency, group size: known after dealing) scores past the best
+            one found so far, visiting candidates by those terms. The best candidate is the
+            same as without pruning; the others are only ranked among the ones evaluated, then
+            the pruned ones (``Candidate.pruned``). ``balancer pack`` prunes, ``balancer search``
+            evaluates every candidate.
 
     Raises:
         InputError: no samples.
@@ -246,34 +258,63 @@ def search_thresholds(
     centers = default_caps(sub_load, target)
     floors = np.maximum(1, sub_load.mean(axis=0))
     axes = tuple(_axis(int(max_caps[k]), float(centers[k]), grid, float(floors[k])) for k in range(load.shape[1]))
-    candidates: list[Candidate] = []
-    grid_obj = np.full(tuple(len(a) for a in axes), np.inf)
-    for idx in np.ndindex(*grid_obj.shape):
+    exact = n == len(load)
+    points = []  # (grid index, caps, bounds), in grid order
+    for idx in np.ndindex(*tuple(len(a) for a in axes)):
         caps = np.array([axes[k][i] for k, i in enumerate(idx)], dtype=np.int64)
         if algorithm == "isf":
             bound_sets = [np.concatenate([caps[:-1], [int(caps[-1] * f)]]) for f in (0.9, 0.95, 0.98)]
         else:
             bound_sets = [caps]
-        for bounds in bound_sets:
-            res = _evaluate(sub_load, sub_cost, sub_source, caps, bounds, shape, algorithm, seed, passes,
-                            exact=n == len(load))
-            if res is None:
-                continue
-            efficiency, dist, util, pad, excluded, size, mix = res
-            objective = (sum(1.0 - u for u in util) + pad_ratio_weight * pad + 10.0 * excluded
-                         + (efficiency - 1.0) + _OVER_BOUND_WEIGHT * max(0.0, efficiency - MAX_STEP_EXCESS)
-                         + size_weight * abs(size / target - 1.0)
-                         + mix_weight * max(0.0, mix - 1.0))
-            candidates.append(Candidate(tuple(caps.tolist()), tuple(int(b) for b in bounds), float(objective),
-                                        tuple(dist), tuple(util), float(pad), float(excluded),
-                                        float(efficiency), float(size), float(mix)))
-            grid_obj[idx] = min(grid_obj[idx], objective)
+        points += [(idx, caps, bounds) for bounds in bound_sets]
+
+    def fixed_terms(p, efficiency):
+        """(objective terms that the packing alone decides, excluded share, mean group size)."""
+        excluded = (len(p.dropped) + int(p.isolated.sum())) / n
+        size = len(p.order) / max(p.num_groups, 1)
+        terms = (10.0 * excluded + (efficiency - 1.0) + _OVER_BOUND_WEIGHT * max(0.0, efficiency - MAX_STEP_EXCESS)
+                 + size_weight * abs(size / target - 1.0))
+        return terms, excluded, size
+
+    candidates: list[Candidate] = []
+    grid_obj = np.full(tuple(len(a) for a in axes), np.inf)
+    best_objective = np.inf
+    if prune and algorithm == "balanced":
+        # The group count, so the terms above, is known after dealing: visit candidates by them
+        # (a dealing costs ~1/10 of a full evaluation) and skip those they alone put past the best.
+        dealt = [(point, _packed(sub_load, sub_cost, sub_source, point[1], point[2], shape, algorithm, seed, 0, exact))
+                 for point in points]
+        plan = [(point, fixed_terms(*res), res[1]) for point, res in dealt if res is not None]
+        plan.sort(key=lambda item: (item[1][0], tuple(item[0][1].tolist())))
+    else:
+        plan = [(point, None, None) for point in points]
+    for (idx, caps, bounds), fixed, dealt_efficiency in plan:
+        key = (tuple(caps.tolist()), tuple(int(b) for b in bounds))
+        if fixed is not None and fixed[0] > best_objective + 1e-9:  # its objective is at least fixed[0]
+            bound, excluded, size = fixed
+            candidates.append(Candidate(*key, float(bound), (), (), float("nan"), float(excluded),
+                                        float(dealt_efficiency), float(size), float("nan"), pruned=True))
+            continue
+        res = _packed(sub_load, sub_cost, sub_source, caps, bounds, shape, algorithm, seed, passes, exact)
+        if res is None:
+            continue
+        p, efficiency = res
+        _, excluded, size = fixed_terms(p, efficiency)
+        dist, util, pad, mix = _measured(p, sub_cost, sub_source, shape, seed)
+        objective = (sum(1.0 - u for u in util) + pad_ratio_weight * pad + 10.0 * excluded
+                     + (efficiency - 1.0) + _OVER_BOUND_WEIGHT * max(0.0, efficiency - MAX_STEP_EXCESS)
+                     + size_weight * abs(size / target - 1.0)
+                     + mix_weight * max(0.0, mix - 1.0))
+        candidates.append(Candidate(*key, float(objective), tuple(dist), tuple(util), float(pad), float(excluded),
+                                    float(efficiency), float(size), float(mix)))
+        grid_obj[idx] = min(grid_obj[idx], objective)
+        best_objective = min(best_objective, objective)
     if not candidates:
         raise InputError(
             f"no candidate yields {shape.groups_per_step} groups on a {n}-sample subsample",
             fix="lower {world_size} or {micro_batches}, or raise {sample_size}",
         )
-    candidates.sort(key=lambda c: (c.objective, c.caps_K, c.bounds_K))
+    candidates.sort(key=lambda c: (c.pruned, c.objective, c.caps_K, c.bounds_K))
     best = candidates[0]
     return SearchResult(
         candidates=tuple(candidates),

@@ -39,17 +39,19 @@ def search_data(result: Any, modules: Sequence[str], *, extra: Mapping[str, Any]
     by_module = lambda values, cast=int: {m: cast(v) for m, v in zip(modules, values)}  # noqa: E731
     candidates = []
     for rank, c in enumerate(result.candidates, start=1):
+        pruned = bool(getattr(c, "pruned", False))  # not measured: its objective is a lower bound
         candidates.append({
             "rank": rank,
             "caps": by_module(c.caps_K),
             "bounds": by_module(c.bounds_K),
             "objective": _r(c.objective),
-            "dist_ratio": by_module(c.dist_ratio_K, _r),
-            "utilization": by_module(c.utilization_K, _r),
-            "pad_ratio": _r(c.pad_ratio),
+            "dist_ratio": None if pruned else by_module(c.dist_ratio_K, _r),
+            "utilization": None if pruned else by_module(c.utilization_K, _r),
+            "pad_ratio": None if pruned else _r(c.pad_ratio),
             "excluded_share": _r(c.excluded_share),
             "steps_over_lower_bound": _r(c.steps_over_lower_bound),
             "mean_group_size": _r(c.mean_group_size),
+            **({"pruned": True} if pruned else {}),
         })
     objective = np.asarray(result.grid_objective, dtype=np.float64)
     return {
@@ -62,7 +64,7 @@ def search_data(result: Any, modules: Sequence[str], *, extra: Mapping[str, Any]
         "grid": {
             "axes": {m: [int(v) for v in axis] for m, axis in zip(modules, result.grid_axes)},
             # JSON has no infinity: grid points with no feasible candidate are null.
-            "objective": np.where(np.isfinite(objective), np.round(objective, 6), np.nan).tolist(),
+            "objective": np.where(np.isfinite(objective), np.round(objective, 6), None).tolist(),
         },
         "candidates": candidates,
     }
@@ -80,9 +82,11 @@ def search_table(data: Mapping[str, Any], top: int = 10) -> tuple[list[str], lis
         row = [str(c["rank"])] + [str(c["caps"][m]) for m in modules]
         if data["algorithm"] == "isf":
             row += [str(c["bounds"][m]) for m in modules]
-        row += [f"{c['objective']:.4f}"] + [f"{c['utilization'][m]:.3f}" for m in modules]
-        row += [f"{c['pad_ratio']:.3f}", f"{100 * c['excluded_share']:.2f}%", f"{c['steps_over_lower_bound']:.3f}",
-                f"{c['mean_group_size']:.2f}"]
+        if c.get("pruned"):  # only the terms its packing decides were measured
+            row += [f">{c['objective']:.4f}"] + ["-" for _ in modules] + ["-"]
+        else:
+            row += [f"{c['objective']:.4f}"] + [f"{c['utilization'][m]:.3f}" for m in modules] + [f"{c['pad_ratio']:.3f}"]
+        row += [f"{100 * c['excluded_share']:.2f}%", f"{c['steps_over_lower_bound']:.3f}", f"{c['mean_group_size']:.2f}"]
         rows.append(row)
     return header, rows
 
@@ -93,10 +97,9 @@ def plot_search(path: str | os.PathLike, data: Mapping[str, Any]) -> None:
     With more than two modules, the other axes are reduced to their best (minimum) objective;
     with one module (text only) the map is a single row.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # Matplotlib's object API on an Agg canvas: no pyplot state, and a notebook's backend stays.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     modules = list(data["modules"])
     axes = [data["grid"]["axes"][m] for m in modules]
@@ -108,7 +111,9 @@ def plot_search(path: str | os.PathLike, data: Mapping[str, Any]) -> None:
         mat = np.nanmin(grid, axis=others) if others and np.isfinite(grid).any() else grid
         mat = mat.reshape(len(axes[0]), len(axes[-1]))
         y_mod = modules[0]
-    fig, ax = plt.subplots(figsize=(1.2 * mat.shape[1] + 3, 0.9 * mat.shape[0] + 2.2))
+    fig = Figure(figsize=(1.2 * mat.shape[1] + 3, 0.9 * mat.shape[0] + 2.2))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
     image = ax.imshow(np.ma.masked_invalid(mat), cmap="viridis_r", aspect="auto", origin="lower")
     fig.colorbar(image, ax=ax, label="objective (lower is better)")
     ax.set_xticks(range(len(axes[-1])), [str(v) for v in axes[-1]])
@@ -133,4 +138,3 @@ def plot_search(path: str | os.PathLike, data: Mapping[str, Any]) -> None:
     ax.set_title(f"threshold search ({data['algorithm']}, {data['sample_size']} samples)")
     fig.subplots_adjust(left=0.15, right=0.95, top=0.9, bottom=0.15)
     fig.savefig(path, format="png", dpi=90, metadata={"Software": None})
-    plt.close(fig)

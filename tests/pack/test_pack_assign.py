@@ -133,6 +133,31 @@ def test_stable_argsort_is_numpys_stable_order(pool, n, seed, as_int):
     assert got.dtype == np.int64 and np.array_equal(got, np.argsort(values, kind="stable"))
 
 
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10**6), R=st.sampled_from([2, 4, 8]), M=st.integers(1, 2), sources=st.integers(1, 4),
+       text_share=st.floats(0.0, 0.6))
+def test_pruned_search_picks_what_the_full_search_picks(seed, R, M, sources, text_share):
+    """Pruning skips candidates whose packing alone scores past the best: the same best, objective
+    included, and every pruned candidate's lower bound above it."""
+    rng = np.random.default_rng(seed)
+    n = 3000
+    items = np.where(rng.random(n) < text_share, 0, rng.integers(1, 8, n))
+    load = np.stack([items, 256 * items + rng.integers(20, 900, n)], 1)
+    source = rng.integers(0, sources, n)
+    kw = dict(world_size=R, micro_batches=M, max_caps_K=np.array([40, 12000]), grid=3, sample_size=1500,
+              source_N=source, seed=seed % 7)
+    full = search_thresholds(load, load.astype(float), **kw)
+    pruned = search_thresholds(load, load.astype(float), prune=True, **kw)
+    assert pruned.candidates[0] == full.candidates[0]
+    assert len(pruned.candidates) == len(full.candidates)
+    by_caps = {c.caps_K: c for c in full.candidates}
+    for c in pruned.candidates:
+        if c.pruned:
+            assert c.objective > full.candidates[0].objective and by_caps[c.caps_K].objective >= c.objective - 1e-9
+        else:
+            assert c == by_caps[c.caps_K]
+
+
 def test_search_counts_groups_before_rounding_to_steps():
     """On a subsample the efficiency is the packer's own groups over the bound, not whole steps
     (which on a few steps would round away the excess); an input up to 1.5x the sample size is
