@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from balancer_cli._jit import njit, prefetch
+from balancer_cli.pack.packers._table_kernels import gather_rows
 
 __all__ = ["refine_pass", "targeted_pass"]
 
@@ -162,7 +163,7 @@ def refine_pass(order_G, cand_GC, members_GX, count_G, sum_GK, lsum_GK, weight_N
         best_a = -1
         best_b = -1  # a, b: positions in g and h; -1 means "nothing" (a move)
         ng = count_G[g]
-        _gather(members_GX, g, ng, weight_NK, load_NK, code_N, O, wg, lg, cg)
+        gather_rows(members_GX, g, ng, weight_NK, load_NK, code_N, O, wg, lg, cg)
         for k in range(KL):
             room_g[k] = caps_K[k] - lsum_GK[g, k]
         for c in range(C):
@@ -170,7 +171,7 @@ def refine_pass(order_G, cand_GC, members_GX, count_G, sum_GK, lsum_GK, weight_N
             if h == g:
                 continue
             nh = count_G[h]
-            _gather(members_GX, h, nh, weight_NK, load_NK, code_N, O, wh, lh, ch)
+            gather_rows(members_GX, h, nh, weight_NK, load_NK, code_N, O, wh, lh, ch)
             for k in range(KL):
                 room_h[k] = caps_K[k] - lsum_GK[h, k]
             # With d = w_j - w_i the pair's objective changes by 2 * sum_k d_k (s_gk - s_hk + d_k) / t_k^2
@@ -185,10 +186,16 @@ def refine_pass(order_G, cand_GC, members_GX, count_G, sum_GK, lsum_GK, weight_N
             i0 = inv_t2_K[0]
             e1 = e[1] if K > 1 else 0.0
             i1 = inv_t2_K[1] if K > 1 else 0.0
+            rg0 = room_g[0]
+            rh0 = room_h[0]
+            rg1 = room_g[1] if KL > 1 else 0
+            rh1 = room_h[1] if KL > 1 else 0
             for a in range(ng + 1):
                 out_g = 1 if a < ng else 0
                 wa0 = wg[a, 0]
                 wa1 = wg[a, 1] if K > 1 else 0.0
+                la0 = lg[a, 0]
+                la1 = lg[a, 1] if KL > 1 else 0
                 ci = cg[a]
                 lose = lose_O[ci]
                 for b in range(nh + 1):
@@ -197,7 +204,12 @@ def refine_pass(order_G, cand_GC, members_GX, count_G, sum_GK, lsum_GK, weight_N
                     new_ng = ng - out_g + out_h
                     new_nh = nh - out_h + out_g
                     ok = (new_ng >= 1) & (new_nh >= 1) & (new_ng <= X) & (new_nh <= X)
-                    for k in range(KL):
+                    dl = lh[b, 0] - la0
+                    ok = ok & (dl <= rg0) & (-dl <= rh0)
+                    if KL > 1:
+                        dl = lh[b, 1] - la1
+                        ok = ok & (dl <= rg1) & (-dl <= rh1)
+                    for k in range(2, KL):
                         dl = lh[b, k] - lg[a, k]
                         ok = ok & (dl <= room_g[k]) & (-dl <= room_h[k])
                     d = wh[b, 0] - wa0
@@ -265,24 +277,6 @@ def _prefetch_rows(g, cand_GC, members_GX, count_G, weight_NK, load_NK, code_N):
             prefetch(load_NK, i * load_NK.shape[1])
             if len(code_N) > 0:
                 prefetch(code_N, i)
-
-
-@njit
-def _gather(members_GX, g, n, weight_NK, load_NK, code_N, O, w_XK, l_XK, c_X):  # pragma: no cover
-    """Copy group g's n rows' weights, loads and source columns into rows 0 .. n-1 of the local
-    tables, and "no row" (zeros, source column O) into row n."""
-    for a in range(n):
-        i = members_GX[g, a]
-        for k in range(w_XK.shape[1]):
-            w_XK[a, k] = weight_NK[i, k]
-        for k in range(l_XK.shape[1]):
-            l_XK[a, k] = load_NK[i, k]
-        c_X[a] = code_N[i] if O > 0 else O
-    for k in range(w_XK.shape[1]):
-        w_XK[n, k] = 0.0
-    for k in range(l_XK.shape[1]):
-        l_XK[n, k] = 0
-    c_X[n] = O
 
 
 @njit

@@ -14,7 +14,7 @@ import numpy as np
 
 from balancer_cli._jit import njit, prefetch
 
-__all__ = ["group_tables", "load_sums", "suffix_min", "compact_rows", "expand_rows", "ROWS_AHEAD"]
+__all__ = ["group_tables", "load_sums", "suffix_min", "compact_rows", "expand_rows", "gather_rows", "ROWS_AHEAD"]
 
 #: Rows ahead whose table rows the kernels that gather rows in random order prefetch (here and
 #: in :mod:`~balancer_cli.pack.packers._fill_kernels`); groups ahead for the compaction.
@@ -190,3 +190,22 @@ def expand_rows(local_GX, count_G, rows_F, members_GX):  # pragma: no cover
     for g in range(G):
         for a in range(X):
             members_GX[g, a] = rows_F[local_GX[g, a]] if a < count_G[g] else -1
+
+
+@njit
+def gather_rows(members_GX, g, n, weight_NK, load_NK, code_N, O, w_XK, l_XK, c_X):  # pragma: no cover - compiled
+    """Copy group g's n rows' weights, loads and source columns into rows 0 .. n-1 of the local
+    tables, and "no row" (zeros, source column O) into row n: the refinement then reads a pair's
+    rows from small tables side by side, branch-free."""
+    for a in range(n):
+        i = members_GX[g, a]
+        for k in range(w_XK.shape[1]):
+            w_XK[a, k] = weight_NK[i, k]
+        for k in range(l_XK.shape[1]):
+            l_XK[a, k] = load_NK[i, k]
+        c_X[a] = code_N[i] if O > 0 else O
+    for k in range(w_XK.shape[1]):
+        w_XK[n, k] = 0.0
+    for k in range(l_XK.shape[1]):
+        l_XK[n, k] = 0
+    c_X[n] = O
