@@ -119,18 +119,23 @@ def test_dense_ids_are_numpy_uniques_inverse(values, dtype, small):
 
 
 @SETTINGS
-@given(pool=st.lists(st.one_of(st.floats(-1e6, 1e6), st.just(0.0), st.just(-0.0), st.just(float("nan"))),
-                     min_size=1, max_size=30),
-       n=st.sampled_from([10, 5000, 20000]), seed=st.integers(0, 3), as_int=st.booleans())
-def test_stable_argsort_is_numpys_stable_order(pool, n, seed, as_int):
-    """Ties (runs of every length), NaNs and signed zeros come out in numpy's stable order."""
-    from balancer_cli.pack._sort_kernels import stable_argsort
+@given(pool=st.lists(st.one_of(st.floats(-1e300, 1e300), st.just(0.0), st.just(-0.0), st.just(float("nan")),
+                               st.just(5e-324), st.just(-5e-324)), min_size=1, max_size=30),
+       n=st.sampled_from([1, 10, 5000, 20000]), seed=st.integers(0, 3), as_int=st.booleans(), descending=st.booleans(),
+       near=st.booleans())
+def test_stable_order_is_numpys_stable_argsort(pool, n, seed, as_int, descending, near):
+    """Ties (runs of every length), keys equal but for their last bits, NaNs, signed zeros and
+    subnormals come out in numpy's stable order, ascending and descending."""
+    from balancer_cli._sort import stable_order
 
     values = np.array(pool)[np.random.default_rng(seed).integers(0, len(pool), n)]
+    if near:  # keys that share their top bits: the cut words tie, the full keys do not
+        values = np.nextafter(values, np.inf) if seed % 2 else values + np.arange(n) * 1e-300
     if as_int:
-        values = np.nan_to_num(values).astype(np.int64)
-    got = stable_argsort(values)
-    assert got.dtype == np.int64 and np.array_equal(got, np.argsort(values, kind="stable"))
+        values = np.nan_to_num(values, posinf=0, neginf=0).clip(-1e15, 1e15).astype(np.int64)
+    got = stable_order(values, descending=descending)
+    assert got.dtype == np.int64
+    assert np.array_equal(got, np.argsort(-values if descending else values, kind="stable"))
 
 
 @settings(max_examples=12, deadline=None)

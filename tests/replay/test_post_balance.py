@@ -151,7 +151,9 @@ def test_python_fallback_gives_the_same_plan(monkeypatch):
     costs = [np.column_stack([rng.integers(0, 13, 6), rng.lognormal(5, 1, 6), rng.integers(50, 900, 6)]).astype(float)
              for _ in range(9)]
     compiled = plan_post_balance(costs, 3, balance_llm=True)
-    for module, names in ((kernels, ("fix_cut_ties", "lpt_bins", "refine_bins", "padded_split")),
+    import balancer_cli._sort as sort
+
+    for module, names in ((sort, ("fix_cut_ties",)), (kernels, ("lpt_bins", "refine_bins", "padded_split")),
                           (placement_kernels, ("match_bins", "move_back", "repair_from_home", "shed_from_home",
                                                "place_shed"))):
         for name in names:

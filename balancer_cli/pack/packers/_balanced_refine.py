@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from balancer_cli._sort import stable_order
 from balancer_cli.errors import UsageError
-from balancer_cli.pack._sort_kernels import stable_argsort
 from balancer_cli.pack.packers._refine_kernels import refine_pass, targeted_pass
 from balancer_cli.pack.packers._table_kernels import compact_rows, expand_rows
 from balancer_cli.pack.types import dense_ids
@@ -175,7 +175,7 @@ def _partners(wsum_GK, target_K, inv_t_K, rng):
     if n_opp and G > 1:
         dev = (wsum_GK - target_K) * inv_t_K
         key = dev @ rng.standard_normal(K)
-        by_key = stable_argsort(key)
+        by_key = stable_order(key)
         rank = np.empty(G, dtype=np.int64)
         rank[by_key] = np.arange(G)
         mirror = G - 1 - rank

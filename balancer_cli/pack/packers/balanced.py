@@ -55,8 +55,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from balancer_cli._sort import stable_order
 from balancer_cli.errors import InputError, UsageError, is_int
-from balancer_cli.pack._sort_kernels import stable_argsort
 from balancer_cli.pack.bounds import groups_lower_bound
 from balancer_cli.pack.packers._balanced_refine import refine
 from balancer_cli.pack.packers._common import assemble, check_inputs, split_oversize
@@ -268,7 +268,7 @@ def _by_size(rows, load, caps, rng):
     """``rows`` by decreasing normalized size (seeded tie-breaks): first fit's order."""
     shuffled = rows[rng.permutation(len(rows))]
     size = row_shares(shuffled, load, caps, load, np.zeros(0))[1]
-    return shuffled[stable_argsort(-size)]
+    return shuffled[stable_order(size, descending=True)]
 
 
 def _deal(rows, load, weight, caps, G, rng, fill_share):
@@ -288,7 +288,7 @@ def _deal(rows, load, weight, caps, G, rng, fill_share):
     # Rows over half a cap first (no two share a group, and late they find no room), then by
     # normalized cost, so that every group gets one row of each size stratum.
     hard, size, norm = row_shares(shuffled, load, caps, weight, inv_t)
-    order = stable_argsort(-np.where(hard > _HARD_SHARE, 1e6 + hard, norm))
+    order = stable_order(np.where(hard > _HARD_SHARE, 1e6 + hard, norm), descending=True)
     queue = shuffled[order]
     volume = np.cumsum(size[order])
     cut = max(int(np.searchsorted(volume, (1.0 - fill_share) * volume[-1])), min(G, len(queue)))

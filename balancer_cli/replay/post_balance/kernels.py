@@ -17,63 +17,20 @@ from __future__ import annotations
 import numpy as np
 
 from balancer_cli._jit import njit
+from balancer_cli._sort import stable_order
 
-__all__ = ["descending_order", "fix_cut_ties", "lpt_bins", "padded_split", "refine_bins"]
+__all__ = ["descending_order", "lpt_bins", "padded_split", "refine_bins"]
 
 
 def descending_order(cost):
-    """Indices of ``cost`` by descending cost, ties by index: ``argsort(-cost, kind="stable")``.
-
-    For costs >= 0 (the planner's), one vectorized sort of 64-bit words, each the cost's bit
-    pattern (for doubles >= 0 their order as integers is their numeric order) cut to make room
-    for the index below it, then :func:`fix_cut_ties` restores the order where the cut bits
-    differ. Other costs fall back to numpy's stable argsort.
+    """Indices of ``cost`` by descending cost, ties by index: ``argsort(-cost, kind="stable")``
+    (:func:`balancer_cli._sort.stable_order`: one vectorized sort of 64-bit words).
 
     Example:
         >>> descending_order(np.array([1.0, 3.0, 0.0, 3.0, -0.0, 2.5])).tolist()
         [1, 3, 5, 0, 2, 4]
     """
-    n = cost.shape[0]
-    if n < 2 or not (cost >= 0).all():  # also NaN
-        return np.argsort(-cost, kind="stable")
-    index_bits = int(n - 1).bit_length()
-    # 63-bit key rising as the cost falls (``+ 0.0`` turns -0.0 into 0.0, as ``-cost`` ties them)
-    key = (np.uint64(2 ** 63 - 1) - (cost + 0.0).view(np.uint64))
-    word = ((key >> np.uint64(index_bits - 1)) << np.uint64(index_bits)) | np.arange(n, dtype=np.uint64)
-    word.sort()
-    return fix_cut_ties(word, key, index_bits)
-
-
-@njit
-def fix_cut_ties(word, key, index_bits):
-    """The indices in sorted ``word`` (cut key, index), re-sorted by full ``key`` where runs of
-    equal cut keys hold different keys (rare: costs equal to ~50 bits but not to all 64).
-
-    Example:
-        >>> fix_cut_ties(np.array([2, 3], np.uint64), np.array([5, 4], np.uint64), 1).tolist()
-        [1, 0]
-    """
-    n = word.shape[0]
-    mask = np.uint64((1 << index_bits) - 1)
-    order = np.empty(n, np.int64)
-    for i in range(n):
-        order[i] = np.int64(word[i] & mask)
-    i = 0
-    while i < n:
-        head = word[i] >> np.uint64(index_bits)
-        j = i + 1
-        mixed = False
-        while j < n and (word[j] >> np.uint64(index_bits)) == head:
-            mixed = mixed or key[order[j]] != key[order[i]]
-            j += 1
-        if mixed:  # the run is in index order: a stable sort by key gives (key, index) order
-            run = order[i:j].copy()
-            run_key = np.empty(j - i, np.uint64)
-            for t in range(j - i):
-                run_key[t] = key[run[t]]
-            order[i:j] = run[np.argsort(run_key, kind="mergesort")]
-        i = j
-    return order
+    return stable_order(cost, descending=True)
 
 
 @njit
