@@ -300,3 +300,23 @@ def test_oversize_error_names_parameters_the_cli_spells_as_flags():
     flags = {"caps[vision]": "--max-vision-items", "oversize": "--oversize"}
     assert "raise the cap (--max-vision-items), or pass --oversize isolate (own group) or --oversize drop" in (
         info.value.for_flags(flags))
+
+
+def test_a_probed_fill_share_that_fails_in_full_deals_the_later_shares(monkeypatch):
+    """Above the probe size the subsample picks the first share; if it needs too many groups on the
+    full data (near the limit), the later shares are dealt before first fit's unmixed groups."""
+    import balancer_cli.pack.packers.balanced as balanced
+
+    rng = np.random.default_rng(3)
+    tiles = np.where(rng.random(4000) < 0.3, 0, rng.integers(1, 14, 4000))
+    load = np.stack([tiles, np.clip(rng.lognormal(5.5, 0.8, 4000), 8, 6000).astype(np.int64) + 256 * tiles], 1)
+    caps = np.array([23, 6001])  # share 0.15 deals 1101 groups (limit 1079), share 0.5 1079
+    unprobed = pack_balanced(load, caps, group_multiple=4, seed=0)
+    shares = []
+    deal = balanced._deal
+    monkeypatch.setattr(balanced, "_deal", lambda *a: shares.append(a[-1]) or deal(*a))
+    monkeypatch.setattr(balanced, "_PROBE_ABOVE", 0)
+    monkeypatch.setattr(balanced, "_probe_fill_share", lambda *a: balanced._FILL_SHARES[0])  # the probe passed
+    probed = pack_balanced(load, caps, group_multiple=4, seed=0)
+    assert shares == [0.15, 0.5]
+    assert np.array_equal(probed.order, unprobed.order) and np.array_equal(probed.group_offsets, unprobed.group_offsets)
