@@ -299,12 +299,10 @@ def search_thresholds(
         if res is None:
             continue
         p, efficiency = res
-        _, excluded, size = fixed_terms(p, efficiency)
+        terms, excluded, size = fixed_terms(p, efficiency)
         dist, util, pad, mix = _measured(p, sub_cost, sub_source, shape, seed)
-        objective = (sum(1.0 - u for u in util) + pad_ratio_weight * pad + 10.0 * excluded
-                     + (efficiency - 1.0) + _OVER_BOUND_WEIGHT * max(0.0, efficiency - MAX_STEP_EXCESS)
-                     + size_weight * abs(size / target - 1.0)
-                     + mix_weight * max(0.0, mix - 1.0))
+        # Terms >= 0 added to the fixed ones: the objective is never below the bound pruning used.
+        objective = sum(1.0 - u for u in util) + pad_ratio_weight * pad + terms + mix_weight * max(0.0, mix - 1.0)
         candidates.append(Candidate(*key, float(objective), tuple(dist), tuple(util), float(pad), float(excluded),
                                     float(efficiency), float(size), float(mix)))
         grid_obj[idx] = min(grid_obj[idx], objective)
