@@ -161,6 +161,16 @@ def test_pruned_search_picks_what_the_full_search_picks(seed, R, M, sources, tex
             assert c.objective > full.candidates[0].objective and by_caps[c.caps_K].objective >= c.objective - 1e-9
         else:
             assert c == by_caps[c.caps_K]
+    # The search report stays valid JSON (no NaN for what pruning did not measure) and renders.
+    import json
+
+    from balancer_cli.report.search import search_data, search_table
+
+    data = search_data(pruned, ("vision", "llm"))
+    json.dumps(data, allow_nan=False)
+    header, rows = search_table(data, top=len(data["candidates"]))
+    assert len(rows) == len(pruned.candidates) and all(len(row) == len(header) for row in rows)
+    assert [bool(c.get("pruned")) for c in data["candidates"]] == [c.pruned for c in pruned.candidates]
 
 
 def test_search_counts_groups_before_rounding_to_steps():
