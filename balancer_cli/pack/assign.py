@@ -43,7 +43,7 @@ import numpy as np
 
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.manifest import StepShape
-from balancer_cli.pack.types import Assignment, Packing, dense_ids, group_sums
+from balancer_cli.pack.types import Assignment, Packing, dense_ids, group_sums, top_codes
 
 __all__ = ["assign_groups", "group_source_counts", "split_to_multiple", "check_assignment"]
 
@@ -313,11 +313,7 @@ def group_source_counts(packing: Packing, source_N: np.ndarray, max_sources: int
     code_P = np.asarray(source_N, dtype=np.int64)[np.asarray(packing.order, dtype=np.int64)]
     if len(code_P) == 0:
         return np.zeros((packing.num_groups, 1), np.int64)
-    freq = np.bincount(code_P)
-    keep = np.argsort(-freq, kind="stable")[: max(1, max_sources - 1)]
-    column = np.full(len(freq), len(keep), dtype=np.int64)  # rare sources share the last column
-    column[keep] = np.arange(len(keep))
-    O = len(keep) + int(len(freq) > len(keep))
+    column, O = top_codes(code_P, max_sources)
     return np.bincount(packing.group_ids() * O + column[code_P],
                        minlength=packing.num_groups * O).reshape(packing.num_groups, O)
 

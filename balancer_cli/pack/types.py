@@ -21,7 +21,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
-__all__ = ["Packing", "Assignment", "check_packing", "group_sums", "index_dtype", "dense_ids", "Oversize",
+__all__ = ["Packing", "Assignment", "check_packing", "group_sums", "index_dtype", "dense_ids", "top_codes", "Oversize",
            "OVERSIZE_POLICIES"]
 
 
@@ -54,6 +54,27 @@ def dense_ids(values: np.ndarray) -> np.ndarray:
             present = np.bincount(wide - low, minlength=span) > 0
             return (np.cumsum(present) - 1)[wide - low]
     return np.unique(values, return_inverse=True)[1].reshape(-1).astype(np.int64)
+
+
+def top_codes(code_N: np.ndarray, max_codes: int) -> tuple[np.ndarray, int]:
+    """The column of every code when only the ``max_codes - 1`` most frequent are kept apart.
+
+    Codes are 0 .. C-1 (e.g. :func:`dense_ids`); the most frequent (ties by code) get columns
+    0, 1, ... and the rest share the last one, as every per-source tally of the packer counts.
+
+    Returns:
+        (column_C, O): the column of each code, and the number of columns.
+
+    Example:
+        >>> column, O = top_codes(np.array([2, 2, 0, 1, 2, 0]), 2)
+        >>> column.tolist(), O
+        ([1, 1, 0], 2)
+    """
+    freq = np.bincount(np.asarray(code_N, dtype=np.int64))
+    keep = np.argsort(-freq, kind="stable")[: max(1, max_codes - 1)]
+    column = np.full(len(freq), len(keep), dtype=np.int64)  # rare codes share the last column
+    column[keep] = np.arange(len(keep))
+    return column, len(keep) + int(len(freq) > len(keep))
 
 #: What to do with a sample over a cap on its own: its own group, dropped, or an error.
 Oversize = Literal["isolate", "drop", "error"]

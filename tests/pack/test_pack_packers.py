@@ -211,11 +211,15 @@ def test_kernels_pure_python_fallback_gives_identical_packings(monkeypatch):
     rng = np.random.default_rng(5)
     load = np.stack([rng.integers(0, 6, 300), rng.integers(20, 900, 300)], 1)
     caps = np.array([12, 3000])
-    fast = (pack_balanced(load, caps, group_multiple=4, seed=1), pack_isf(load, caps, np.array([12, 2900]), iterations=4),
-            baselines.pack_llm_ffd(load, caps, seed=1))
-    from balancer_cli.pack.packers import _table_kernels
+    source = rng.integers(0, 3, 300)  # source terms and the class-mix swaps run too
+    fast = (pack_balanced(load, caps, group_multiple=4, seed=1, source_N=source),
+            pack_isf(load, caps, np.array([12, 2900]), iterations=4), baselines.pack_llm_ffd(load, caps, seed=1))
+    import balancer_cli._sort as sort
+    from balancer_cli.pack.packers import _class_mix, _table_kernels
 
     for user, kernels, names in ((balanced, _fill_kernels, ("deal_rounds", "first_fit", "row_shares")),
+                                 (_class_mix, _class_mix, ("_swap_pairs",)),
+                                 (sort, sort, ("fix_cut_ties",)),
                                  (balanced, _table_kernels, ("group_tables", "load_sums", "suffix_min")),
                                  (_balanced_refine, _table_kernels, ("compact_rows", "expand_rows")),
                                  (baselines, _fill_kernels, ("first_fit_tree",)),
@@ -223,8 +227,8 @@ def test_kernels_pure_python_fallback_gives_identical_packings(monkeypatch):
                                  (isf, _fill_kernels, ("greedy_close",))):
         for name in names:
             monkeypatch.setattr(user, name, getattr(kernels, name).py_func)
-    slow = (pack_balanced(load, caps, group_multiple=4, seed=1), pack_isf(load, caps, np.array([12, 2900]), iterations=4),
-            baselines.pack_llm_ffd(load, caps, seed=1))
+    slow = (pack_balanced(load, caps, group_multiple=4, seed=1, source_N=source),
+            pack_isf(load, caps, np.array([12, 2900]), iterations=4), baselines.pack_llm_ffd(load, caps, seed=1))
     for a, b in zip(fast, slow):
         assert np.array_equal(a.order, b.order) and np.array_equal(a.group_offsets, b.group_offsets)
 
@@ -320,3 +324,41 @@ def test_a_probed_fill_share_that_fails_in_full_deals_the_later_shares(monkeypat
     probed = pack_balanced(load, caps, group_multiple=4, seed=0)
     assert shares == [0.15, 0.5]
     assert np.array_equal(probed.order, unprobed.order) and np.array_equal(probed.group_offsets, unprobed.group_offsets)
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(2, 400), groups=st.integers(2, 40), sources=st.integers(1, 5),
+       tiles=st.integers(1, 6))
+def test_class_mix_swaps_keep_rows_encoder_sums_and_caps_and_even_the_classes(seed, n, groups, sources, tiles):
+    """Swaps only exchange rows of equal encoder loads between groups: every row stays placed once,
+    every group keeps its encoder sums and its LLM cap, and no class's source excess grows."""
+    from balancer_cli.pack.packers._class_mix import _classes, even_class_mix
+
+    rng = np.random.default_rng(seed)
+    groups = min(groups, n)
+    items = rng.integers(0, tiles + 1, n)
+    load = np.stack([items, 100 * items + rng.choice([10, 20, 30], n)], 1).astype(np.int64)
+    source = rng.integers(0, sources, n)
+    order = rng.permutation(n)
+    offsets = np.concatenate([[0], np.sort(rng.choice(np.arange(1, n), groups - 1, replace=False)), [n]])
+    caps = np.array([10**6, int(np.add.reduceat(load[order, 1], offsets[:-1]).max())])
+
+    def state(o):
+        sums = np.add.reduceat(load[o], offsets[:-1], axis=0)
+        cls = _classes(sums[:, :1].astype(float))
+        share = np.bincount(source, minlength=sources) / n
+        gid = np.repeat(np.arange(groups), np.diff(offsets))
+        counts = np.zeros((cls.max() + 1, sources))
+        np.add.at(counts, (cls[gid], source[o]), 1)
+        return sums, np.abs(counts - counts.sum(1, keepdims=True) * share).sum()
+
+    before, excess = state(order)
+    swapped = order.copy()
+    made = even_class_mix(swapped, offsets, load.astype(float), load, caps, source, tolerance=1.0)
+    after, excess_after = state(swapped)
+    assert np.array_equal(np.sort(swapped), np.arange(n))
+    assert np.array_equal(after[:, 0], before[:, 0]) and (after[:, 1] <= caps[1]).all()
+    assert excess_after <= excess + 1e-9 and (made == 0) == np.array_equal(swapped, order)
+    again = order.copy()
+    even_class_mix(again, offsets, load.astype(float), load, caps, source, tolerance=1.0)
+    assert np.array_equal(again, swapped)

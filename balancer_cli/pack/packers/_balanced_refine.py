@@ -15,7 +15,7 @@ from balancer_cli._sort import stable_order
 from balancer_cli.errors import UsageError
 from balancer_cli.pack.packers._refine_kernels import refine_pass, targeted_pass
 from balancer_cli.pack.packers._table_kernels import compact_rows, expand_rows
-from balancer_cli.pack.types import dense_ids
+from balancer_cli.pack.types import dense_ids, top_codes
 
 __all__ = ["refine", "PARTNERS", "CELL_WIDTH", "SCAN", "MIX_WEIGHT", "TARGETED_MIN_SHARE", "TARGETED_MAX_ROWS"]
 
@@ -40,11 +40,15 @@ _TOL = 1e-12
 
 def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsum_GK: np.ndarray,
            weight_NK: np.ndarray, load_NK: np.ndarray, caps_K: np.ndarray, rows: np.ndarray, *, passes: int,
-           source_N: np.ndarray | None, max_sources: int, rng: np.random.Generator) -> None:
+           source_N: np.ndarray | None, max_sources: int, rng: np.random.Generator) -> np.ndarray:
     """Even out the groups in place: ``passes`` rounds of targeted, then random-partner swaps.
 
     Stops early when a round changes nothing. ``members_GX`` and ``count_G`` hold the result;
     the sums are updated along (with ``source_N``, on extended copies of ``wsum_GK``).
+
+    Returns:
+        (G, K + O) the final sums: the K weight columns, then (with ``source_N``) each group's
+        sample count of each of the O tracked sources.
 
     Args:
         members_GX: (G, X) member rows of each group (-1 padded), updated.
@@ -64,9 +68,9 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
         >>> import numpy as np
         >>> members_GX = np.array([[0, 1], [2, 3]]); count_G = np.array([2, 2])
         >>> load_NK = np.array([[4], [3], [1], [0]]); wsum_GK = np.array([[7.0], [1.0]])
-        >>> refine(members_GX, count_G, wsum_GK, np.array([[7], [1]]), load_NK.astype(float), load_NK,
-        ...        np.array([9]), np.arange(4), passes=2, source_N=None, max_sources=16,
-        ...        rng=np.random.default_rng(0))
+        >>> sums = refine(members_GX, count_G, wsum_GK, np.array([[7], [1]]), load_NK.astype(float), load_NK,
+        ...               np.array([9]), np.arange(4), passes=2, source_N=None, max_sources=16,
+        ...               rng=np.random.default_rng(0))
         >>> wsum_GK.ravel().tolist(), sorted(map(sorted, members_GX.tolist()))
         ([4.0, 4.0], [[0, 3], [1, 2]])
     """
@@ -105,6 +109,7 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
         if changed == 0:
             break
     expand_rows(local_GX, count_G, rows_F, members_GX)
+    return wsum
 
 
 def _with_sources(source_F, count_G, wsum_GK, max_sources):
@@ -125,11 +130,7 @@ def _with_sources(source_F, count_G, wsum_GK, max_sources):
         columns), and the sums, targets and weights extended by the O source columns.
     """
     code = dense_ids(np.asarray(source_F).reshape(-1))
-    freq = np.bincount(code)
-    keep = np.argsort(-freq, kind="stable")[: max(1, max_sources - 1)]
-    col = np.full(len(freq), len(keep), dtype=np.int64)  # rare sources share the last column
-    col[keep] = np.arange(len(keep))
-    O = len(keep) + int(len(freq) > len(keep))
+    col, O = top_codes(code, max_sources)
     code_F = col[code].astype(np.int8 if O <= 127 else np.int32)
     G, K = wsum_GK.shape
     msum_GO = np.bincount(np.repeat(np.arange(G), count_G) * O + code_F, minlength=G * O).reshape(G, O)

@@ -33,6 +33,10 @@ Algorithm:
    converge to equal counts where the totals allow. With ``source_N`` the per-group count of
    each source joins the objective (weight ``MIX_WEIGHT``), so groups are equal source mixes and
    steps stay mixed even when the assigner keeps equal item counts together.
+4. **Class mix** (:func:`~balancer_cli.pack.packers._class_mix.even_class_mix`, with
+   ``source_N``): groups of one encoder class (equal discrete sums: what the assigner puts in one
+   step) can still hold more of a source than the data as a whole; rows of equal encoder loads
+   and near-equal LLM weight trade places between classes until each class holds the global mix.
 
 Samples are balanced on ``cost_NK`` when given (e.g. FLOPs), else on their loads; caps always
 apply to loads. Nothing is sorted by source, so each group is a random mix of sources.
@@ -59,6 +63,7 @@ from balancer_cli._sort import stable_order
 from balancer_cli.errors import InputError, UsageError, is_int
 from balancer_cli.pack.bounds import groups_lower_bound
 from balancer_cli.pack.packers._balanced_refine import refine
+from balancer_cli.pack.packers._class_mix import even_class_mix
 from balancer_cli.pack.packers._common import assemble, check_inputs, split_oversize
 from balancer_cli.pack.packers._fill_kernels import deal_rounds, first_fit, row_shares
 from balancer_cli.pack.packers._table_kernels import group_tables, load_sums, suffix_min
@@ -94,10 +99,13 @@ class BalancedOptions:
             2 for a million samples or more (0 above 300k when first fit's groups are kept).
         max_sources: sources ``source_N`` tracks: the ``max_sources - 1`` most frequent ones, the
             rest as one (memory: N x max_sources floats during refinement).
+        class_mix: run step 4 (with ``source_N``). It is for one micro-batch, where a step takes
+            one class of groups; with more, the assigner pairs blocks of different classes in a
+            step and the swaps' LLM changes cost more mix than they give (48 random inputs).
 
     Example:
         >>> BalancedOptions(passes=2)
-        BalancedOptions(passes=2, max_sources=16)
+        BalancedOptions(passes=2, max_sources=16, class_mix=True)
         >>> BalancedOptions(passes=-1)
         Traceback (most recent call last):
         ...
@@ -106,6 +114,7 @@ class BalancedOptions:
 
     passes: int | None = None
     max_sources: int = 16
+    class_mix: bool = True
 
     def __post_init__(self) -> None:
         if self.passes is not None and (not is_int(self.passes) or self.passes < 0):
@@ -191,12 +200,16 @@ def pack_balanced(
             # (1.2M synthetic: group CV 0.39 -> 0.32 after 2 passes, 2.5 s) and the assigner's
             # sorting balances them anyway (Dist Ratio 0.0001 / 0.0009 with or without).
             passes = 0
+    sums = None  # the groups' weight sums, then their per-source counts (from the refinement)
     if passes > 0:
-        refine(members, count, wsum, lsum, weight, load, caps, rows, passes=passes, source_N=source_N,
-               max_sources=options.max_sources, rng=rng)
+        sums = refine(members, count, wsum, lsum, weight, load, caps, rows, passes=passes, source_N=source_N,
+                      max_sources=options.max_sources, rng=rng)
     offsets = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
     mask = np.arange(members.shape[1])[None, :] < count[:, None]
     order_rows = members[mask]  # row-major: group by group
+    if source_N is not None and options.class_mix:
+        even_class_mix(order_rows, offsets, weight, load, caps, source_N, max_sources=options.max_sources,
+                       step_groups=group_multiple, sums_GKO=sums)
     return assemble((order_rows, offsets), split, ids)
 
 

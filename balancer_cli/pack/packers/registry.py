@@ -90,14 +90,16 @@ class PackerSpec:
 
 
 def _balanced(view: SampleView, config: PackerConfig, caps_K: np.ndarray, bounds_K: np.ndarray) -> Packer:
-    from balancer_cli.pack.packers.balanced import pack_balanced
+    from balancer_cli.pack.packers.balanced import BalancedOptions, pack_balanced
 
     # G a multiple of R x M, so no group is left out of a full step; sources join refinement's
-    # objective so that groups (and so steps) are even mixes.
+    # objective so that groups (and so steps) are even mixes; with one micro-batch a step is one
+    # class of groups, so the classes are evened out too.
+    options = BalancedOptions(class_mix=config.shape.micro_batches == 1)
     return lambda epoch: pack_balanced(
         view.load_nK, caps_K, seed=config.epoch_seed(epoch, "pack"), cost_NK=view.cost_nK,
         group_multiple=config.shape.groups_per_step, source_N=view.source_n, module_names=view.modules,
-        oversize=config.oversize, sample_ids=view.ids_n)
+        oversize=config.oversize, sample_ids=view.ids_n, options=options)
 
 
 def _isf(view: SampleView, config: PackerConfig, caps_K: np.ndarray, bounds_K: np.ndarray) -> Packer:
