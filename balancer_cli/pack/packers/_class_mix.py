@@ -1,4 +1,4 @@
-"""Step 4 of the balanced packer: the same source mix in every class of groups the assigner keeps apart.
+"""The balanced packer's last step: the same source mix in every class of groups the assigner keeps apart.
 
 With one micro-batch a step's R groups come from one class of equal discrete encoder sums
 (exact encoder balance: :func:`balancer_cli.pack.assign.assign_groups`), so a class whose groups
@@ -6,7 +6,7 @@ hold more of a source than the data does biases every step drawn from it. Per-gr
 terms in the refinement do not remove that bias: on the real InternVL lengths the 18-tile groups
 hold 3-4 points more of the tile-heavy sources than the 17-tile ones, whatever their weight,
 and random batching's distance falls with the step size while the bias does not (70k at
-``--dp 32``: steps 1.14x less mixed than random batching; 0.67x after these swaps).
+``--dp 32``: steps 1.14x less mixed than random batching; 0.86x after these swaps).
 
 :func:`even_class_mix` swaps two rows with the same encoder loads and weights (so every group
 keeps its class and its encoder sums) and different sources, in groups of different classes,
