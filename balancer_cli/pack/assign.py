@@ -18,7 +18,9 @@ Algorithm of :func:`assign_groups` (balance first, then the step's source mix):
    (the block most short of a source direction takes the group richest in it), so each block's
    source counts approach the cell's mean instead of a random draw's. Leftovers of every cell
    (< R each) are paired again in cells of a twice coarser grid (discrete modules then on the
-   grid too), up to 4 levels; the last few form blocks in cost order.
+   grid too), up to 4 levels; the last ones are cut like a k-d tree (each part split at a
+   multiple of R along the module it spreads most on), so a block takes neighbouring groups
+   (:mod:`balancer_cli.pack._blocks`).
 3. **Steps.** Blocks are dealt M per step in M rounds the same way (step deficits against
    block deviations), then steps are shuffled (seeded); a step holding audio holds it on every
    rank.
@@ -43,54 +45,13 @@ import numpy as np
 
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.manifest import StepShape
-from balancer_cli.pack.types import Assignment, Packing, group_sums, row_ids, top_codes
+from balancer_cli.pack._blocks import form_blocks, paired_rounds
+from balancer_cli.pack.types import Assignment, Packing, group_sums, top_codes
 
 __all__ = ["assign_groups", "group_source_counts", "split_to_multiple", "check_assignment"]
 
 #: Sources the assigner tracks: the most frequent ones, the rest counted as one.
 MAX_SOURCES = 16
-#: A module held by at most this share of the groups is sparse (aligned to whole steps, coarse grid).
-_SPARSE_BELOW = 0.9
-#: A cell's leftovers are paired again on a grid this many times coarser, for up to this many levels.
-_COARSEN = 2.0
-_LEVELS = 4
-
-
-def _sparse(cost_GK: np.ndarray) -> np.ndarray:
-    """(K,) bool: modules that a real share of the groups lack (at most ``_SPARSE_BELOW`` hold them).
-
-    A module nearly every group holds (vision with a few text-only groups) is dense: its few
-    groups without it get cells of their own, instead of the whole module a coarse grid.
-
-    Example:
-        >>> _sparse(np.array([[1., 0., 5.], [1., 2., 5.], [0., 0., 5.]] + [[1., 0., 5.]] * 17)).tolist()
-        [False, True, False]
-    """
-    share_K = (cost_GK > 0).mean(axis=0) if len(cost_GK) else np.zeros(cost_GK.shape[1])
-    return (share_K > 0) & (share_K <= _SPARSE_BELOW)
-
-
-def _classes(cost_GK: np.ndarray, R: int, discrete_levels: int) -> np.ndarray:
-    """(G,) class id: which sparse modules a group holds, plus the value of discrete modules.
-
-    A discrete module only joins the key while its classes stay large (at least 4 blocks of R
-    per distinct value on average), so leftovers (< R per class) stay few.
-    """
-    G, K = cost_GK.shape
-    present = cost_GK > 0
-    key = [present[:, k].astype(np.int64) for k in np.flatnonzero(_sparse(cost_GK))]
-    n_classes = 1 << len(key)
-    for k in range(K):
-        # A module of many values shows it in its first rows already: no sort of the whole column.
-        if len(np.unique(cost_GK[: 4 * discrete_levels, k])) > discrete_levels:
-            continue
-        levels = np.unique(cost_GK[:, k])
-        if 1 < len(levels) <= discrete_levels and G >= 4 * R * n_classes * len(levels):
-            key.append(np.searchsorted(levels, cost_GK[:, k]))  # the value's rank: the same order
-            n_classes *= len(levels)
-    if not key:
-        return np.zeros(G, np.int64)
-    return row_ids(np.stack(key, axis=1))
 
 
 def assign_groups(
@@ -144,10 +105,10 @@ def assign_groups(
         )
     rng = np.random.default_rng(seed)
     dev_GO = _source_deviation(mix_GO, G)
-    blocks_BR = _blocks(cost, dev_GO, R, rng, tolerance, discrete_levels, sparse_factor)
+    blocks_BR = form_blocks(cost, dev_GO, R, rng, tolerance, discrete_levels, sparse_factor)
     S = G // per_step
     # Blocks -> steps: M rounds, each step takes one block per round (source-paired).
-    step_B = _paired_rounds(np.zeros(len(blocks_BR), np.int64), dev_GO[blocks_BR].sum(axis=1),
+    step_B = paired_rounds(np.zeros(len(blocks_BR), np.int64), dev_GO[blocks_BR].sum(axis=1),
                             np.array([S]), M, rng, principal=True)
     blocks_SMR = blocks_BR[np.argsort(step_B, kind="stable")].reshape(S, M, R)
     blocks_SMR = blocks_SMR[rng.permutation(S)]
@@ -164,96 +125,6 @@ def _source_deviation(mix_GO: np.ndarray | None, G: int) -> np.ndarray:
     total = mix.sum()
     share_O = mix.sum(axis=0) / total if total > 0 else np.zeros(mix.shape[1])
     return mix - mix.sum(axis=1, keepdims=True) * share_O
-
-
-def _cells(cost_GK, rows, R, discrete_levels, tolerance, sparse_factor, exact_discrete):
-    """(len(rows),) cell id of each of ``rows`` (step 1) and their (len(rows), K) grid coordinates.
-
-    The grid is relative to each module's mean over *all* groups, so cells of successive levels
-    nest; ``exact_discrete`` keys discrete modules by their exact value (the first level).
-    """
-    present = cost_GK > 0
-    sparse_K = _sparse(cost_GK)
-    mean_K = cost_GK.mean(axis=0)
-    tol_K = np.where(sparse_K, tolerance * sparse_factor, tolerance)
-    scale_K = np.divide(1.0, tol_K * mean_K, out=np.zeros_like(mean_K), where=mean_K > 0)
-    grid = np.floor(cost_GK[rows] * scale_K)
-    if exact_discrete:
-        classes = _classes(cost_GK, R, discrete_levels)[rows]
-    else:  # which sparse modules a group holds stays in the key at every level
-        classes = present[rows][:, sparse_K] @ (1 << np.arange(int(sparse_K.sum()), dtype=np.int64))
-    key = np.column_stack([classes, grid])
-    return row_ids(key), key
-
-
-def _blocks(cost_GK, dev_GO, R, rng, tolerance, discrete_levels, sparse_factor):
-    """(G / R, R) blocks (step 2): source-paired within cells; a cell's leftovers (< R groups) are
-    paired again on a grid ``_COARSEN`` times coarser, up to ``_LEVELS`` levels; the last few go
-    in cost order (sparse classes first), so a block takes neighbouring cells."""
-    rest = np.arange(len(cost_GK))
-    blocks = []
-    key = np.zeros((0, 1))
-    for level in range(_LEVELS):
-        cell, key = _cells(cost_GK, rest, R, discrete_levels, tolerance * _COARSEN**level, sparse_factor,
-                           exact_discrete=level == 0)
-        block = _paired_rounds(cell, dev_GO[rest], np.bincount(cell) // R, R, rng)
-        placed = np.flatnonzero(block >= 0)
-        blocks.append(rest[placed[np.argsort(block[placed], kind="stable")]].reshape(-1, R))
-        keep = block < 0
-        rest, key = rest[keep], key[keep]
-        if len(rest) == 0:
-            break
-    if len(rest):
-        rest = rest[np.lexsort(key.T[::-1])]  # classes first, then the grid
-        blocks.append(rest.reshape(-1, R))
-    return np.concatenate(blocks)
-
-
-def _paired_rounds(cell_I, dev_ID, bins_C, rounds, rng, principal=False):
-    """Deal items into bins of ``rounds`` items each, within their cell; -1 for leftovers.
-
-    Cell c has ``bins_C[c]`` bins. In round t every bin of a cell takes one item of the cell:
-    items sorted by a random projection of their deviation (largest first) meet bins sorted by
-    their summed deviation (smallest first), so bin sums tend to the cell's mean.
-
-    Returns:
-        (I,) bin id of every item, bins numbered cell by cell; -1 for items left over.
-    """
-    I = len(cell_I)
-    order = np.lexsort((rng.random(I), cell_I))  # cell by cell, random within a cell
-    cell_sorted = cell_I[order]
-    first_C = np.searchsorted(cell_sorted, np.arange(len(bins_C)))
-    position = np.arange(I) - first_C[cell_sorted]
-    nb = bins_C[cell_sorted]
-    round_I = np.where(nb > 0, position // np.maximum(nb, 1), rounds)
-    bin_cell = np.repeat(np.arange(len(bins_C)), bins_C)
-    sum_BD = np.zeros((len(bin_cell), dev_ID.shape[1]))
-    bin_I = np.full(I, -1, dtype=np.int64)
-    for t in range(rounds):
-        items = order[round_I == t]
-        direction = _direction(sum_BD if t else dev_ID[items], rng) if principal else rng.standard_normal(
-            dev_ID.shape[1])
-        items = items[np.lexsort((-(dev_ID[items] @ direction), cell_I[items]))]
-        bins = np.lexsort((sum_BD @ direction, bin_cell))
-        bin_I[items] = bins
-        sum_BD[bins] += dev_ID[items]
-    return bin_I
-
-
-def _direction(dev_XD: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """(D,) the pairing direction: the deviations' principal axis, jittered by a random draw.
-
-    Pairing along the axis where the bins' sums (the items', in the first round) spread most
-    cancels the largest deviations first; the random part varies the axis between rounds.
-    """
-    noise = rng.standard_normal(dev_XD.shape[1])
-    if dev_XD.shape[1] < 2 or len(dev_XD) < 2:
-        return noise
-    centered = dev_XD - dev_XD.mean(axis=0)
-    scatter = centered.T @ centered
-    top = np.linalg.eigh(scatter)[1][:, -1]
-    scale = float(np.sqrt(max(np.linalg.eigvalsh(scatter)[-1], 0.0) / len(dev_XD)))
-    return top * max(scale, 1e-12) + 0.3 * scale * noise / np.sqrt(dev_XD.shape[1])
 
 
 def _ranks(blocks_SMR, cost_GK, rng) -> Assignment:

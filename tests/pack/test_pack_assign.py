@@ -45,6 +45,44 @@ def test_every_slot_filled_once_and_deterministic(R, M, steps, K, sparse, source
         assert np.array_equal(x, y)
 
 
+@SETTINGS
+@given(R=st.integers(1, 9), blocks=st.integers(1, 12), K=st.integers(1, 3), classes=st.integers(1, 3),
+       seed=st.integers(0, 10**6))
+def test_kd_blocks_place_every_group_once_and_keep_classes_apart(R, blocks, K, classes, seed):
+    from balancer_cli.pack._blocks import kd_blocks
+
+    rng = np.random.default_rng(seed)
+    G = R * blocks
+    cost = rng.integers(0, 9, (G, K)).astype(float) * rng.choice([1.0, 100.0], K)
+    class_G = rng.integers(0, classes, G)
+    rows = rng.permutation(G + 5)[:G]  # any row ids
+    cost_all = np.zeros((G + 5, K))
+    cost_all[rows] = cost
+    out = kd_blocks(rows, cost_all, R, class_G)
+    assert out.shape == (blocks, R)
+    assert sorted(out.ravel().tolist()) == sorted(rows.tolist())
+    assert np.array_equal(out, kd_blocks(rows, cost_all, R, class_G))  # deterministic
+    # A block mixes classes only across a class boundary: at most classes - 1 such blocks.
+    cls = dict(zip(rows.tolist(), class_G.tolist()))
+    mixed = sum(len({cls[r] for r in block}) > 1 for block in out.tolist())
+    assert mixed <= classes - 1
+    if K == 1 and classes == 1:  # one module: blocks are runs of the sorted costs
+        ranges = sorted((cost_all[b, 0].min(), cost_all[b, 0].max()) for b in out)
+        assert all(hi <= lo for (_, hi), (lo, _) in zip(ranges, ranges[1:]))
+
+
+def test_last_leftovers_form_blocks_of_neighbouring_costs():
+    # Groups no cell level gathers (8 tile counts, two LLM populations, 12 of each pair): cut in
+    # cost order (tiles, then tokens) nearly every block straddled the LLM gap (Dist 0.085).
+    rng = np.random.default_rng(0)
+    tiles = rng.integers(12, 20, 96).astype(float)
+    llm = np.where(rng.random(96) < 0.5, 7000.0, 5850.0) + rng.normal(0, 100, 96).round()
+    cost = np.column_stack([256 * tiles, llm])
+    a = assign_groups(cost, world_size=8, micro_batches=1, seed=0)
+    dist_K = [dist_ratio(step_loads(a.step, a.rank, cost[:, k], num_steps=a.num_steps, world_size=8)) for k in (0, 1)]
+    assert max(dist_K) < 0.05, dist_K
+
+
 def test_groups_not_a_multiple_or_too_few_are_clear_errors():
     with pytest.raises(InputError, match=r"not a multiple.*fix: pack with group_multiple=8"):
         assign_groups(np.ones((12, 2)), world_size=4, micro_batches=2)

@@ -1,0 +1,212 @@
+"""Blocks of R groups for the assigner (steps 1-2 of :mod:`balancer_cli.pack.assign`).
+
+A block is the R groups that run side by side on the R ranks (one micro-batch slot of a step):
+its groups must be equal on every module, and together they should be a random-like source mix.
+Groups are keyed into cells of equal cost (exact discrete values, a grid for the rest); each
+cell is cut into blocks in source-paired rounds; a cell's leftovers (< R) are paired again on
+coarser grids; and the last leftovers, which no grid level gathers (outlier groups, few steps),
+are cut like a k-d tree, so that a block's groups are neighbours on every module.
+
+Example:
+    >>> import numpy as np
+    >>> cost = np.array([[4., 10.], [4., 11.], [0., 9.], [0., 8.]])
+    >>> blocks = form_blocks(cost, np.zeros((4, 1)), 2, np.random.default_rng(0), 0.006, 32, 10.0)
+    >>> sorted(sorted(b) for b in blocks.tolist())  # the two vision-bearing groups side by side
+    [[0, 1], [2, 3]]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from balancer_cli.pack.types import row_ids
+
+__all__ = ["form_blocks", "paired_rounds", "kd_blocks", "block_idle"]
+
+#: A module held by at most this share of the groups is sparse (aligned to whole steps, coarse grid).
+_SPARSE_BELOW = 0.9
+#: A cell's leftovers are paired again on a grid this many times coarser, for up to this many levels.
+_COARSEN = 2.0
+_LEVELS = 4
+
+
+def _sparse(cost_GK: np.ndarray) -> np.ndarray:
+    """(K,) bool: modules that a real share of the groups lack (at most ``_SPARSE_BELOW`` hold them).
+
+    A module nearly every group holds (vision with a few text-only groups) is dense: its few
+    groups without it get cells of their own, instead of the whole module a coarse grid.
+
+    Example:
+        >>> _sparse(np.array([[1., 0., 5.], [1., 2., 5.], [0., 0., 5.]] + [[1., 0., 5.]] * 17)).tolist()
+        [False, True, False]
+    """
+    share_K = (cost_GK > 0).mean(axis=0) if len(cost_GK) else np.zeros(cost_GK.shape[1])
+    return (share_K > 0) & (share_K <= _SPARSE_BELOW)
+
+
+def _classes(cost_GK: np.ndarray, R: int, discrete_levels: int) -> np.ndarray:
+    """(G,) class id: which sparse modules a group holds, plus the value of discrete modules.
+
+    A discrete module only joins the key while its classes stay large (at least 4 blocks of R
+    per distinct value on average), so leftovers (< R per class) stay few.
+    """
+    G, K = cost_GK.shape
+    present = cost_GK > 0
+    key = [present[:, k].astype(np.int64) for k in np.flatnonzero(_sparse(cost_GK))]
+    n_classes = 1 << len(key)
+    for k in range(K):
+        # A module of many values shows it in its first rows already: no sort of the whole column.
+        if len(np.unique(cost_GK[: 4 * discrete_levels, k])) > discrete_levels:
+            continue
+        levels = np.unique(cost_GK[:, k])
+        if 1 < len(levels) <= discrete_levels and G >= 4 * R * n_classes * len(levels):
+            key.append(np.searchsorted(levels, cost_GK[:, k]))  # the value's rank: the same order
+            n_classes *= len(levels)
+    if not key:
+        return np.zeros(G, np.int64)
+    return row_ids(np.stack(key, axis=1))
+
+
+
+def _cells(cost_GK, rows, R, discrete_levels, tolerance, sparse_factor, exact_discrete):
+    """(len(rows),) cell id of each of ``rows`` (step 1) and their (len(rows), K) grid coordinates.
+
+    The grid is relative to each module's mean over *all* groups, so cells of successive levels
+    nest; ``exact_discrete`` keys discrete modules by their exact value (the first level).
+    """
+    present = cost_GK > 0
+    sparse_K = _sparse(cost_GK)
+    mean_K = cost_GK.mean(axis=0)
+    tol_K = np.where(sparse_K, tolerance * sparse_factor, tolerance)
+    scale_K = np.divide(1.0, tol_K * mean_K, out=np.zeros_like(mean_K), where=mean_K > 0)
+    grid = np.floor(cost_GK[rows] * scale_K)
+    if exact_discrete:
+        classes = _classes(cost_GK, R, discrete_levels)[rows]
+    else:  # which sparse modules a group holds stays in the key at every level
+        classes = present[rows][:, sparse_K] @ (1 << np.arange(int(sparse_K.sum()), dtype=np.int64))
+    key = np.column_stack([classes, grid])
+    return row_ids(key), key
+
+
+def form_blocks(cost_GK, dev_GO, R, rng, tolerance, discrete_levels, sparse_factor):
+    """(G / R, R) blocks (step 2): source-paired within cells; a cell's leftovers (< R groups) are
+    paired again on a grid ``_COARSEN`` times coarser, up to ``_LEVELS`` levels; the last few go
+    in cost order (sparse classes first), so a block takes neighbouring cells."""
+    rest = np.arange(len(cost_GK))
+    blocks = []
+    key = np.zeros((0, 1))
+    for level in range(_LEVELS):
+        cell, key = _cells(cost_GK, rest, R, discrete_levels, tolerance * _COARSEN**level, sparse_factor,
+                           exact_discrete=level == 0)
+        block = paired_rounds(cell, dev_GO[rest], np.bincount(cell) // R, R, rng)
+        placed = np.flatnonzero(block >= 0)
+        blocks.append(rest[placed[np.argsort(block[placed], kind="stable")]].reshape(-1, R))
+        keep = block < 0
+        rest, key = rest[keep], key[keep]
+        if len(rest) == 0:
+            break
+    if len(rest):
+        # Two cuts of the last leftovers; the blocks that idle less are kept. Cut in the order of
+        # their coarsest cell key (classes, then each module's grid: the first module decides
+        # most), a block could span far-apart costs of a later module (18-tile groups of ~7,000
+        # tokens with 19-tile ones of ~5,850: Dist 0.25 in that step); cut like a k-d tree, the
+        # first module can lose instead (sample_data, 4 modules: Dist 0.08-0.10 -> 0.10-0.11).
+        # 48 random inputs: Dist Ratio over 0.005 in 7 -> 2 of them.
+        by_key = rest[np.lexsort(key.T[::-1])].reshape(-1, R)
+        by_kd = kd_blocks(rest, cost_GK, R, key[:, 0])
+        blocks.append(min((by_kd, by_key), key=lambda b: block_idle(cost_GK, b)))
+    return np.concatenate(blocks)
+
+
+def block_idle(cost_GK, blocks_BR):
+    """Sum over modules of the blocks' mean idle share ``(max - mean) / max`` (a block's Dist Ratio).
+
+    Example:
+        >>> import numpy as np
+        >>> float(block_idle(np.array([[2.0], [1.0], [4.0], [4.0]]), np.array([[0, 1], [2, 3]])))
+        0.125
+    """
+    c = cost_GK[blocks_BR]  # (B, R, K)
+    peak = c.max(axis=1)
+    idle = np.divide(peak - c.mean(axis=1), peak, out=np.zeros_like(peak), where=peak > 0)
+    return idle.mean(axis=0).sum()
+
+
+def kd_blocks(rows, cost_GK, R, class_I):
+    """(len(rows) / R, R) blocks of ``rows`` cut like a k-d tree: a part (a multiple of R groups)
+    is sorted along the module whose normalized cost spreads most in it and cut at the multiple
+    of R nearest its middle, until parts hold R groups; groups of different ``class_I`` (which
+    sparse modules they hold) share a block only where the class sizes leave no other way.
+
+    Example:
+        >>> import numpy as np
+        >>> cost = np.array([[1., 9.], [5., 1.], [1., 8.], [5., 2.]])
+        >>> sorted(sorted(b) for b in kd_blocks(np.arange(4), cost, 2, np.zeros(4)).tolist())
+        [[0, 2], [1, 3]]
+    """
+    mean = cost_GK.mean(axis=0)
+    norm = cost_GK[rows] * np.divide(1.0, mean, out=np.zeros_like(mean), where=mean > 0)
+    # The class as a first coordinate far wider than any cost spread: split on before the costs.
+    norm = np.column_stack([np.asarray(class_I, dtype=np.float64) * (1.0 + 2.0 * np.abs(norm).max()), norm])
+    out = []
+    stack = [np.arange(len(rows))]
+    while stack:
+        part = stack.pop()
+        if len(part) <= R:
+            out.append(part)
+            continue
+        values = norm[part]
+        k = int(np.argmax(values.max(axis=0) - values.min(axis=0)))
+        part = part[np.argsort(values[:, k], kind="stable")]
+        cut = max(1, int(round(len(part) / R / 2))) * R
+        stack += [part[cut:], part[:cut]]
+    return rows[np.concatenate(out)].reshape(-1, R)
+
+
+def paired_rounds(cell_I, dev_ID, bins_C, rounds, rng, principal=False):
+    """Deal items into bins of ``rounds`` items each, within their cell; -1 for leftovers.
+
+    Cell c has ``bins_C[c]`` bins. In round t every bin of a cell takes one item of the cell:
+    items sorted by a random projection of their deviation (largest first) meet bins sorted by
+    their summed deviation (smallest first), so bin sums tend to the cell's mean.
+
+    Returns:
+        (I,) bin id of every item, bins numbered cell by cell; -1 for items left over.
+    """
+    I = len(cell_I)
+    order = np.lexsort((rng.random(I), cell_I))  # cell by cell, random within a cell
+    cell_sorted = cell_I[order]
+    first_C = np.searchsorted(cell_sorted, np.arange(len(bins_C)))
+    position = np.arange(I) - first_C[cell_sorted]
+    nb = bins_C[cell_sorted]
+    round_I = np.where(nb > 0, position // np.maximum(nb, 1), rounds)
+    bin_cell = np.repeat(np.arange(len(bins_C)), bins_C)
+    sum_BD = np.zeros((len(bin_cell), dev_ID.shape[1]))
+    bin_I = np.full(I, -1, dtype=np.int64)
+    for t in range(rounds):
+        items = order[round_I == t]
+        direction = _direction(sum_BD if t else dev_ID[items], rng) if principal else rng.standard_normal(
+            dev_ID.shape[1])
+        items = items[np.lexsort((-(dev_ID[items] @ direction), cell_I[items]))]
+        bins = np.lexsort((sum_BD @ direction, bin_cell))
+        bin_I[items] = bins
+        sum_BD[bins] += dev_ID[items]
+    return bin_I
+
+
+def _direction(dev_XD: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """(D,) the pairing direction: the deviations' principal axis, jittered by a random draw.
+
+    Pairing along the axis where the bins' sums (the items', in the first round) spread most
+    cancels the largest deviations first; the random part varies the axis between rounds.
+    """
+    noise = rng.standard_normal(dev_XD.shape[1])
+    if dev_XD.shape[1] < 2 or len(dev_XD) < 2:
+        return noise
+    centered = dev_XD - dev_XD.mean(axis=0)
+    scatter = centered.T @ centered
+    top = np.linalg.eigh(scatter)[1][:, -1]
+    scale = float(np.sqrt(max(np.linalg.eigvalsh(scatter)[-1], 0.0) / len(dev_XD)))
+    return top * max(scale, 1e-12) + 0.3 * scale * noise / np.sqrt(dev_XD.shape[1])
+
+
