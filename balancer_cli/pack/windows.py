@@ -218,6 +218,9 @@ class WindowResult(NamedTuple):
 def place_window(task: WindowTask, view: registry.SampleView) -> WindowResult:
     """Pack ``view`` (one window's samples) with ``task.packer`` and assign its groups to slots.
 
+    A packer registered with ``polish`` then has each slot's groups evened out
+    (:func:`~balancer_cli.pack.polish.polish_steps`: samples trade ranks within their step).
+
     Raises:
         UsageError: fewer groups than one step needs, or no way to reach a multiple of R x M.
     """
@@ -250,6 +253,11 @@ def place_window(task: WindowTask, view: registry.SampleView) -> WindowResult:
         assignment = assign_groups(group_sums(packing, view.cost_nK), world_size=R, micro_batches=M,
                                    seed=config.epoch_seed(task.epoch, "assign"),
                                    mix_GO=group_source_counts(packing, view.source_n))
+    if spec.polish:
+        from balancer_cli.pack.polish import polish_passes, polish_steps  # compiled kernels: import late
+
+        packing = polish_steps(packing, assignment, view.cost_nK, view.load_nK, task.caps_K,
+                               seed=config.epoch_seed(task.epoch, "polish"), passes=polish_passes(len(view.ids_n)))
     ids = np.asarray(view.ids_n)
     # Held for every window until the merge: sample ids in the ids' own type, slots in int32.
     return WindowResult(

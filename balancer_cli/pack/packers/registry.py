@@ -79,6 +79,8 @@ class PackerSpec:
         selectable: ``pack --algorithm`` may write a manifest with it.
         baseline: the report compares with it by default.
         sequential: its groups are placed in packing order (a plain data loader), not by the assigner.
+        polish: after assignment, the groups of each slot trade samples to even out
+            (:mod:`balancer_cli.pack.polish`); ours only, so the baselines stay as published.
     """
 
     name: str
@@ -87,6 +89,7 @@ class PackerSpec:
     selectable: bool = False
     baseline: bool = False
     sequential: bool = False
+    polish: bool = False
 
 
 def _balanced(view: SampleView, config: PackerConfig, caps_K: np.ndarray, bounds_K: np.ndarray) -> Packer:
@@ -127,7 +130,7 @@ def _random(view: SampleView, config: PackerConfig, caps_K: np.ndarray, bounds_K
 
 PACKERS: dict[str, PackerSpec] = {spec.name: spec for spec in (
     PackerSpec(name="balanced", summary="ours: groups full and equal on every module, even source mixes",
-               build=_balanced, selectable=True),
+               build=_balanced, selectable=True, polish=True),
     PackerSpec(name="dataloader", summary="random batches placed in order, as a plain distributed data loader",
                build=_random, baseline=True, sequential=True),
     PackerSpec(name="random", summary="random batches of a fixed size, placed by the assigner",

@@ -1,0 +1,151 @@
+"""Even out the groups that run side by side: swaps and moves between the groups of one slot.
+
+The packer makes all groups equal to one global target and the assigner puts groups of one
+class (equal item counts) side by side; what is left is the spread of the R groups of a slot
+(a step and micro-batch index: one micro-batch per rank, run at the same time). Here the groups
+of each uneven slot exchange samples so that they equal *their own* mean, within the caps: the
+packer's local search (:func:`~balancer_cli.pack.packers._refine_kernels.refine_pass`; the
+targets cancel in a pair's exchange, so the slot's mean needs no term of its own) with partner
+groups drawn from the slot. A sample stays in its step, so every step's source mix is unchanged:
+only ranks within a step trade samples.
+
+Example:
+    >>> import numpy as np
+    >>> from balancer_cli.pack.types import Assignment, Packing
+    >>> p = Packing(order=np.array([0, 1, 2, 3]), group_offsets=np.array([0, 2, 4]),
+    ...             isolated=np.zeros(2, bool), dropped=np.zeros(0, np.int64), dropped_reason=())
+    >>> a = Assignment(step=np.array([0, 0]), rank=np.array([0, 1]), micro=np.array([0, 0]), num_steps=1)
+    >>> cost = np.array([[0., 9.], [0., 8.], [0., 1.], [0., 2.]])
+    >>> q = polish_steps(p, a, cost, cost.astype(np.int64), np.array([1, 20]))
+    >>> sorted(sorted(cost[g, 1].tolist()) for g in q.groups())  # 17 + 3 -> 10 + 10
+    [[1.0, 9.0], [2.0, 8.0]]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from balancer_cli.pack.packers._refine_kernels import refine_pass
+from balancer_cli.pack.types import Assignment, Packing
+
+__all__ = ["polish_steps", "polish_passes", "POLISH_PASSES", "POLISH_ROWS", "POLISH_PARTNERS", "POLISH_ABOVE"]
+
+#: Passes over the uneven slots' groups at most; each draws new partners.
+POLISH_PASSES = 4
+#: Rows whose polishing one pass may cost (:func:`polish_passes`): a pass over 1.2M rows costs
+#: ~0.4 s and its setup ~0.3 s, for a Dist Ratio already within bounds at that size.
+POLISH_ROWS = 1_000_000
+#: Partners per group and pass, drawn from its slot.
+POLISH_PARTNERS = 3
+#: A slot is polished when a module's idle share ``(max - mean) / max`` over its groups exceeds
+#: this: below it the slot is already within the Dist Ratio the packer aims at.
+POLISH_ABOVE = 0.002
+
+
+def polish_steps(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, load_NK: np.ndarray,
+                 caps_K: np.ndarray, *, seed: int = 0, passes: int = POLISH_PASSES) -> Packing:
+    """The packing with each uneven slot's groups evened out (see the module docstring).
+
+    Groups keep their index (so their slot); isolated oversize groups, groups the assigner left
+    out and slots already even are not touched.
+
+    Args:
+        packing: groups (G of them) as the assigner placed them.
+        assignment: the groups' slots.
+        cost_NK: (N, K) per-sample cost to balance.
+        load_NK: (N, K) per-sample integer load, checked against ``caps_K``.
+        caps_K: (K,) caps per group.
+        seed: seeds the visiting orders and partner draws.
+        passes: passes over the uneven slots' groups.
+
+    Returns:
+        A :class:`Packing` of the same samples, groups and slots (``packing`` itself when no slot
+        is uneven).
+    """
+    G = packing.num_groups
+    offsets = np.asarray(packing.group_offsets, dtype=np.int64)
+    if G < 2 or passes < 1 or offsets[-1] == 0:
+        return packing
+    order = np.asarray(packing.order, dtype=np.int64)
+    cost = np.asarray(cost_NK, dtype=np.float64)
+    count = np.diff(offsets)
+    csum_GK = np.zeros((G, cost.shape[1]))
+    np.add.at(csum_GK, np.repeat(np.arange(G), count), cost[order])
+    groups_J, slot_J = _uneven_slots(packing, assignment, csum_GK)
+    J = len(groups_J)
+    if J < 2:
+        return packing
+    # The chosen groups renumbered slot by slot, their rows group by group: a slot's data lies together.
+    count_J = count[groups_J]
+    starts_J = np.concatenate([[0], np.cumsum(count_J)[:-1]])
+    rows_F = order[_runs(offsets[groups_J], count_J)]
+    weight_FK = np.ascontiguousarray(cost[rows_F])
+    load_FK = np.ascontiguousarray(np.asarray(load_NK, dtype=np.int64)[rows_F])
+    wsum_JK = np.ascontiguousarray(csum_GK[groups_J])
+    lsum_JK = np.add.reduceat(load_FK, starts_J, axis=0)
+    X = int(count_J.max()) + 4
+    members_JX = np.full((J, X), -1, np.int64)
+    members_JX[np.repeat(np.arange(J), count_J), np.arange(len(rows_F)) - np.repeat(starts_J, count_J)] = \
+        np.arange(len(rows_F))
+    target_K = csum_GK.mean(axis=0)
+    inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
+    first = np.flatnonzero(np.concatenate([[True], slot_J[1:] != slot_J[:-1]]))
+    size = np.diff(np.append(first, J))
+    start_J, size_J = np.repeat(first, size), np.repeat(size, size)
+    rng = np.random.default_rng(seed)
+    caps = np.asarray(caps_K, dtype=np.int64)
+    for _ in range(passes):
+        cand = start_J[:, None] + rng.integers(0, 1 << 62, (J, POLISH_PARTNERS)) % size_J[:, None]
+        # tol -1: a group is never "on target" (the target is the global mean, not the slot's).
+        if refine_pass(rng.permutation(J), cand, members_JX, count_J, wsum_JK, lsum_JK, weight_FK,
+                       np.zeros(0, np.int8), load_FK, caps, target_K, inv_t**2, -1.0) == 0:
+            break
+    new_count = count.copy()
+    new_count[groups_J] = count_J
+    new_offsets = np.concatenate([[0], np.cumsum(new_count)])
+    new_order = np.empty_like(order)
+    kept = np.ones(G, bool)
+    kept[groups_J] = False
+    new_order[_runs(new_offsets[:-1][kept], count[kept])] = order[_runs(offsets[:-1][kept], count[kept])]
+    mask = np.arange(X)[None, :] < count_J[:, None]
+    new_order[_runs(new_offsets[groups_J], count_J)] = rows_F[members_JX[mask]]
+    return Packing(order=new_order, group_offsets=new_offsets, isolated=packing.isolated, dropped=packing.dropped,
+                   dropped_reason=packing.dropped_reason)
+
+
+def polish_passes(num_rows: int) -> int:
+    """Passes for a window of ``num_rows`` rows: as many as :data:`POLISH_ROWS` rows' worth, up to
+    :data:`POLISH_PASSES` (none above ``POLISH_ROWS``).
+
+    Example:
+        >>> polish_passes(70_000), polish_passes(400_000), polish_passes(1_200_000)
+        (4, 2, 0)
+    """
+    return min(POLISH_PASSES, POLISH_ROWS // max(int(num_rows), 1))
+
+
+def _runs(starts, counts):
+    """The concatenated ranges ``starts[i] .. starts[i] + counts[i] - 1``."""
+    before = np.cumsum(counts) - counts
+    return np.repeat(starts - before, counts) + np.arange(int(counts.sum()))
+
+
+def _uneven_slots(packing, assignment, csum_GK):
+    """(groups_J, slot_J): the groups of slots where a module's idle share exceeds
+    :data:`POLISH_ABOVE`, ordered by slot; isolated groups and left-out ones excluded."""
+    micro = np.asarray(assignment.micro, dtype=np.int64)
+    step = np.asarray(assignment.step, dtype=np.int64)
+    slot_G = step * (int(micro.max()) + 1) + micro
+    active = (step >= 0) & ~np.asarray(packing.isolated, dtype=bool)
+    groups = np.flatnonzero(active)
+    groups = groups[np.argsort(slot_G[groups], kind="stable")]
+    slot = slot_G[groups]
+    if len(groups) == 0:
+        return groups, slot
+    first = np.flatnonzero(np.concatenate([[True], slot[1:] != slot[:-1]]))
+    sums = csum_GK[groups]
+    peak = np.maximum.reduceat(sums, first, axis=0)
+    mean = np.add.reduceat(sums, first, axis=0) / np.diff(np.append(first, len(groups)))[:, None]
+    idle = np.divide(peak - mean, peak, out=np.zeros_like(peak), where=peak > 0).max(axis=1)
+    uneven = np.repeat(idle > POLISH_ABOVE, np.diff(np.append(first, len(groups))))
+    return groups[uneven], slot[uneven]

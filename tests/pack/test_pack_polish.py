@@ -1,0 +1,82 @@
+"""The step polish: samples only trade places within a slot, caps hold, and slots even out."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from balancer_cli.metrics import dist_ratio, step_loads
+from balancer_cli.pack.assign import assign_groups, split_to_multiple
+from balancer_cli.pack.packers.balanced import BalancedOptions, pack_balanced
+from balancer_cli.pack.polish import polish_steps
+from balancer_cli.pack.types import check_packing, group_sums
+
+
+def _packed(seed, n, R, M, tiles, oversize):
+    rng = np.random.default_rng(seed)
+    items = rng.integers(0, tiles + 1, n)
+    tokens = 256 * items + rng.integers(10, 1500, n)
+    load = np.stack([items, tokens], 1)
+    caps = np.array([max(tiles * 3, 1), 4000])
+    if oversize:
+        load[:2, 1] = 5000  # over the LLM cap on their own: isolated groups
+    p = pack_balanced(load, caps, seed=seed, group_multiple=R * M, oversize="isolate",
+                      options=BalancedOptions(passes=1, class_mix=False))
+    p = split_to_multiple(p, load[:, 1].astype(float), R * M)
+    a = assign_groups(group_sums(p, load.astype(float)), world_size=R, micro_batches=M, seed=seed)
+    return load, caps, p, a
+
+
+def _slot_spread(p, a, cost, M):
+    """Sum over slots and modules of the squared deviations of group sums from the slot mean."""
+    sums = group_sums(p, cost)
+    slot = a.step.astype(np.int64) * M + a.micro
+    mean = np.zeros((slot.max() + 1, cost.shape[1]))
+    np.add.at(mean, slot, sums)
+    mean /= np.bincount(slot)[:, None]
+    scale = 1.0 / np.maximum(sums.mean(axis=0), 1e-12)
+    return float((((sums - mean[slot]) * scale) ** 2).sum())
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10**6), n=st.integers(40, 600), R=st.integers(2, 6), M=st.integers(1, 2),
+       tiles=st.integers(0, 6), oversize=st.booleans(), passes=st.integers(1, 4))
+def test_polish_keeps_every_sample_in_its_step_under_the_caps(seed, n, R, M, tiles, oversize, passes):
+    load, caps, p, a = _packed(seed, n, R, M, tiles, oversize)
+    if p.num_groups < R * M:
+        return
+    cost = load.astype(float)
+    q = polish_steps(p, a, cost, load, caps, seed=seed, passes=passes)
+    check_packing(q, num_samples=n)
+    assert q.num_groups == p.num_groups
+    assert np.array_equal(q.isolated, p.isolated) and np.array_equal(q.dropped, p.dropped)
+    step_of = lambda packing: dict(zip(packing.order.tolist(), a.step[packing.group_ids()].tolist()))  # noqa: E731
+    assert step_of(q) == step_of(p)  # every sample keeps its step: the steps' source mixes are unchanged
+    before, after = list(p.groups()), list(q.groups())
+    for g in np.flatnonzero(p.isolated):  # isolated oversize groups are left alone
+        assert after[g].tolist() == before[g].tolist()
+    sums = group_sums(q, load)
+    within = (group_sums(p, load) <= caps).all(axis=1)
+    assert (sums[within] <= caps).all()  # a group within the caps stays within them
+    assert _slot_spread(q, a, cost, M) <= _slot_spread(p, a, cost, M) + 1e-9
+    again = polish_steps(p, a, cost, load, caps, seed=seed, passes=passes)
+    assert np.array_equal(again.order, q.order) and np.array_equal(again.group_offsets, q.group_offsets)
+
+
+def test_polish_evens_out_the_groups_of_a_step():
+    load, caps, p, a = _packed(3, 4000, 8, 1, 3, False)
+    cost = load.astype(float)
+    q = polish_steps(p, a, cost, load, caps, seed=0)
+
+    def llm_dist(packing):
+        gid = packing.group_ids()
+        return dist_ratio(step_loads(a.step[gid], a.rank[gid], cost[packing.order, 1], num_steps=a.num_steps,
+                                     world_size=8))
+
+    assert llm_dist(q) < 0.8 * llm_dist(p), (llm_dist(p), llm_dist(q))  # measured: 0.0063 -> 0.0044
+
+
+def test_polish_returns_the_packing_when_there_is_nothing_to_do():
+    load, caps, p, a = _packed(0, 200, 2, 1, 2, False)
+    assert polish_steps(p, a, load.astype(float), load, caps, passes=0) is p
