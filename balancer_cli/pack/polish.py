@@ -28,13 +28,17 @@ import numpy as np
 from balancer_cli.pack.packers._refine_kernels import refine_pass
 from balancer_cli.pack.types import Assignment, Packing
 
-__all__ = ["polish_steps", "polish_passes", "POLISH_PASSES", "POLISH_ROWS", "POLISH_PARTNERS", "POLISH_ABOVE"]
+__all__ = ["polish_steps", "polish_passes", "POLISH_PASSES", "POLISH_ROWS", "POLISH_MAX_ROWS", "POLISH_PARTNERS",
+           "POLISH_ABOVE"]
 
 #: Passes over the uneven slots' groups at most; each draws new partners.
 POLISH_PASSES = 4
-#: Rows whose polishing one pass may cost (:func:`polish_passes`): a pass over 1.2M rows costs
-#: ~0.4 s and its setup ~0.3 s, for a Dist Ratio already within bounds at that size.
+#: Row-passes a window's polish may cost (:func:`polish_passes`): a pass over 1.2M rows costs
+#: ~0.4 s and its setup ~0.3 s.
 POLISH_ROWS = 1_000_000
+#: Windows above this many rows are not polished: their Dist Ratio is within bounds already
+#: (1.2M: 0.003) and a 10M run's 780k-row windows would pay a pass each (+9 s CPU).
+POLISH_MAX_ROWS = 600_000
 #: Partners per group and pass, drawn from its slot.
 POLISH_PARTNERS = 3
 #: A slot is polished when a module's idle share ``(max - mean) / max`` over its groups exceeds
@@ -114,13 +118,15 @@ def polish_steps(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, 
 
 
 def polish_passes(num_rows: int) -> int:
-    """Passes for a window of ``num_rows`` rows: as many as :data:`POLISH_ROWS` rows' worth, up to
-    :data:`POLISH_PASSES` (none above ``POLISH_ROWS``).
+    """Passes for a window of ``num_rows`` rows: as many as :data:`POLISH_ROWS` row-passes allow, up
+    to :data:`POLISH_PASSES`; none above :data:`POLISH_MAX_ROWS` rows.
 
     Example:
-        >>> polish_passes(70_000), polish_passes(400_000), polish_passes(1_200_000)
-        (4, 2, 0)
+        >>> polish_passes(70_000), polish_passes(300_000), polish_passes(780_000)
+        (4, 3, 0)
     """
+    if num_rows > POLISH_MAX_ROWS:
+        return 0
     return min(POLISH_PASSES, POLISH_ROWS // max(int(num_rows), 1))
 
 
