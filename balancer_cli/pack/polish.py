@@ -75,7 +75,7 @@ def polish_steps(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, 
     count = np.diff(offsets)
     csum_GK = np.zeros((G, cost.shape[1]))
     np.add.at(csum_GK, np.repeat(np.arange(G), count), cost[order])
-    groups_J, slot_J = _uneven_slots(packing, assignment, csum_GK)
+    groups_J, slot_J = _uneven_slots(packing, assignment, csum_GK, count)
     J = len(groups_J)
     if J < 2:
         return packing
@@ -136,13 +136,13 @@ def _runs(starts, counts):
     return np.repeat(starts - before, counts) + np.arange(int(counts.sum()))
 
 
-def _uneven_slots(packing, assignment, csum_GK):
+def _uneven_slots(packing, assignment, csum_GK, count_G):
     """(groups_J, slot_J): the groups of slots where a module's idle share exceeds
-    :data:`POLISH_ABOVE`, ordered by slot; isolated groups and left-out ones excluded."""
+    :data:`POLISH_ABOVE`, ordered by slot; isolated, empty and left-out groups excluded."""
     micro = np.asarray(assignment.micro, dtype=np.int64)
     step = np.asarray(assignment.step, dtype=np.int64)
     slot_G = step * (int(micro.max()) + 1) + micro
-    active = (step >= 0) & ~np.asarray(packing.isolated, dtype=bool)
+    active = (step >= 0) & ~np.asarray(packing.isolated, dtype=bool) & (count_G > 0)
     groups = np.flatnonzero(active)
     groups = groups[np.argsort(slot_G[groups], kind="stable")]
     slot = slot_G[groups]
