@@ -21,7 +21,7 @@ import numpy as np
 
 from balancer_cli.pack.types import row_ids
 
-__all__ = ["form_blocks", "paired_rounds", "kd_blocks", "block_idle"]
+__all__ = ["form_blocks", "paired_rounds", "kd_blocks", "block_idle", "sparse_modules"]
 
 #: A module held by at most this share of the groups is sparse (aligned to whole steps, coarse grid).
 _SPARSE_BELOW = 0.9
@@ -30,14 +30,14 @@ _COARSEN = 2.0
 _LEVELS = 4
 
 
-def _sparse(cost_GK: np.ndarray) -> np.ndarray:
+def sparse_modules(cost_GK: np.ndarray) -> np.ndarray:
     """(K,) bool: modules that a real share of the groups lack (at most ``_SPARSE_BELOW`` hold them).
 
     A module nearly every group holds (vision with a few text-only groups) is dense: its few
     groups without it get cells of their own, instead of the whole module a coarse grid.
 
     Example:
-        >>> _sparse(np.array([[1., 0., 5.], [1., 2., 5.], [0., 0., 5.]] + [[1., 0., 5.]] * 17)).tolist()
+        >>> sparse_modules(np.array([[1., 0., 5.], [1., 2., 5.], [0., 0., 5.]] + [[1., 0., 5.]] * 17)).tolist()
         [False, True, False]
     """
     share_K = (cost_GK > 0).mean(axis=0) if len(cost_GK) else np.zeros(cost_GK.shape[1])
@@ -52,7 +52,7 @@ def _classes(cost_GK: np.ndarray, R: int, discrete_levels: int) -> np.ndarray:
     """
     G, K = cost_GK.shape
     present = cost_GK > 0
-    key = [present[:, k].astype(np.int64) for k in np.flatnonzero(_sparse(cost_GK))]
+    key = [present[:, k].astype(np.int64) for k in np.flatnonzero(sparse_modules(cost_GK))]
     n_classes = 1 << len(key)
     for k in range(K):
         # A module of many values shows it in its first rows already: no sort of the whole column.
@@ -75,7 +75,7 @@ def _cells(cost_GK, rows, R, discrete_levels, tolerance, sparse_factor, exact_di
     nest; ``exact_discrete`` keys discrete modules by their exact value (the first level).
     """
     present = cost_GK > 0
-    sparse_K = _sparse(cost_GK)
+    sparse_K = sparse_modules(cost_GK)
     mean_K = cost_GK.mean(axis=0)
     tol_K = np.where(sparse_K, tolerance * sparse_factor, tolerance)
     scale_K = np.divide(1.0, tol_K * mean_K, out=np.zeros_like(mean_K), where=mean_K > 0)

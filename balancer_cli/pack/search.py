@@ -21,7 +21,12 @@ cannot be mixed (tight caps make groups of one kind) lose.
 A subsample holds few steps, so its groups are counted before rounding to whole steps: the
 rounding would hide the excess, and would change the packer's decisions (first fit's tighter
 but unmixed groups kept or not) against the full data's. An input of up to 1.5x the sample
-size is evaluated whole, with its rounding, exactly as it will be packed.
+size is evaluated whole, with its rounding, exactly as it will be packed (the step polish
+included); there the contract's bounds come first: candidates with Dist Ratio <= 0.005 on every
+dense module (utilization >= 0.9 on sparse ones), steps <= 1.03x the bound and mix <= 1.0x rank
+before the others (``Candidate.within_bounds``), whose objective may be lower (few steps: one
+step where an oversize sample idles the other ranks decides the Dist, which the objective
+barely weighs). On a subsample the Dist of ~20 steps says too little to judge.
 For ``algorithm="isf"`` every cap candidate is combined with acceptance bounds (the encoders'
 bound equal to their cap, the LLM's at a few fractions of its cap). The best candidate is then
 packed once on the full data by the caller.
@@ -46,6 +51,7 @@ import numpy as np
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.manifest import StepShape
 from balancer_cli.metrics import dist_ratio, pad_ratio, step_loads, utilization
+from balancer_cli.pack._blocks import sparse_modules
 from balancer_cli.pack.assign import (
     assign_groups,
     group_source_counts,
@@ -55,6 +61,7 @@ from balancer_cli.pack.bounds import groups_lower_bound
 from balancer_cli.pack.evaluate import step_mix_ratio
 from balancer_cli.pack.packers.balanced import MAX_STEP_EXCESS, BalancedOptions, pack_balanced
 from balancer_cli.pack.packers.isf import pack_isf
+from balancer_cli.pack.polish import polish_passes, polish_steps
 from balancer_cli.pack.types import group_sums
 
 __all__ = ["SearchResult", "Candidate", "search_thresholds", "default_caps", "DEFAULT_GROUP_SIZE"]
@@ -64,6 +71,10 @@ __all__ = ["SearchResult", "Candidate", "search_thresholds", "default_caps", "DE
 _OVER_BOUND_WEIGHT = 10.0
 #: OmniBal's search stops when the average group holds micro_bs..micro_bs+1 samples (micro_bs 4).
 DEFAULT_GROUP_SIZE = 4.5
+#: The bounds a candidate evaluated on the whole input must meet to rank first (the pack
+#: contract): Dist Ratio of every dense module, utilization of every sparse one.
+MAX_DIST_RATIO = 0.005
+MIN_SPARSE_UTILIZATION = 0.9
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,11 @@ class Candidate:
     #: candidate's objective; ``objective`` is then that lower bound, and the assignment's
     #: metrics (Dist Ratio, utilization, pad ratio, mix) are not measured (empty / NaN).
     pruned: bool = False
+    #: Evaluated on the whole input and within every bound of the contract: Dist Ratio <=
+    #: :data:`MAX_DIST_RATIO` on dense modules, utilization >= :data:`MIN_SPARSE_UTILIZATION` on
+    #: sparse ones, steps <= ``MAX_STEP_EXCESS`` x the bound and mix <= 1.0x random. Such
+    #: candidates rank before the others (on a subsample the Dist of ~20 steps says too little).
+    within_bounds: bool = False
 
 
 @dataclass(frozen=True)
@@ -169,12 +185,16 @@ def _packed(load, cost, source, caps, bounds, shape, algorithm, seed, passes, ex
     return split_to_multiple(p, cost[:, -1], per_step), efficiency
 
 
-def _measured(p, cost, source, shape, seed):
-    """(dist_K, util_K, pad, mix) of a packing assigned to steps x ranks (as :func:`assign_groups` places it)."""
+def _measured(p, cost, source, shape, seed, polish=None):
+    """(dist_K, util_K, pad, mix, sparse_K) of a packing assigned to steps x ranks (as
+    :func:`assign_groups` places it); with ``polish`` = (load, caps, passes) then polished as the
+    pipeline does (:func:`~balancer_cli.pack.polish.polish_steps`)."""
     R, M = shape.world_size, shape.micro_batches
     gs = group_sums(p, cost)
     mix_GO = None if source is None else group_source_counts(p, source)
     a = assign_groups(gs, world_size=R, micro_batches=M, seed=seed, mix_GO=mix_GO)
+    if polish is not None:
+        p = polish_steps(p, a, cost, polish[0], polish[1], seed=seed, passes=polish[2])
     gid = p.group_ids()
     step_P, rank_P = a.step[gid], a.rank[gid]
     mix = 1.0 if source is None else step_mix_ratio(step_P, source[p.order], a.num_steps)
@@ -183,7 +203,7 @@ def _measured(p, cost, source, shape, seed):
         load_SR = step_loads(step_P, rank_P, cost[p.order, k], num_steps=a.num_steps, world_size=R)
         dist.append(dist_ratio(load_SR))
         util.append(utilization(load_SR))
-    return dist, util, pad_ratio(gid, cost[p.order, -1]), mix
+    return dist, util, pad_ratio(gid, cost[p.order, -1]), mix, sparse_modules(gs)
 
 
 def search_thresholds(
@@ -280,7 +300,6 @@ def search_thresholds(
 
     candidates: list[Candidate] = []
     grid_obj = np.full(tuple(len(a) for a in axes), np.inf)
-    best_objective = np.inf
     if prune and algorithm == "balanced":
         # The group count, so the terms above, is known after dealing: visit candidates by them
         # (a dealing costs ~1/10 of a full evaluation) and skip those they alone put past the best.
@@ -290,9 +309,14 @@ def search_thresholds(
         plan.sort(key=lambda item: (item[1][0], tuple(item[0][1].tolist())))
     else:
         plan = [(point, None, None) for point in points]
+    # The best so far as (tier, objective): tier 0 within the bounds (every candidate on a
+    # subsample, where none is judged against them), tier 1 outside.
+    best = (1 if exact else 0, np.inf)
     for (idx, caps, bounds), fixed, dealt_efficiency in plan:
         key = (tuple(caps.tolist()), tuple(int(b) for b in bounds))
-        if fixed is not None and fixed[0] > best_objective + 1e-9:  # its objective is at least fixed[0]
+        # Its objective is at least fixed[0]; while the best is outside the bounds, any candidate
+        # within them would still rank first, so nothing is skipped.
+        if fixed is not None and best[0] == 0 and fixed[0] > best[1] + 1e-9:
             bound, excluded, size = fixed
             candidates.append(Candidate(*key, float(bound), (), (), float("nan"), float(excluded),
                                         float(dealt_efficiency), float(size), float("nan"), pruned=True))
@@ -302,19 +326,22 @@ def search_thresholds(
             continue
         p, efficiency = res
         terms, excluded, size = fixed_terms(p, efficiency)
-        dist, util, pad, mix = _measured(p, sub_cost, sub_source, shape, seed)
+        polish = (sub_load, caps, polish_passes(n)) if exact and algorithm == "balanced" else None
+        dist, util, pad, mix, sparse = _measured(p, sub_cost, sub_source, shape, seed, polish)
         # Terms >= 0 added to the fixed ones: the objective is never below the bound pruning used.
         objective = sum(1.0 - u for u in util) + pad_ratio_weight * pad + terms + mix_weight * max(0.0, mix - 1.0)
+        within = exact and efficiency <= MAX_STEP_EXCESS and mix <= 1.0 and all(
+            (u >= MIN_SPARSE_UTILIZATION) if sp else (d <= MAX_DIST_RATIO) for d, u, sp in zip(dist, util, sparse))
         candidates.append(Candidate(*key, float(objective), tuple(dist), tuple(util), float(pad), float(excluded),
-                                    float(efficiency), float(size), float(mix)))
+                                    float(efficiency), float(size), float(mix), within_bounds=bool(within)))
         grid_obj[idx] = min(grid_obj[idx], objective)
-        best_objective = min(best_objective, objective)
+        best = min(best, (0 if within or not exact else 1, objective))
     if not candidates:
         raise InputError(
             f"no candidate yields {shape.groups_per_step} groups on a {n}-sample subsample",
             fix="lower {world_size} or {micro_batches}, or raise {sample_size}",
         )
-    candidates.sort(key=lambda c: (c.pruned, c.objective, c.caps_K, c.bounds_K))
+    candidates.sort(key=lambda c: (c.pruned, not c.within_bounds, c.objective, c.caps_K, c.bounds_K))
     best = candidates[0]
     return SearchResult(
         candidates=tuple(candidates),

@@ -52,6 +52,8 @@ def search_data(result: Any, modules: Sequence[str], *, extra: Mapping[str, Any]
             "steps_over_lower_bound": _r(c.steps_over_lower_bound),
             "mean_group_size": _r(c.mean_group_size),
             **({"pruned": True} if pruned else {}),
+            # evaluated on the whole input and within every bound: ranked before the others
+            **({"within_bounds": True} if getattr(c, "within_bounds", False) else {}),
         })
     objective = np.asarray(result.grid_objective, dtype=np.float64)
     return {

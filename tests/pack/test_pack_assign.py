@@ -178,20 +178,28 @@ def test_stable_order_is_numpys_stable_argsort(pool, n, seed, as_int, descending
 
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 10**6), R=st.sampled_from([2, 4, 8]), M=st.integers(1, 2), sources=st.integers(1, 4),
-       text_share=st.floats(0.0, 0.6))
-def test_pruned_search_picks_what_the_full_search_picks(seed, R, M, sources, text_share):
+       text_share=st.floats(0.0, 0.6), whole=st.booleans())
+def test_pruned_search_picks_what_the_full_search_picks(seed, R, M, sources, text_share, whole):
     """Pruning skips candidates whose packing alone scores past the best: the same best, objective
-    included, and every pruned candidate's lower bound above it."""
+    included, and every pruned candidate's lower bound above it. Evaluated whole, candidates
+    within the contract's bounds rank first."""
     rng = np.random.default_rng(seed)
     n = 3000
     items = np.where(rng.random(n) < text_share, 0, rng.integers(1, 8, n))
     load = np.stack([items, 256 * items + rng.integers(20, 900, n)], 1)
     source = rng.integers(0, sources, n)
-    kw = dict(world_size=R, micro_batches=M, max_caps_K=np.array([40, 12000]), grid=3, sample_size=1500,
-              source_N=source, seed=seed % 7)
+    kw = dict(world_size=R, micro_batches=M, max_caps_K=np.array([40, 12000]), grid=3,
+              sample_size=3000 if whole else 1500, source_N=source, seed=seed % 7)
     full = search_thresholds(load, load.astype(float), **kw)
     pruned = search_thresholds(load, load.astype(float), prune=True, **kw)
     assert pruned.candidates[0] == full.candidates[0]
+    within = [c for c in full.candidates if c.within_bounds]
+    assert whole or not within  # judged only on the whole input
+    if within:
+        assert full.candidates[0].within_bounds
+    for c in within:
+        assert c.steps_over_lower_bound <= 1.03 and c.mix_vs_random <= 1.0
+        assert all(d <= 0.005 or u >= 0.9 for d, u in zip(c.dist_ratio_K, c.utilization_K))
     assert len(pruned.candidates) == len(full.candidates)
     by_caps = {c.caps_K: c for c in full.candidates}
     for c in pruned.candidates:
@@ -209,6 +217,35 @@ def test_pruned_search_picks_what_the_full_search_picks(seed, R, M, sources, tex
     header, rows = search_table(data, top=len(data["candidates"]))
     assert len(rows) == len(pruned.candidates) and all(len(row) == len(header) for row in rows)
     assert [bool(c.get("pruned")) for c in data["candidates"]] == [c.pruned for c in pruned.candidates]
+    assert [bool(c.get("within_bounds")) for c in data["candidates"]] == [c.within_bounds for c in pruned.candidates]
+
+
+def test_search_on_the_whole_input_prefers_caps_within_the_bounds():
+    # Two text-only sources, 64 ranks (a random input once over the Dist bound): the lowest
+    # objective was caps 1 / 2,257, where 4 samples are oversize and share a step with full
+    # groups (LLM Dist 0.0105); caps within every bound rank first now.
+    from balancer_cli.lengths import make_lengths_table
+    from balancer_cli.pack.config import PackConfig
+    from balancer_cli.pack.inputs import prepare_inputs
+    from balancer_cli.pack.pipeline import run_search
+
+    rng = np.random.default_rng(1012)  # bench/bench_pack_random.py --family harsh, case 12
+    n = int(np.exp(rng.uniform(np.log(3000), np.log(400_000))))
+    source = rng.choice(2, n, p=rng.dirichlet(np.ones(int(rng.integers(2, 9)))))  # draws as the bench does
+    text = np.empty(n, np.int64)
+    for s in range(2):
+        idx = np.flatnonzero(source == s)
+        mu, sigma = rng.uniform(3.5, 7), rng.uniform(0.2, 1.0)
+        rng.random()  # the bench's text-only draw (both sources are)
+        text[idx] = np.clip(rng.lognormal(mu, sigma, len(idx)), 8, 6000).astype(np.int64)
+    zeros = np.zeros(n, np.int64)
+    inputs = prepare_inputs(make_lengths_table(text, {"vision": (zeros, zeros)}, source=source.astype(str)))
+    res = run_search(inputs, PackConfig(world_size=64, micro_batches=1), prune=True)
+    best = res.candidates[0]
+    assert res.sample_size == len(text) and best.within_bounds, best
+    assert max(best.dist_ratio_K) <= 0.005
+    measured = [c for c in res.candidates if not c.pruned]
+    assert min(c.objective for c in measured) < best.objective  # the bounds outrank the objective
 
 
 def test_search_counts_groups_before_rounding_to_steps():
