@@ -96,7 +96,7 @@ class Candidate:
     #: candidate's objective; ``objective`` is then that lower bound, and the assignment's
     #: metrics (Dist Ratio, utilization, pad ratio, mix) are not measured (empty / NaN).
     pruned: bool = False
-    #: Evaluated on the whole input and within every bound of the contract: Dist Ratio <=
+    #: Our packer's, evaluated on the whole input and within every bound of the contract: Dist Ratio <=
     #: :data:`MAX_DIST_RATIO` on dense modules, utilization >= :data:`MIN_SPARSE_UTILIZATION` on
     #: sparse ones, steps <= ``MAX_STEP_EXCESS`` x the bound and mix <= 1.0x random. Such
     #: candidates rank before the others (on a subsample the Dist of ~20 steps says too little).
@@ -311,7 +311,7 @@ def search_thresholds(
         plan = [(point, None, None) for point in points]
     # The best so far as (tier, objective): tier 0 within the bounds (every candidate on a
     # subsample, where none is judged against them), tier 1 outside.
-    best = (1 if exact else 0, np.inf)
+    best = (1 if exact and algorithm == "balanced" else 0, np.inf)
     for (idx, caps, bounds), fixed, dealt_efficiency in plan:
         key = (tuple(caps.tolist()), tuple(int(b) for b in bounds))
         # Its objective is at least fixed[0]; while the best is outside the bounds, any candidate
@@ -326,16 +326,17 @@ def search_thresholds(
             continue
         p, efficiency = res
         terms, excluded, size = fixed_terms(p, efficiency)
-        polish = (sub_load, caps, polish_passes(n)) if exact and algorithm == "balanced" else None
+        judged = exact and algorithm == "balanced"  # measured as the run will be: polished too
+        polish = (sub_load, caps, polish_passes(n)) if judged else None
         dist, util, pad, mix, sparse = _measured(p, sub_cost, sub_source, shape, seed, polish)
         # Terms >= 0 added to the fixed ones: the objective is never below the bound pruning used.
         objective = sum(1.0 - u for u in util) + pad_ratio_weight * pad + terms + mix_weight * max(0.0, mix - 1.0)
-        within = exact and efficiency <= MAX_STEP_EXCESS and mix <= 1.0 and all(
+        within = judged and efficiency <= MAX_STEP_EXCESS and mix <= 1.0 and all(
             (u >= MIN_SPARSE_UTILIZATION) if sp else (d <= MAX_DIST_RATIO) for d, u, sp in zip(dist, util, sparse))
         candidates.append(Candidate(*key, float(objective), tuple(dist), tuple(util), float(pad), float(excluded),
                                     float(efficiency), float(size), float(mix), within_bounds=bool(within)))
         grid_obj[idx] = min(grid_obj[idx], objective)
-        best = min(best, (0 if within or not exact else 1, objective))
+        best = min(best, (0 if within or not judged else 1, objective))
     if not candidates:
         raise InputError(
             f"no candidate yields {shape.groups_per_step} groups on a {n}-sample subsample",
