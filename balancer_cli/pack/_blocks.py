@@ -5,7 +5,7 @@ its groups must be equal on every module, and together they should be a random-l
 Groups are keyed into cells of equal cost (exact discrete values, a grid for the rest); each
 cell is cut into blocks in source-paired rounds; a cell's leftovers (< R) are paired again on
 coarser grids; and the last leftovers, which no grid level gathers (outlier groups, few steps),
-are cut like a k-d tree, so that a block's groups are neighbours on every module.
+are cut both in cell-key order and like a k-d tree, keeping the cut whose blocks idle less.
 
 Example:
     >>> import numpy as np

@@ -11,7 +11,7 @@ only ranks within a step trade samples.
 
 Example:
     >>> import numpy as np
-    >>> from balancer_cli.pack.types import Assignment, Packing
+    >>> from balancer_cli.pack.types import Assignment, Packing, group_sums
     >>> p = Packing(order=np.array([0, 1, 2, 3]), group_offsets=np.array([0, 2, 4]),
     ...             isolated=np.zeros(2, bool), dropped=np.zeros(0, np.int64), dropped_reason=())
     >>> a = Assignment(step=np.array([0, 0]), rank=np.array([0, 1]), micro=np.array([0, 0]), num_steps=1)
@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from balancer_cli._index import concat_ranges
 from balancer_cli.pack.packers._refine_kernels import refine_pass
-from balancer_cli.pack.types import Assignment, Packing
+from balancer_cli.pack.types import Assignment, Packing, group_sums
 
 __all__ = ["polish_steps", "polish_passes", "POLISH_PASSES", "POLISH_ROWS", "POLISH_MAX_ROWS", "POLISH_PARTNERS",
            "POLISH_ABOVE"]
@@ -73,8 +74,7 @@ def polish_steps(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, 
     order = np.asarray(packing.order, dtype=np.int64)
     cost = np.asarray(cost_NK, dtype=np.float64)
     count = np.diff(offsets)
-    csum_GK = np.zeros((G, cost.shape[1]))
-    np.add.at(csum_GK, np.repeat(np.arange(G), count), cost[order])
+    csum_GK = group_sums(packing, cost)
     groups_J, slot_J = _uneven_slots(packing, assignment, csum_GK, count)
     J = len(groups_J)
     if J < 2:
@@ -82,7 +82,7 @@ def polish_steps(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, 
     # The chosen groups renumbered slot by slot, their rows group by group: a slot's data lies together.
     count_J = count[groups_J]
     starts_J = np.concatenate([[0], np.cumsum(count_J)[:-1]])
-    rows_F = order[_runs(offsets[groups_J], count_J)]
+    rows_F = order[concat_ranges(offsets[groups_J], count_J)]
     weight_FK = np.ascontiguousarray(cost[rows_F])
     load_FK = np.ascontiguousarray(np.asarray(load_NK, dtype=np.int64)[rows_F])
     wsum_JK = np.ascontiguousarray(csum_GK[groups_J])
@@ -110,9 +110,9 @@ def polish_steps(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, 
     new_order = np.empty_like(order)
     kept = np.ones(G, bool)
     kept[groups_J] = False
-    new_order[_runs(new_offsets[:-1][kept], count[kept])] = order[_runs(offsets[:-1][kept], count[kept])]
+    new_order[concat_ranges(new_offsets[:-1][kept], count[kept])] = order[concat_ranges(offsets[:-1][kept], count[kept])]
     mask = np.arange(X)[None, :] < count_J[:, None]
-    new_order[_runs(new_offsets[groups_J], count_J)] = rows_F[members_JX[mask]]
+    new_order[concat_ranges(new_offsets[groups_J], count_J)] = rows_F[members_JX[mask]]
     return Packing(order=new_order, group_offsets=new_offsets, isolated=packing.isolated, dropped=packing.dropped,
                    dropped_reason=packing.dropped_reason)
 
@@ -128,12 +128,6 @@ def polish_passes(num_rows: int) -> int:
     if num_rows > POLISH_MAX_ROWS:
         return 0
     return min(POLISH_PASSES, POLISH_ROWS // max(int(num_rows), 1))
-
-
-def _runs(starts, counts):
-    """The concatenated ranges ``starts[i] .. starts[i] + counts[i] - 1``."""
-    before = np.cumsum(counts) - counts
-    return np.repeat(starts - before, counts) + np.arange(int(counts.sum()))
 
 
 def _uneven_slots(packing, assignment, csum_GK, count_G):

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from balancer_cli._fsutil import atomic_path, bytes_fingerprint
+from balancer_cli._index import concat_ranges
 from balancer_cli.commit import PLANS_DIR as _COMMIT_PLANS_DIR
 
 __all__ = ["PLAN_VERSION", "PLANS_DIR", "PlanCache", "plan_cache_path", "write_plan_cache"]
@@ -118,9 +119,7 @@ class PlanCache:
             return None
         R, k = self.world_size, self.batches
         bnd_Ck1 = np.asarray(self.bnd_B1[(slots * (R * k) + rank * k)[:, None] + np.arange(k + 1)])
-        lo, sizes = bnd_Ck1[:, 0], bnd_Ck1[:, -1] - bnd_Ck1[:, 0]
-        ends = np.cumsum(sizes)
-        rows = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) + np.repeat(lo - (ends - sizes), sizes)
+        rows = concat_ranges(bnd_Ck1[:, 0], bnd_Ck1[:, -1] - bnd_Ck1[:, 0])
         bounds = np.zeros(len(slots) * k + 1, dtype=np.int64)
         np.cumsum(np.diff(bnd_Ck1, axis=1).ravel(), out=bounds[1:])
         return np.asarray(self.samples_P[rows]), bounds

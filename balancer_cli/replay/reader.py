@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from balancer_cli._fsutil import bytes_fingerprint
+from balancer_cli._index import concat_ranges
 from balancer_cli.errors import ManifestError
 from balancer_cli.manifest import ManifestFile, StepShape, open_manifest
 from balancer_cli.replay.integrity import check_manifest
@@ -69,14 +70,6 @@ class _RowGroup:
     sample: np.ndarray  # (P,) int64
     offsets: np.ndarray  # (G+1,) int64, G = num_steps * groups_per_step
     rank_rows: dict = field(default_factory=dict)  # rank -> (its samples (n,), batch bounds (num_steps*M+1,))
-
-
-def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """Concatenated ``arange(start, start + size)`` for each pair, vectorized (int64)."""
-    sizes = np.asarray(sizes, dtype=np.int64)
-    ends = np.cumsum(sizes)
-    total = int(ends[-1]) if len(ends) else 0
-    return np.arange(total, dtype=np.int64) + np.repeat(np.asarray(starts, dtype=np.int64) - (ends - sizes), sizes)
 
 
 class ManifestReader:
@@ -226,7 +219,7 @@ class ManifestReader:
             samples, bounds = self._rank_rows(group, rank)
             i = (steps[slots] - group.first_step) * M  # first group of each step
             lo, hi = bounds[i], bounds[i + M]
-            gathered.append(samples[_ranges(lo, hi - lo)])
+            gathered.append(samples[concat_ranges(lo, hi - lo)])
             slots_all.append(slots)
             sizes_all.append(bounds[i[:, None] + np.arange(1, M + 1)] - bounds[i[:, None] + np.arange(M)])  # (k, M)
         # Back from row-group order to the requested order, one gather.
@@ -234,7 +227,7 @@ class ManifestReader:
         step_sizes = sizes_SM.sum(axis=1)
         step_start = np.cumsum(step_sizes) - step_sizes  # in the gathered (row-group order) samples
         order = np.argsort(slots, kind="stable")
-        samples = np.concatenate(gathered)[_ranges(step_start[order], step_sizes[order])]
+        samples = np.concatenate(gathered)[concat_ranges(step_start[order], step_sizes[order])]
         bounds = np.zeros(len(steps) * M + 1, dtype=np.int64)
         np.cumsum(sizes_SM[order].ravel(), out=bounds[1:])
         return samples.tolist(), bounds.tolist()
@@ -252,7 +245,7 @@ class ManifestReader:
         bounds_SM = group.offsets[g0[:, None] + np.arange(M + 1)]  # (steps, M+1) row bounds
         lo, sizes = bounds_SM[:, 0], bounds_SM[:, -1] - bounds_SM[:, 0]
         base = np.cumsum(sizes) - sizes  # where each step's run starts in the gathered rows
-        rows = _ranges(lo, sizes)
+        rows = concat_ranges(lo, sizes)
         bounds = np.empty(group.num_steps * M + 1, dtype=np.int64)
         bounds[:-1], bounds[-1] = (bounds_SM[:, :M] - (lo - base)[:, None]).ravel(), len(rows)
         cached = group.rank_rows[rank] = (group.sample[rows], bounds)
@@ -304,7 +297,7 @@ class ManifestReader:
             group = self._row_group(int(steps[slots[0]]))
             g0 = (steps[slots] - group.first_step) * G  # first group of each step
             bounds_SG1 = group.offsets[g0[:, None] + np.arange(G + 1)]
-            gathered.append(group.sample[_ranges(bounds_SG1[:, 0], bounds_SG1[:, -1] - bounds_SG1[:, 0])])
+            gathered.append(group.sample[concat_ranges(bounds_SG1[:, 0], bounds_SG1[:, -1] - bounds_SG1[:, 0])])
             sizes_all.append(np.diff(bounds_SG1, axis=1))
             slots_all.append(slots)
         # Back from row-group order to the requested order, one gather.
@@ -312,7 +305,7 @@ class ManifestReader:
         step_sizes = sizes_SG.sum(axis=1)
         step_start = np.cumsum(step_sizes) - step_sizes
         order = np.argsort(slots, kind="stable")
-        samples = np.concatenate(gathered)[_ranges(step_start[order], step_sizes[order])]
+        samples = np.concatenate(gathered)[concat_ranges(step_start[order], step_sizes[order])]
         group_G1 = np.zeros(len(steps) * G + 1, dtype=np.int64)
         np.cumsum(sizes_SG[order].ravel(), out=group_G1[1:])
         step_S1 = group_G1[::G].copy()

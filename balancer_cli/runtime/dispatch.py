@@ -39,6 +39,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from balancer_cli._index import concat_ranges
 from balancer_cli.errors import UsageError
 from balancer_cli.replay.post_balance import PostBalancePlan, plan_post_balance
 
@@ -97,11 +98,7 @@ def all_to_all_rows(x: torch.Tensor, send_rows: Sequence[int], recv_rows: Sequen
 def _row_index(sample_order: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Row indices that list the rows of samples ``sample_order`` of a packed tensor, in that order."""
     starts = np.concatenate([[0], np.cumsum(lengths)])[:-1]
-    lens = lengths[sample_order]
-    if lens.sum() == 0:
-        return np.zeros(0, np.int64)
-    shift = starts[sample_order] - (np.cumsum(lens) - lens)
-    return np.repeat(shift, lens) + np.arange(int(lens.sum()))
+    return concat_ranges(starts[sample_order], lengths[sample_order])
 
 
 class _Route:
