@@ -11,7 +11,7 @@ only ranks within a step trade samples.
 
 Example:
     >>> import numpy as np
-    >>> from balancer_cli.pack.types import Assignment, Packing, group_sums
+    >>> from balancer_cli.pack.types import Assignment, Packing
     >>> p = Packing(order=np.array([0, 1, 2, 3]), group_offsets=np.array([0, 2, 4]),
     ...             isolated=np.zeros(2, bool), dropped=np.zeros(0, np.int64), dropped_reason=())
     >>> a = Assignment(step=np.array([0, 0]), rank=np.array([0, 1]), micro=np.array([0, 0]), num_steps=1)
@@ -75,7 +75,7 @@ def polish_steps(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, 
     cost = np.asarray(cost_NK, dtype=np.float64)
     count = np.diff(offsets)
     csum_GK = group_sums(packing, cost)
-    groups_J, slot_J = _uneven_slots(packing, assignment, csum_GK, count)
+    groups_J, size_S = _uneven_slots(packing, assignment, csum_GK, count)
     J = len(groups_J)
     if J < 2:
         return packing
@@ -93,9 +93,9 @@ def polish_steps(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, 
         np.arange(len(rows_F))
     target_K = csum_GK.mean(axis=0)
     inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
-    first = np.flatnonzero(np.concatenate([[True], slot_J[1:] != slot_J[:-1]]))
-    size = np.diff(np.append(first, J))
-    start_J, size_J = np.repeat(first, size), np.repeat(size, size)
+    # Each group's partners are drawn from its own slot: the slot's first group and size.
+    start_J = np.repeat(np.cumsum(size_S) - size_S, size_S)
+    size_J = np.repeat(size_S, size_S)
     rng = np.random.default_rng(seed)
     caps = np.asarray(caps_K, dtype=np.int64)
     for _ in range(passes):
@@ -110,7 +110,8 @@ def polish_steps(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, 
     new_order = np.empty_like(order)
     kept = np.ones(G, bool)
     kept[groups_J] = False
-    new_order[concat_ranges(new_offsets[:-1][kept], count[kept])] = order[concat_ranges(offsets[:-1][kept], count[kept])]
+    new_order[concat_ranges(new_offsets[:-1][kept], count[kept])] = \
+        order[concat_ranges(offsets[:-1][kept], count[kept])]
     mask = np.arange(X)[None, :] < count_J[:, None]
     new_order[concat_ranges(new_offsets[groups_J], count_J)] = rows_F[members_JX[mask]]
     return Packing(order=new_order, group_offsets=new_offsets, isolated=packing.isolated, dropped=packing.dropped,
@@ -131,8 +132,9 @@ def polish_passes(num_rows: int) -> int:
 
 
 def _uneven_slots(packing, assignment, csum_GK, count_G):
-    """(groups_J, slot_J): the groups of slots where a module's idle share exceeds
-    :data:`POLISH_ABOVE`, ordered by slot; isolated, empty and left-out groups excluded."""
+    """(groups_J, size_S): the groups of slots where a module's idle share exceeds
+    :data:`POLISH_ABOVE`, slot by slot, and the number of groups of each such slot; isolated,
+    empty and left-out groups excluded."""
     micro = np.asarray(assignment.micro, dtype=np.int64)
     step = np.asarray(assignment.step, dtype=np.int64)
     slot_G = step * (int(micro.max()) + 1) + micro
@@ -141,11 +143,11 @@ def _uneven_slots(packing, assignment, csum_GK, count_G):
     groups = groups[np.argsort(slot_G[groups], kind="stable")]
     slot = slot_G[groups]
     if len(groups) == 0:
-        return groups, slot
+        return groups, np.zeros(0, np.int64)
     first = np.flatnonzero(np.concatenate([[True], slot[1:] != slot[:-1]]))
+    size = np.diff(np.append(first, len(groups)))
     sums = csum_GK[groups]
     peak = np.maximum.reduceat(sums, first, axis=0)
-    mean = np.add.reduceat(sums, first, axis=0) / np.diff(np.append(first, len(groups)))[:, None]
-    idle = np.divide(peak - mean, peak, out=np.zeros_like(peak), where=peak > 0).max(axis=1)
-    uneven = np.repeat(idle > POLISH_ABOVE, np.diff(np.append(first, len(groups))))
-    return groups[uneven], slot[uneven]
+    mean = np.add.reduceat(sums, first, axis=0) / size[:, None]
+    uneven = np.divide(peak - mean, peak, out=np.zeros_like(peak), where=peak > 0).max(axis=1) > POLISH_ABOVE
+    return groups[np.repeat(uneven, size)], size[uneven]

@@ -311,12 +311,13 @@ def search_thresholds(
         plan = [(point, None, None) for point in points]
     # The best so far as (tier, objective): tier 0 within the bounds (every candidate on a
     # subsample, where none is judged against them), tier 1 outside.
-    best = (1 if exact and algorithm == "balanced" else 0, np.inf)
+    judged = exact and algorithm == "balanced"  # measured as the run will be: polished too
+    best_key = (1 if judged else 0, np.inf)
     for (idx, caps, bounds), fixed, dealt_efficiency in plan:
         key = (tuple(caps.tolist()), tuple(int(b) for b in bounds))
         # Its objective is at least fixed[0]; while the best is outside the bounds, any candidate
         # within them would still rank first, so nothing is skipped.
-        if fixed is not None and best[0] == 0 and fixed[0] > best[1] + 1e-9:
+        if fixed is not None and best_key[0] == 0 and fixed[0] > best_key[1] + 1e-9:
             bound, excluded, size = fixed
             candidates.append(Candidate(*key, float(bound), (), (), float("nan"), float(excluded),
                                         float(dealt_efficiency), float(size), float("nan"), pruned=True))
@@ -326,7 +327,6 @@ def search_thresholds(
             continue
         p, efficiency = res
         terms, excluded, size = fixed_terms(p, efficiency)
-        judged = exact and algorithm == "balanced"  # measured as the run will be: polished too
         polish = (sub_load, caps, polish_passes(n)) if judged else None
         dist, util, pad, mix, sparse = _measured(p, sub_cost, sub_source, shape, seed, polish)
         # Terms >= 0 added to the fixed ones: the objective is never below the bound pruning used.
@@ -336,7 +336,7 @@ def search_thresholds(
         candidates.append(Candidate(*key, float(objective), tuple(dist), tuple(util), float(pad), float(excluded),
                                     float(efficiency), float(size), float(mix), within_bounds=bool(within)))
         grid_obj[idx] = min(grid_obj[idx], objective)
-        best = min(best, (0 if within or not judged else 1, objective))
+        best_key = min(best_key, (0 if within or not judged else 1, objective))
     if not candidates:
         raise InputError(
             f"no candidate yields {shape.groups_per_step} groups on a {n}-sample subsample",
