@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from balancer_cli.metrics import dist_ratio
 from balancer_cli.pack.types import row_ids
 
 __all__ = ["form_blocks", "paired_rounds", "kd_blocks", "block_idle", "sparse_modules"]
@@ -126,10 +127,7 @@ def block_idle(cost_GK, blocks_BR):
         >>> float(block_idle(np.array([[2.0], [1.0], [4.0], [4.0]]), np.array([[0, 1], [2, 3]])))
         0.125
     """
-    c = cost_GK[blocks_BR]  # (B, R, K)
-    peak = c.max(axis=1)
-    idle = np.divide(peak - c.mean(axis=1), peak, out=np.zeros_like(peak), where=peak > 0)
-    return idle.mean(axis=0).sum()
+    return sum(dist_ratio(cost_GK[blocks_BR, k]) for k in range(cost_GK.shape[1]))
 
 
 def kd_blocks(rows, cost_GK, R, class_I):
