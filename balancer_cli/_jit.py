@@ -34,11 +34,18 @@ except ImportError:  # pragma: no cover - exercised only where numba is absent
     HAVE_NUMBA = False
 
 
-def njit(func: F) -> F:
-    """Compile ``func`` with numba when available, else return it unchanged."""
+def njit(func: F | None = None, *, inline: bool = False) -> F | Callable[[F], F]:
+    """Compile ``func`` with numba when available, else return it unchanged.
+
+    ``@njit(inline=True)`` marks a small helper that numba inlines into the kernels calling it
+    (``inline="always"``): a call per inner-loop iteration then costs nothing (the random-partner
+    pass's exchange bounds: 0.53 s a pass called, 0.42 s inlined, against 0.46 s without them).
+    """
+    if func is None:
+        return lambda f: njit(f, inline=inline)
     if _numba is None:  # pragma: no cover
         return func
-    return _numba.njit(cache=True, nogil=True)(func)
+    return _numba.njit(cache=True, nogil=True, inline="always" if inline else "never")(func)
 
 
 def prefetch(array, index) -> None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from balancer_cli._jit import njit, prefetch
-from balancer_cli.pack.packers._table_kernels import gather_rows
+from balancer_cli._jit import njit
+from balancer_cli.pack.packers._exchange_bounds import SLACK, column_ranges, partner_bound, row_bound
+from balancer_cli.pack.packers._table_kernels import gather_rows, prefetch_group, prefetch_rows
 
 __all__ = ["refine_pass", "targeted_pass"]
 
@@ -147,14 +148,15 @@ def refine_pass(order_G, cand_GC, members_GX, count_G, sum_GK, lsum_GK, weight_N
     ch = np.full(X + 1, O, np.int64)
     room_g = np.zeros(KL, np.int64)
     room_h = np.zeros(KL, np.int64)
+    glo, ghi, hlo, hhi = np.zeros(K), np.zeros(K), np.zeros(K), np.zeros(K)  # the rows' weight ranges
     changes = 0
     for idx in range(G):
         if idx + _AHEAD_OWN < G:
-            _prefetch_group(order_G[idx + _AHEAD_OWN], cand_GC, members_GX, count_G, sum_GK, lsum_GK, True)
+            prefetch_group(order_G[idx + _AHEAD_OWN], cand_GC, members_GX, count_G, sum_GK, lsum_GK, True)
         if idx + _AHEAD_SUMS < G:
-            _prefetch_group(order_G[idx + _AHEAD_SUMS], cand_GC, members_GX, count_G, sum_GK, lsum_GK, False)
+            prefetch_group(order_G[idx + _AHEAD_SUMS], cand_GC, members_GX, count_G, sum_GK, lsum_GK, False)
         if idx + _AHEAD_ROWS < G:
-            _prefetch_rows(order_G[idx + _AHEAD_ROWS], cand_GC, members_GX, count_G, weight_NK, load_NK, code_N)
+            prefetch_rows(order_G[idx + _AHEAD_ROWS], cand_GC, members_GX, count_G, weight_NK, load_NK, code_N)
         g = order_G[idx]
         if _penalty(sum_GK, g, target_K, inv_t2_K) <= tol:
             continue
@@ -164,6 +166,7 @@ def refine_pass(order_G, cand_GC, members_GX, count_G, sum_GK, lsum_GK, weight_N
         best_b = -1  # a, b: positions in g and h; -1 means "nothing" (a move)
         ng = count_G[g]
         gather_rows(members_GX, g, ng, weight_NK, load_NK, code_N, O, wg, lg, cg)
+        column_ranges(wg, ng, glo, ghi)
         for k in range(KL):
             room_g[k] = caps_K[k] - lsum_GK[g, k]
         for c in range(C):
@@ -178,9 +181,18 @@ def refine_pass(order_G, cand_GC, members_GX, count_G, sum_GK, lsum_GK, weight_N
             # (the targets cancel); a source column changes by +-1 only where i and j differ.
             for k in range(KS):
                 e[k] = (sum_GK[g, k] - sum_GK[h, k]) * inv_t2_K[k]
+            gain_low = 0.0
+            lose_low = 0.0
             for o in range(O):
                 gain_O[o] = e[K + o] + inv_t2_K[K + o]
                 lose_O[o] = inv_t2_K[K + o] - e[K + o]
+                gain_low = min(gain_low, gain_O[o])
+                lose_low = min(lose_low, lose_O[o])
+            # No exchange with h can beat the best so far: skip it (exact, _exchange_bounds).
+            column_ranges(wh, nh, hlo, hhi)
+            bound = partner_bound(e, inv_t2_K, glo, ghi, hlo, hhi, gain_low + lose_low)
+            if bound - SLACK * abs(bound) >= best:
+                continue
             # The first two modules' terms spelled out (20% of a pass), added in module order.
             e0 = e[0]
             i0 = inv_t2_K[0]
@@ -198,6 +210,9 @@ def refine_pass(order_G, cand_GC, members_GX, count_G, sum_GK, lsum_GK, weight_N
                 la1 = lg[a, 1] if KL > 1 else 0
                 ci = cg[a]
                 lose = lose_O[ci]
+                bound = row_bound(e, inv_t2_K, wg, a, hlo, hhi, gain_low + min(0.0, lose))
+                if bound - SLACK * abs(bound) >= best:
+                    continue
                 for b in range(nh + 1):
                     out_h = 1 if b < nh else 0
                     # sizes after the exchange must stay in [1, X] (the member table's width)
@@ -250,33 +265,6 @@ def refine_pass(order_G, cand_GC, members_GX, count_G, sum_GK, lsum_GK, weight_N
             count_G[h] += 1
         changes += 1
     return changes
-
-
-@njit
-def _prefetch_group(g, cand_GC, members_GX, count_G, sum_GK, lsum_GK, own):  # pragma: no cover
-    """Prefetch group g's partner list, sums, count and member row (``own``), else its partners'."""
-    C = cand_GC.shape[1]
-    if own:
-        prefetch(cand_GC, g * C)
-    for c in range(1 if own else C):
-        h = g if own else cand_GC[g, c]
-        prefetch(sum_GK, h * sum_GK.shape[1])
-        prefetch(lsum_GK, h * lsum_GK.shape[1])
-        prefetch(count_G, h)
-        prefetch(members_GX, h * members_GX.shape[1])
-
-
-@njit
-def _prefetch_rows(g, cand_GC, members_GX, count_G, weight_NK, load_NK, code_N):  # pragma: no cover
-    """Prefetch the weights, loads and sources of group g's and its partners' members."""
-    for c in range(-1, cand_GC.shape[1]):
-        h = g if c < 0 else cand_GC[g, c]
-        for a in range(count_G[h]):
-            i = members_GX[h, a]
-            prefetch(weight_NK, i * weight_NK.shape[1])
-            prefetch(load_NK, i * load_NK.shape[1])
-            if len(code_N) > 0:
-                prefetch(code_N, i)
 
 
 @njit

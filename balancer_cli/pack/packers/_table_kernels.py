@@ -14,7 +14,8 @@ import numpy as np
 
 from balancer_cli._jit import njit, prefetch
 
-__all__ = ["group_tables", "load_sums", "suffix_min", "compact_rows", "expand_rows", "gather_rows", "ROWS_AHEAD"]
+__all__ = ["group_tables", "load_sums", "suffix_min", "compact_rows", "expand_rows", "gather_rows", "prefetch_group",
+           "prefetch_rows", "ROWS_AHEAD"]
 
 #: Rows ahead whose table rows the kernels that gather rows in random order prefetch (here and
 #: in :mod:`~balancer_cli.pack.packers._fill_kernels`); groups ahead for the compaction.
@@ -209,3 +210,30 @@ def gather_rows(members_GX, g, n, weight_NK, load_NK, code_N, O, w_XK, l_XK, c_X
     for k in range(l_XK.shape[1]):
         l_XK[n, k] = 0
     c_X[n] = O
+
+
+@njit
+def prefetch_group(g, cand_GC, members_GX, count_G, sum_GK, lsum_GK, own):  # pragma: no cover
+    """Prefetch group g's partner list, sums, count and member row (``own``), else its partners'."""
+    C = cand_GC.shape[1]
+    if own:
+        prefetch(cand_GC, g * C)
+    for c in range(1 if own else C):
+        h = g if own else cand_GC[g, c]
+        prefetch(sum_GK, h * sum_GK.shape[1])
+        prefetch(lsum_GK, h * lsum_GK.shape[1])
+        prefetch(count_G, h)
+        prefetch(members_GX, h * members_GX.shape[1])
+
+
+@njit
+def prefetch_rows(g, cand_GC, members_GX, count_G, weight_NK, load_NK, code_N):  # pragma: no cover
+    """Prefetch the weights, loads and sources of group g's and its partners' members."""
+    for c in range(-1, cand_GC.shape[1]):
+        h = g if c < 0 else cand_GC[g, c]
+        for a in range(count_G[h]):
+            i = members_GX[h, a]
+            prefetch(weight_NK, i * weight_NK.shape[1])
+            prefetch(load_NK, i * load_NK.shape[1])
+            if len(code_N) > 0:
+                prefetch(code_N, i)
