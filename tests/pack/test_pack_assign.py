@@ -159,7 +159,7 @@ def test_dense_ids_are_numpy_uniques_inverse(values, dtype, small):
 @SETTINGS
 @given(pool=st.lists(st.one_of(st.floats(-1e300, 1e300), st.just(0.0), st.just(-0.0), st.just(float("nan")),
                                st.just(5e-324), st.just(-5e-324)), min_size=1, max_size=30),
-       n=st.sampled_from([1, 10, 5000, 20000]), seed=st.integers(0, 3), as_int=st.booleans(), descending=st.booleans(),
+       n=st.sampled_from([1, 10, 5000, 20000, 60000]), seed=st.integers(0, 3), as_int=st.booleans(), descending=st.booleans(),
        near=st.booleans())
 def test_stable_order_is_numpys_stable_argsort(pool, n, seed, as_int, descending, near):
     """Ties (runs of every length), keys equal but for their last bits, NaNs, signed zeros and
@@ -174,6 +174,18 @@ def test_stable_order_is_numpys_stable_argsort(pool, n, seed, as_int, descending
     got = stable_order(values, descending=descending)
     assert got.dtype == np.int64
     assert np.array_equal(got, np.argsort(-values if descending else values, kind="stable"))
+
+
+@SETTINGS
+@given(words=st.lists(st.integers(0, 2**64 - 1), unique=True, max_size=300), shift=st.integers(0, 56))
+def test_radix_sort_is_numpys_sort(words, shift):
+    """Words of any bits (digits constant across all of them included), compiled and as Python."""
+    from balancer_cli._sort import radix_sort
+
+    word = np.array(sorted({w >> shift for w in words}), dtype=np.uint64)
+    word = word[np.random.default_rng(len(words)).permutation(len(word))]
+    assert np.array_equal(radix_sort(word), np.sort(word))
+    assert np.array_equal(getattr(radix_sort, "py_func", radix_sort)(word), np.sort(word))
 
 
 @settings(max_examples=12, deadline=None)
