@@ -182,10 +182,11 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
                        # `balancer report OUT` compares with the same baselines by default
                        meta={**result.meta, "report_baselines": list(baselines)},
                        epoch_num_steps=result.epoch_num_steps)
-        result = None  # the report re-reads the written rows: do not hold a second copy meanwhile
+        # The report checks the written rows and reuses their evaluation: hold no second copy meanwhile.
+        evaluation, result = result.evaluation, None
         release_freed_memory()
         done("write")
-        summary = _report(folder, (inputs, fingerprint), baselines)
+        summary = _report(folder, (inputs, fingerprint), baselines, ours=evaluation)
         # the paths the files will have once the folder is in place
         return {**summary, "out": str(final), "files": {k: str(final / Path(v).name) for k, v in summary["files"].items()}}
 
@@ -323,9 +324,9 @@ def search_to_files(lengths_files: Sequence[str | os.PathLike], config: PackConf
 
 
 def _report(out: str | os.PathLike, lengths, baselines: Sequence[str],
-            cost: Mapping[str, Any] | None = None) -> dict[str, Any]:
+            cost: Mapping[str, Any] | None = None, ours: Any = None) -> dict[str, Any]:
     from balancer_cli.report.build import build_report, write_report
 
-    report = build_report(open_manifest(out), lengths, baselines=baselines, cost=cost)
+    report = build_report(open_manifest(out), lengths, baselines=baselines, cost=cost, ours=ours)
     written = write_report(out, report)
     return {"out": str(Path(out)), "files": {k: str(v) for k, v in written.items()}, **report.data}

@@ -70,6 +70,8 @@ class PackResult:
         epoch_num_steps: steps of each epoch.
         meta: the manifest metadata (parameters, fingerprint, summary metrics).
         search: the threshold search result when the search ran, else None.
+        evaluation: the rows' :class:`~balancer_cli.pack.evaluate.Evaluation` (its metrics are
+            ``meta["summary"]``); the report of these rows reuses it instead of evaluating again.
     """
 
     rows: ManifestRows
@@ -78,6 +80,7 @@ class PackResult:
     epoch_num_steps: list[int]
     meta: Mapping[str, Any]
     search: Any = field(default=None, compare=False)
+    evaluation: Any = field(default=None, compare=False)
 
 
 def _by_module(pairs: Sequence[tuple[str, int]], modules: Sequence[str], what: str) -> dict[str, int]:
@@ -259,9 +262,10 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
         config.algorithm, inputs, config, caps_K, bounds_K, engine=engine, engine_options=engine_options)
     if config.post_balance:
         rows = with_phase_ranks(rows, inputs, config.world_size)
-    summary = evaluate_rows(inputs, rows, dropped_sample, dropped_reason, caps_K=caps_K,
-                            world_size=config.world_size, micro_batches=config.micro_batches,
-                            epoch_num_steps=epoch_num_steps).metrics
+    evaluation = evaluate_rows(inputs, rows, dropped_sample, dropped_reason, caps_K=caps_K,
+                               world_size=config.world_size, micro_batches=config.micro_batches,
+                               epoch_num_steps=epoch_num_steps)
+    summary = evaluation.metrics
     meta = config.to_meta()
     meta["params"].update({
         "caps": {m: int(c) for m, c in zip(inputs.modules, caps_K)},
@@ -276,4 +280,4 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
     })
     meta.update(num_samples=inputs.num_samples, modules=list(inputs.modules), lengths_fingerprint=lengths_fingerprint,
                 summary=summary)
-    return PackResult(rows, dropped_sample, dropped_reason, epoch_num_steps, meta, search)
+    return PackResult(rows, dropped_sample, dropped_reason, epoch_num_steps, meta, search, evaluation)

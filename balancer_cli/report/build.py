@@ -76,7 +76,7 @@ class Report:
 
 def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInputs, str], *,
                  baselines: Sequence[str] = registry.names(baseline=True),
-                 cost: Mapping[str, Any] | None = None) -> Report:
+                 cost: Mapping[str, Any] | None = None, ours: Evaluation | None = None) -> Report:
     """Compute the report of a written manifest and of the requested baselines.
 
     Args:
@@ -89,6 +89,10 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInput
         cost: evaluate under another cost model than the one packed with: ``{"cost_model": ...,
             "cost_presets": ..., "costs": ...}`` (PackConfig fields), e.g. a token-packed manifest
             under measured seconds. Baselines are evaluated under it too.
+        ours: the manifest's rows already evaluated by whoever wrote them (``balancer pack``
+            evaluates the rows it writes: :attr:`~balancer_cli.pack.pipeline.PackResult.evaluation`);
+            used instead of evaluating the read rows again unless ``cost`` asks for another model.
+            The written manifest is checked either way.
 
     Raises:
         ManifestError: the manifest disagrees with its metadata or loses/duplicates a sample
@@ -107,8 +111,9 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInput
     bounds_K = np.array([meta["params"]["bounds"][m] for m in inputs.modules], dtype=np.int64)
     dropped_sample, dropped_reason = read_dropped(manifest.path)
     shape = dict(caps_K=caps_K, world_size=config.world_size, micro_batches=config.micro_batches)
-    ours = evaluate_rows(inputs, rows, dropped_sample, tuple(dropped_reason),
-                         epoch_num_steps=manifest.epoch_num_steps, **shape)
+    if ours is None or cost:
+        ours = evaluate_rows(inputs, rows, dropped_sample, tuple(dropped_reason),
+                             epoch_num_steps=manifest.epoch_num_steps, **shape)
     data = {
         "manifest": {
             "algorithm": config.algorithm, "params": meta.get("params", {}),

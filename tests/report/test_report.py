@@ -101,6 +101,23 @@ def test_report_from_written_manifest_matches_the_pack_summary(tmp_path):
     assert data["steps"]["per_epoch"] == result.epoch_num_steps
 
 
+def test_report_reusing_the_pack_evaluation_is_the_report_of_the_read_rows(tmp_path):
+    """``balancer pack`` hands its evaluation of the rows it wrote to the report: the same data and
+    loads as evaluating the manifest read back; another cost model evaluates again."""
+    lt = _lengths()
+    config = PackConfig(world_size=4, micro_batches=2, caps=(("llm", 3000), ("vision", 10)))
+    result = _write(tmp_path, lt, config)
+    fresh = build_report(open_manifest(tmp_path), lt, baselines=("random",))
+    reused = build_report(open_manifest(tmp_path), lt, baselines=("random",), ours=result.evaluation)
+    assert json.dumps(fresh.data, sort_keys=True) == json.dumps(reused.data, sort_keys=True)
+    for module, load_SR in fresh.loads["ours"].items():
+        assert np.array_equal(load_SR, reused.loads["ours"][module])
+    flops = build_report(open_manifest(tmp_path), lt, baselines=(), ours=result.evaluation,
+                         cost={"cost_model": "flops", "cost_presets": (("llm", "qwen2-7b"), ("vision", "internvit-300m"))})
+    assert flops.data["manifest"]["cost_model"] == "flops"
+    assert flops.data["modules"]["llm"]["mean_rank_load"] != reused.data["modules"]["llm"]["mean_rank_load"]
+
+
 def test_report_files_and_markdown(tmp_path):
     lt = _lengths(300, 1)
     _write(tmp_path, lt, PackConfig(world_size=2, caps=(("llm", 3000), ("vision", 10))))
