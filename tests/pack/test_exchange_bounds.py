@@ -74,7 +74,7 @@ def test_skipping_by_the_bounds_leaves_the_pass_unchanged(seed, O):
     weight_NK = load_NK * rng.uniform(0.5, 1.5, (N, K))
     group = np.sort(np.concatenate([np.arange(G), rng.integers(0, G, N - G)]))
     count_G = np.bincount(group, minlength=G)
-    members_GX = np.full((G, X + 3), -1)
+    members_GX = np.full((G, max(X, int(count_G.max())) + 2), -1)
     for g in range(G):
         members_GX[g, :count_G[g]] = np.flatnonzero(group == g)
     code_N = rng.integers(0, max(O, 1), N) if O else np.zeros(0, np.int64)

@@ -79,8 +79,10 @@ class PackerSpec:
         selectable: ``pack --algorithm`` may write a manifest with it.
         baseline: the report compares with it by default.
         sequential: its groups are placed in packing order (a plain data loader), not by the assigner.
-        polish: after assignment, the groups of each slot trade samples to even out
-            (:mod:`balancer_cli.pack.polish`); ours only, so the baselines stay as published.
+        polish: after assignment, samples of equal loads trade steps to even out the steps'
+            source mix (:mod:`balancer_cli.pack.step_mix`), then the groups of each slot trade
+            samples to even out (:mod:`balancer_cli.pack.polish`); ours only, so the baselines
+            stay as published.
     """
 
     name: str
