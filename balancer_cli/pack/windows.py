@@ -219,7 +219,7 @@ def place_window(task: WindowTask, view: registry.SampleView) -> WindowResult:
     """Pack ``view`` (one window's samples) with ``task.packer`` and assign its groups to slots.
 
     A packer registered with ``polish`` then has its steps' source mix evened out
-    (:func:`~balancer_cli.pack.step_mix.even_step_mix`: samples of equal loads trade steps) and
+    (:func:`~balancer_cli.pack.step_mix.even_step_mix`: groups and samples of equal loads trade steps) and
     each slot's groups (:func:`~balancer_cli.pack.polish.polish_steps`: samples trade ranks
     within their step).
 
@@ -259,7 +259,8 @@ def place_window(task: WindowTask, view: registry.SampleView) -> WindowResult:
         from balancer_cli.pack.polish import polish_passes, polish_steps  # compiled kernels: import late
         from balancer_cli.pack.step_mix import even_step_mix
 
-        packing = even_step_mix(packing, assignment, view.cost_nK, view.load_nK, task.caps_K, view.source_n)
+        packing, assignment = even_step_mix(packing, assignment, view.cost_nK, view.load_nK, task.caps_K,
+                                            view.source_n)
         packing = polish_steps(packing, assignment, view.cost_nK, view.load_nK, task.caps_K,
                                seed=config.epoch_seed(task.epoch, "polish"), passes=polish_passes(len(view.ids_n)))
     ids = np.asarray(view.ids_n)
