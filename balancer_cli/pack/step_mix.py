@@ -120,7 +120,7 @@ def even_step_mix(packing: Packing, assignment: Assignment, weight_nK: np.ndarra
         done = _swap_groups(by_G, key_G, np.ascontiguousarray(wsum_GK[:, :-1]), np.ascontiguousarray(wsum_GK[:, -1]),
                             dev_GO, slot_G, excess_SO, load_SR, limit, lookahead)
         moved += done
-        if done == 0:
+        if not done:
             break
     if moved:
         dtype = np.asarray(assignment.step).dtype
@@ -183,12 +183,12 @@ def _swap_groups(by, key_G, enc_GE, wllm_G, dev_GO, slot_G, excess_SO, load_SR, 
             same = True
             for e in range(enc_GE.shape[1]):
                 same = same and enc_GE[g, e] == enc_GE[h, e]
-            d = wllm_G[h] - wllm_G[g]  # g's rank in s gains d, h's rank in t loses it
+            dw = wllm_G[h] - wllm_G[g]  # g's rank in s gains dw, h's rank in t loses it
             rg, rh = slot_G[g, 1], slot_G[h, 1]
-            if not same or not _spread_kept(load_SR, s, rg, d) or not _spread_kept(load_SR, t, rh, -d):
+            if not same or not _spread_kept(load_SR, s, rg, dw) or not _spread_kept(load_SR, t, rh, -dw):
                 continue
-            load_SR[s, rg] += d
-            load_SR[t, rh] -= d
+            load_SR[s, rg] += dw
+            load_SR[t, rh] -= dw
             for o in range(O):
                 d = dev_GO[h, o] - dev_GO[g, o]
                 excess_SO[s, o] += d
