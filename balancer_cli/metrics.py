@@ -11,6 +11,9 @@ pure numpy functions, used by the report (computed from a written manifest) and 
 - **Utilization**: ``sum_s sum_r T / (R * sum_s max_r T)``, the share of rank time spent working
   when each step waits for its slowest rank; :func:`step_utilization` does the same for a whole
   step whose modules run one after another (step time = ``sum_m max_r T``).
+- **Random step mix distance**: :func:`random_mix_distance`, the total-variation distance from
+  the global source mix that a random draw of a step's size is expected to have (what the
+  packer's mixing steps compare their steps against before they run).
 
 Example:
     >>> import numpy as np
@@ -35,6 +38,7 @@ __all__ = [
     "utilization",
     "step_utilization",
     "pad_ratio",
+    "random_mix_distance",
 ]
 
 
@@ -124,3 +128,16 @@ def pad_ratio(group_P: np.ndarray, cost_P: np.ndarray) -> float:
     size_G = np.bincount(dense, minlength=num_groups)
     padded = float((t_max_G * size_G).sum())
     return (padded - float(cost_P.sum())) / padded if padded > 0 else 0.0
+
+
+def random_mix_distance(share_O: np.ndarray, size_S: np.ndarray) -> np.ndarray:
+    """(S,) expected total-variation distance from the mix ``share_O`` of a random draw of
+    ``size_S`` samples: ``0.5 * sum_o E|share - p_o|``, ``E|share - p| ~ sqrt(2 / pi) sqrt(p (1 - p) / size)``.
+
+    Example:
+        >>> round(float(random_mix_distance(np.array([0.5, 0.5]), np.array([100.0]))[0]), 4)
+        0.0399
+    """
+    share_O = np.asarray(share_O, dtype=np.float64)
+    size_S = np.asarray(size_S, dtype=np.float64)
+    return 0.5 * (np.sqrt(2.0 / np.pi) * np.sqrt(share_O[None, :] * (1.0 - share_O[None, :]) / size_S[:, None]).sum(axis=1))

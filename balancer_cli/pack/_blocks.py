@@ -68,7 +68,6 @@ def _classes(cost_GK: np.ndarray, R: int, discrete_levels: int) -> np.ndarray:
     return row_ids(np.stack(key, axis=1))
 
 
-
 def _cells(cost_GK, rows, R, discrete_levels, tolerance, sparse_factor, exact_discrete):
     """(len(rows),) cell id of each of ``rows`` (step 1) and their (len(rows), K) grid coordinates.
 
@@ -91,8 +90,9 @@ def _cells(cost_GK, rows, R, discrete_levels, tolerance, sparse_factor, exact_di
 
 def form_blocks(cost_GK, dev_GO, R, rng, tolerance, discrete_levels, sparse_factor):
     """(G / R, R) blocks (step 2): source-paired within cells; a cell's leftovers (< R groups) are
-    paired again on a grid ``_COARSEN`` times coarser, up to ``_LEVELS`` levels; the last few go
-    in cost order (sparse classes first), so a block takes neighbouring cells."""
+    paired again on a grid ``_COARSEN`` times coarser, up to ``_LEVELS`` levels; the last few are
+    cut in cell-key order and like a k-d tree (:func:`kd_blocks`), and the cut whose blocks idle
+    less (:func:`block_idle`) is kept."""
     rest = np.arange(len(cost_GK))
     blocks = []
     key = np.zeros((0, 1))

@@ -48,7 +48,8 @@ from balancer_cli.manifest import StepShape
 from balancer_cli.pack._blocks import form_blocks, paired_rounds
 from balancer_cli.pack.types import Assignment, Packing, group_sums, top_codes
 
-__all__ = ["assign_groups", "group_source_counts", "split_to_multiple", "check_assignment"]
+__all__ = ["assign_groups", "group_source_counts", "source_columns", "source_deviation", "split_to_multiple",
+           "check_assignment"]
 
 #: Sources the assigner tracks: the most frequent ones, the rest counted as one.
 MAX_SOURCES = 16
@@ -104,7 +105,7 @@ def assign_groups(
             fix=f"pack with group_multiple={per_step}, or call split_to_multiple(packing, ..., {per_step})",
         )
     rng = np.random.default_rng(seed)
-    dev_GO = _source_deviation(mix_GO, G)
+    dev_GO = source_deviation(mix_GO, G)
     blocks_BR = form_blocks(cost, dev_GO, R, rng, tolerance, discrete_levels, sparse_factor)
     S = G // per_step
     # Blocks -> steps: M rounds, each step takes one block per round (source-paired).
@@ -115,7 +116,7 @@ def assign_groups(
     return _ranks(blocks_SMR, cost, rng)
 
 
-def _source_deviation(mix_GO: np.ndarray | None, G: int) -> np.ndarray:
+def source_deviation(mix_GO: np.ndarray | None, G: int) -> np.ndarray:
     """(G, O) samples per source minus the group's share of the global source mix."""
     if mix_GO is None:
         return np.zeros((G, 1))
@@ -162,12 +163,27 @@ def group_source_counts(packing: Packing, source_N: np.ndarray, max_sources: int
         >>> group_source_counts(p, np.array([0, 1, 1, 0])).tolist()
         [[1, 2], [1, 0]]
     """
+    column_P, O = source_columns(packing, source_N, max_sources)
+    return np.bincount(packing.group_ids() * O + column_P,
+                       minlength=packing.num_groups * O).reshape(packing.num_groups, O)
+
+
+def source_columns(packing: Packing, source_N: np.ndarray, max_sources: int = MAX_SOURCES) -> tuple[np.ndarray, int]:
+    """((P,) source column of each placed row, in packing order; O): the columns of
+    :func:`group_source_counts` (the ``max_sources - 1`` most frequent sources apart, the rest
+    in one; one column when nothing is placed).
+
+    Example:
+        >>> p = Packing(np.arange(4), np.array([0, 3, 4]), np.zeros(2, bool), np.array([], np.int64), ())
+        >>> column_P, O = source_columns(p, np.array([0, 1, 1, 0]))
+        >>> column_P.tolist(), O
+        ([0, 1, 1, 0], 2)
+    """
     code_P = np.asarray(source_N, dtype=np.int64)[np.asarray(packing.order, dtype=np.int64)]
     if len(code_P) == 0:
-        return np.zeros((packing.num_groups, 1), np.int64)
+        return np.zeros(0, np.int64), 1
     column, O = top_codes(code_P, max_sources)
-    return np.bincount(packing.group_ids() * O + column[code_P],
-                       minlength=packing.num_groups * O).reshape(packing.num_groups, O)
+    return column[code_P], O
 
 
 def split_to_multiple(packing: Packing, weight_N: np.ndarray, multiple: int) -> Packing:

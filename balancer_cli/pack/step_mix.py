@@ -44,8 +44,10 @@ import dataclasses
 import numpy as np
 
 from balancer_cli._jit import njit
+from balancer_cli.metrics import random_mix_distance
+from balancer_cli.pack.assign import MAX_SOURCES, group_source_counts, source_columns, source_deviation
 from balancer_cli.pack.packers._class_mix import CLASS_MIX_TOLERANCE
-from balancer_cli.pack.types import Assignment, Packing, dense_ids, group_sums, row_ids, top_codes
+from balancer_cli.pack.types import Assignment, Packing, group_sums, row_ids
 
 __all__ = ["even_step_mix", "STEP_MIX_ABOVE", "LOOKAHEAD", "GROUP_PASSES", "GROUP_LOOKAHEAD", "GROUP_BUDGET",
            "SPREAD"]
@@ -68,8 +70,8 @@ GROUP_BUDGET = 1 << 25
 
 
 def even_step_mix(packing: Packing, assignment: Assignment, weight_nK: np.ndarray, load_nK: np.ndarray,
-                  caps_K: np.ndarray, source_n: np.ndarray, *, max_sources: int = 16,
-                  tolerance: float = CLASS_MIX_TOLERANCE) -> tuple[Packing, Assignment]:
+                  caps_K: np.ndarray, source_n: np.ndarray, *, mix_GO: np.ndarray | None = None,
+                  max_sources: int = MAX_SOURCES, tolerance: float = CLASS_MIX_TOLERANCE) -> tuple[Packing, Assignment]:
     """The packing and assignment with groups and rows traded between steps (see the module docstring).
 
     Args:
@@ -77,7 +79,9 @@ def even_step_mix(packing: Packing, assignment: Assignment, weight_nK: np.ndarra
         assignment: the slot of every group.
         weight_nK, load_nK: (n, K) balanced weights and capped loads (LLM last).
         caps_K: (K,) caps; only the LLM's can be approached.
-        source_n: (n,) source of every row.
+        source_n: (n,) source code of every row.
+        mix_GO: the groups' source counts, :func:`~balancer_cli.pack.assign.group_source_counts`
+            with ``max_sources`` (what the assigner was given); computed when None.
         max_sources: sources tracked: the ``max_sources - 1`` most frequent, the rest as one.
         tolerance: largest LLM weight difference of two traded groups or rows, as a share of the
             mean group LLM weight.
@@ -90,20 +94,20 @@ def even_step_mix(packing: Packing, assignment: Assignment, weight_nK: np.ndarra
     S = int(assignment.num_steps)
     if K < 1 or G < 2 or S < 2 or len(order) == 0:
         return packing, assignment
-    code_P = dense_ids(np.asarray(source_n)[order])
-    column, O = top_codes(code_P, max_sources)
+    if mix_GO is None:
+        mix_GO = group_source_counts(packing, source_n, max_sources)
+    mix_GO = np.asarray(mix_GO, dtype=np.float64)
+    O = mix_GO.shape[1]
     if O < 2:
         return packing, assignment
-    src_P = np.ascontiguousarray(column[code_P], dtype=np.int64)
-    gid_P = packing.group_ids()
-    mix_GO = np.bincount(gid_P * O + src_P, minlength=G * O).reshape(G, O).astype(np.float64)
-    share_O = mix_GO.sum(axis=0) / mix_GO.sum()
-    dev_GO = mix_GO - mix_GO.sum(axis=1, keepdims=True) * share_O  # what a group adds to its step's excess
+    dev_GO = source_deviation(mix_GO, G)  # what a group adds to its step's excess
     step_G = np.asarray(assignment.step, dtype=np.int64).copy()
     excess_SO = np.zeros((S, O))
     np.add.at(excess_SO, step_G, dev_GO)
-    if not _biased(excess_SO, np.bincount(step_G, weights=mix_GO.sum(axis=1), minlength=S), share_O):
+    if not _biased(excess_SO, np.bincount(step_G, weights=mix_GO.sum(axis=1), minlength=S),
+                   mix_GO.sum(axis=0) / mix_GO.sum()):
         return packing, assignment
+    gid_P = packing.group_ids()
     weight = np.asarray(weight_nK, dtype=np.float64)
     wsum_GK = group_sums(packing, weight)
     limit = tolerance * float(wsum_GK[:, -1].mean())
@@ -132,6 +136,7 @@ def even_step_mix(packing: Packing, assignment: Assignment, weight_nK: np.ndarra
     tok_P = np.ascontiguousarray(np.asarray(load_nK)[order, -1], dtype=np.int64)
     lsum_G = group_sums(packing, np.asarray(load_nK)[:, -1].astype(np.int64))
     key_P = row_ids(np.asarray(load_nK)[order, :-1]) if K > 1 else np.zeros(len(order), np.int64)
+    src_P = np.ascontiguousarray(source_columns(packing, source_n, max_sources)[0], dtype=np.int64)
     rows = order.copy()
     swaps = _swap_rows(np.lexsort((wtok_P, key_P)), key_P, enc_PE, wtok_P, tok_P, gid_P, slot_G[gid_P, 0],
                        slot_G[gid_P, 1], src_P, rows, excess_SO, lsum_G, load_SR, int(np.asarray(caps_K)[-1]), limit,
@@ -142,13 +147,11 @@ def even_step_mix(packing: Packing, assignment: Assignment, weight_nK: np.ndarra
 
 
 def _biased(excess_SO: np.ndarray, size_S: np.ndarray, share_O: np.ndarray) -> bool:
-    """Whether the steps' mean distance to the global mix is at least :data:`STEP_MIX_ABOVE` x a
-    random step's (``E|share - p| ~ sqrt(2 / pi) sqrt(p (1 - p) / size)`` per source)."""
+    """Whether the steps' mean distance to the global mix is at least :data:`STEP_MIX_ABOVE` x
+    a random step's (:func:`~balancer_cli.metrics.random_mix_distance`)."""
     sizes = np.maximum(size_S, 1.0)
     distance = 0.5 * float((np.abs(excess_SO).sum(axis=1) / sizes).mean())
-    random = 0.5 * float((np.sqrt(2.0 / np.pi) * np.sqrt(share_O * (1.0 - share_O))[None, :]
-                          / np.sqrt(sizes)[:, None]).sum(axis=1).mean())
-    return distance >= STEP_MIX_ABOVE * random
+    return distance >= STEP_MIX_ABOVE * float(random_mix_distance(share_O, sizes).mean())
 
 
 @njit

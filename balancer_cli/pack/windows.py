@@ -248,19 +248,20 @@ def place_window(task: WindowTask, view: registry.SampleView) -> WindowResult:
             f"{{world_size}} {R} x {{micro_batches}} {M} needs a multiple of {per_step} groups (groups per "
             f"step), and the {packing.num_groups} groups cannot be split to one ({error.message})",
             fix="lower {world_size} or {micro_batches}, or lower the caps so that more groups form") from None
+    mix_GO = None  # the groups' source counts: the assigner's, and the step mix's
     if spec.sequential:
         step_G, rank_G, micro_G = shape.slots(np.arange(packing.num_groups))
         assignment = Assignment(step=step_G, rank=rank_G, micro=micro_G, num_steps=packing.num_groups // per_step)
     else:
+        mix_GO = group_source_counts(packing, view.source_n)
         assignment = assign_groups(group_sums(packing, view.cost_nK), world_size=R, micro_batches=M,
-                                   seed=config.epoch_seed(task.epoch, "assign"),
-                                   mix_GO=group_source_counts(packing, view.source_n))
+                                   seed=config.epoch_seed(task.epoch, "assign"), mix_GO=mix_GO)
     if spec.polish:
         from balancer_cli.pack.polish import polish_passes, polish_steps  # compiled kernels: import late
         from balancer_cli.pack.step_mix import even_step_mix
 
         packing, assignment = even_step_mix(packing, assignment, view.cost_nK, view.load_nK, task.caps_K,
-                                            view.source_n)
+                                            view.source_n, mix_GO=mix_GO)
         packing = polish_steps(packing, assignment, view.cost_nK, view.load_nK, task.caps_K,
                                seed=config.epoch_seed(task.epoch, "polish"), passes=polish_passes(len(view.ids_n)))
     ids = np.asarray(view.ids_n)

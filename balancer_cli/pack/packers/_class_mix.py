@@ -33,6 +33,7 @@ import numpy as np
 
 from balancer_cli._jit import njit
 from balancer_cli._sort import stable_order
+from balancer_cli.metrics import random_mix_distance
 from balancer_cli.pack.types import dense_ids, row_ids, top_codes
 
 __all__ = ["even_class_mix", "CLASS_MIX_TOLERANCE", "CLASS_MIX_MIN_BIAS"]
@@ -138,9 +139,9 @@ def _biased(wsum_GK: np.ndarray, mix_GO: np.ndarray, step_groups: int) -> bool:
     in_class_C = counts_CO.sum(axis=1)
     share_CO = counts_CO / np.maximum(in_class_C, 1.0)[:, None]
     bias = float((in_class_C / total * 0.5 * np.abs(share_CO - share_O).sum(axis=1)).sum())
-    # A random step of S samples: E|share - p| ~ sqrt(2 / pi) sqrt(p (1 - p) / S) per source.
+    # A random step of as many samples as ours hold on average.
     samples = step_groups * total / len(wsum_GK)
-    random_distance = 0.5 * float(np.sqrt(2.0 / np.pi) * np.sqrt(share_O * (1.0 - share_O) / samples).sum())
+    random_distance = float(random_mix_distance(share_O, np.array([samples]))[0])
     return bias >= CLASS_MIX_MIN_BIAS * random_distance
 
 
