@@ -3,11 +3,17 @@
 The packer makes all groups equal to one global target and the assigner puts groups of one
 class (equal item counts) side by side; what is left is the spread of the R groups of a slot
 (a step and micro-batch index: one micro-batch per rank, run at the same time). Here the groups
-of each uneven slot exchange samples so that they equal *their own* mean, within the caps: the
-packer's local search (:func:`~balancer_cli.pack.packers._refine_kernels.refine_pass`; the
-targets cancel in a pair's exchange, so the slot's mean needs no term of its own) with partner
-groups drawn from the slot. A sample stays in its step, so every step's source mix is unchanged:
-only ranks within a step trade samples.
+of each slot of an uneven step exchange samples so that they equal *their own* mean, within the
+caps: the packer's local search (:func:`~balancer_cli.pack.packers._refine_kernels.refine_pass`;
+the targets cancel in a pair's exchange, so the slot's mean needs no term of its own) with
+partner groups drawn from the slot. A sample stays in its step, so every step's source mix is
+unchanged: only ranks within a step trade samples.
+
+With M > 1 micro-batches a rank's load is the sum of its M groups, so what is evened out is
+the *ranks'* sums: the slots of a step are polished one micro-batch at a time, each group
+carrying its rank's sum in the objective (a rank has one group per slot, so the pass keeps
+that sum exact), and a heavy group can offset a light one of the same rank (three-module
+inputs at 2-4 micro-batches: docs/packing.md).
 
 Example:
     >>> import numpy as np
@@ -44,17 +50,17 @@ POLISH_ROWS = 2_000_000
 POLISH_MAX_ROWS = 600_000
 #: Partners per group and pass, drawn from its slot.
 POLISH_PARTNERS = 3
-#: A slot is polished when a module's idle share ``(max - mean) / max`` over its groups exceeds
-#: this: below it the slot is already within the Dist Ratio the packer aims at.
+#: A step is polished when a module's idle share ``(max - mean) / max`` over its ranks exceeds
+#: this: below it the step is already within the Dist Ratio the packer aims at.
 POLISH_ABOVE = 0.002
 
 
 def polish_steps(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, load_NK: np.ndarray,
                  caps_K: np.ndarray, *, seed: int = 0, passes: int = POLISH_PASSES) -> Packing:
-    """The packing with each uneven slot's groups evened out (see the module docstring).
+    """The packing with the groups of each uneven step evened out (see the module docstring).
 
     Groups keep their index (so their slot); isolated oversize groups, groups the assigner left
-    out and slots already even are not touched.
+    out and steps already even are not touched.
 
     Args:
         packing: groups (G of them) as the assigner placed them.
@@ -63,10 +69,10 @@ def polish_steps(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, 
         load_NK: (N, K) per-sample integer load, checked against ``caps_K``.
         caps_K: (K,) caps per group.
         seed: seeds the visiting orders and partner draws.
-        passes: passes over the uneven slots' groups.
+        passes: passes over the uneven steps' groups.
 
     Returns:
-        A :class:`Packing` of the same samples, groups and slots (``packing`` itself when no slot
+        A :class:`Packing` of the same samples, groups and slots (``packing`` itself when no step
         is uneven).
     """
     G = packing.num_groups
@@ -77,7 +83,9 @@ def polish_steps(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, 
     cost = np.asarray(cost_NK, dtype=np.float64)
     count = np.diff(offsets)
     csum_GK = group_sums(packing, cost)
-    groups_J, size_S = _uneven_slots(packing, assignment, csum_GK, count)
+    unit_G, usum_UK, step_U = _rank_units(assignment, csum_GK)
+    active_G = ~np.asarray(packing.isolated, dtype=bool) & (count > 0)
+    groups_J, size_S = _uneven_slots(assignment, active_G, unit_G, usum_UK, step_U)
     J = len(groups_J)
     if J < 2:
         return packing
@@ -100,11 +108,25 @@ def polish_steps(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, 
     size_J = np.repeat(size_S, size_S)
     rng = np.random.default_rng(seed)
     caps = np.asarray(caps_K, dtype=np.int64)
+    micro_J = np.asarray(assignment.micro, dtype=np.int64)[groups_J]
+    unit_J = unit_G[groups_J]
+    # M = 1: a rank's sum is its group's, one call a pass; else one call per micro-batch.
+    micros = np.unique(micro_J) if int(np.max(assignment.micro)) > 0 else None
     for _ in range(passes):
         cand = start_J[:, None] + rng.integers(0, 1 << 62, (J, POLISH_PARTNERS)) % size_J[:, None]
-        # tol -1: a group is never "on target" (the target is the global mean, not the slot's).
-        if refine_pass(rng.permutation(J), cand, members_JX, count_J, wsum_JK, lsum_JK, weight_FK,
-                       np.zeros(0, np.int8), load_FK, caps, target_K, inv_t**2, -1.0) == 0:
+        visit = rng.permutation(J)
+        changed = 0
+        for m in [None] if micros is None else micros:
+            # Each group carries its rank's sum; within one micro-batch a rank has one group, so
+            # the pass keeps the sums exact.
+            own = visit if m is None else visit[micro_J[visit] == m]
+            rank_JK = wsum_JK if m is None else np.ascontiguousarray(usum_UK[unit_J])
+            before = rank_JK[own].copy()
+            # tol -1: a group is never "on target" (the target is the global mean, not the slot's).
+            changed += refine_pass(own, cand, members_JX, count_J, rank_JK, lsum_JK, weight_FK,
+                                   np.zeros(0, np.int8), load_FK, caps, target_K, inv_t**2, -1.0)
+            usum_UK[unit_J[own]] += rank_JK[own] - before
+        if changed == 0:
             break
     new_count = count.copy()
     new_count[groups_J] = count_J
@@ -133,23 +155,40 @@ def polish_passes(num_rows: int) -> int:
     return min(POLISH_PASSES, POLISH_ROWS // max(int(num_rows), 1))
 
 
-def _uneven_slots(packing, assignment, csum_GK, count_G):
-    """(groups_J, size_S): the groups of slots where a module's idle share exceeds
-    :data:`POLISH_ABOVE`, slot by slot, and the number of groups of each such slot; isolated,
-    empty and left-out groups excluded."""
+def _rank_units(assignment, csum_GK):
+    """(unit_G, usum_UK, step_U): each placed group's (step, rank) unit (-1: left out), each
+    unit's summed cost (isolated groups' included: they run on the rank too) and its step."""
+    step = np.asarray(assignment.step, dtype=np.int64)
+    rank = np.asarray(assignment.rank, dtype=np.int64)
+    placed = step >= 0
+    world = int(rank[placed].max()) + 1 if placed.any() else 1
+    units, unit = np.unique(step[placed] * world + rank[placed], return_inverse=True)
+    usum_UK = np.zeros((len(units), csum_GK.shape[1]))
+    np.add.at(usum_UK, unit, csum_GK[placed])
+    unit_G = np.full(len(step), -1, np.int64)
+    unit_G[placed] = unit
+    return unit_G, usum_UK, units // world
+
+
+def _uneven_slots(assignment, active_G, unit_G, usum_UK, step_U):
+    """(groups_J, size_S): the ``active_G`` groups of the steps where a module's idle share
+    ``(max - mean) / max`` over the ranks exceeds :data:`POLISH_ABOVE`, slot by slot, and the
+    number of groups of each such slot."""
     micro = np.asarray(assignment.micro, dtype=np.int64)
     step = np.asarray(assignment.step, dtype=np.int64)
     slot_G = step * (int(micro.max()) + 1) + micro
-    active = (step >= 0) & ~np.asarray(packing.isolated, dtype=bool) & (count_G > 0)
-    groups = np.flatnonzero(active)
+    groups = np.flatnonzero(active_G & (unit_G >= 0))
+    if len(groups) == 0:
+        return groups, np.zeros(0, np.int64)
+    # Units are numbered in (step, rank) order: each step's ranks lie together.
+    first = np.flatnonzero(np.concatenate([[True], step_U[1:] != step_U[:-1]]))
+    peak = np.maximum.reduceat(usum_UK, first, axis=0)
+    mean = np.add.reduceat(usum_UK, first, axis=0) / np.diff(np.append(first, len(usum_UK)))[:, None]
+    idle = np.divide(peak - mean, peak, out=np.zeros_like(peak), where=peak > 0).max(axis=1)
+    groups = groups[np.isin(step[groups], step_U[first][idle > POLISH_ABOVE])]
     groups = groups[np.argsort(slot_G[groups], kind="stable")]
     slot = slot_G[groups]
     if len(groups) == 0:
         return groups, np.zeros(0, np.int64)
     first = np.flatnonzero(np.concatenate([[True], slot[1:] != slot[:-1]]))
-    size = np.diff(np.append(first, len(groups)))
-    sums = csum_GK[groups]
-    peak = np.maximum.reduceat(sums, first, axis=0)
-    mean = np.add.reduceat(sums, first, axis=0) / size[:, None]
-    uneven = np.divide(peak - mean, peak, out=np.zeros_like(peak), where=peak > 0).max(axis=1) > POLISH_ABOVE
-    return groups[np.repeat(uneven, size)], size[uneven]
+    return groups, np.diff(np.append(first, len(groups)))

@@ -96,7 +96,7 @@ def refine_pass(order_G, cand_GC, members_GX, count_G, sum_GK, lsum_GK, weight_N
     ``sum_k ((sum_gk - target_k) / target_k)^2`` is applied.
 
     Args:
-        order_G: (G,) the order groups are visited in (a seeded permutation).
+        order_G: (V,) the groups to visit, in order (a seeded permutation of all G or of a subset).
         cand_GC: (G, C) candidate partner groups of each group.
         members_GX: (G, X) member rows of each group, the first ``count_G[g]`` valid.
         count_G: (G,) members per group; a group keeps 1 to X members.
@@ -150,12 +150,13 @@ def refine_pass(order_G, cand_GC, members_GX, count_G, sum_GK, lsum_GK, weight_N
     room_h = np.zeros(KL, np.int64)
     glo, ghi, hlo, hhi = np.zeros(K), np.zeros(K), np.zeros(K), np.zeros(K)  # the rows' weight ranges
     changes = 0
-    for idx in range(G):
-        if idx + _AHEAD_OWN < G:
+    V = len(order_G)  # the groups visited: all G, or a subset (the polish's one micro-batch)
+    for idx in range(V):
+        if idx + _AHEAD_OWN < V:
             prefetch_group(order_G[idx + _AHEAD_OWN], cand_GC, members_GX, count_G, sum_GK, lsum_GK, True)
-        if idx + _AHEAD_SUMS < G:
+        if idx + _AHEAD_SUMS < V:
             prefetch_group(order_G[idx + _AHEAD_SUMS], cand_GC, members_GX, count_G, sum_GK, lsum_GK, False)
-        if idx + _AHEAD_ROWS < G:
+        if idx + _AHEAD_ROWS < V:
             prefetch_rows(order_G[idx + _AHEAD_ROWS], cand_GC, members_GX, count_G, weight_NK, load_NK, code_N)
         g = order_G[idx]
         if _penalty(sum_GK, g, target_K, inv_t2_K) <= tol:
