@@ -95,7 +95,6 @@ def polish_steps(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, 
     rows_F = order[concat_ranges(offsets[groups_J], count_J)]
     weight_FK = np.ascontiguousarray(cost[rows_F])
     load_FK = np.ascontiguousarray(np.asarray(load_NK, dtype=np.int64)[rows_F])
-    wsum_JK = np.ascontiguousarray(csum_GK[groups_J])
     lsum_JK = np.add.reduceat(load_FK, starts_J, axis=0)
     X = int(count_J.max()) + 4
     members_JX = np.full((J, X), -1, np.int64)
@@ -110,18 +109,17 @@ def polish_steps(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, 
     caps = np.asarray(caps_K, dtype=np.int64)
     micro_J = np.asarray(assignment.micro, dtype=np.int64)[groups_J]
     unit_J = unit_G[groups_J]
-    # M = 1: a rank's sum is its group's, one call a pass; else one call per micro-batch.
-    micros = np.unique(micro_J) if int(np.max(assignment.micro)) > 0 else None
+    micros = np.unique(micro_J)
     for _ in range(passes):
         cand = start_J[:, None] + rng.integers(0, 1 << 62, (J, POLISH_PARTNERS)) % size_J[:, None]
         visit = rng.permutation(J)
         changed = 0
-        for m in [None] if micros is None else micros:
-            # Each group carries its rank's sum; within one micro-batch a rank has one group, so
-            # the pass keeps the sums exact.
-            own = visit if m is None else visit[micro_J[visit] == m]
-            rank_JK = wsum_JK if m is None else np.ascontiguousarray(usum_UK[unit_J])
-            before = rank_JK[own].copy()
+        for m in micros:
+            # Each group carries its rank's sum (M = 1: its own); within one micro-batch a rank has
+            # one group, so the pass keeps the sums exact.
+            own = visit[micro_J[visit] == m]
+            rank_JK = np.ascontiguousarray(usum_UK[unit_J])
+            before = rank_JK[own]
             # tol -1: a group is never "on target" (the target is the global mean, not the slot's).
             changed += refine_pass(own, cand, members_JX, count_J, rank_JK, lsum_JK, weight_FK,
                                    np.zeros(0, np.int8), load_FK, caps, target_K, inv_t**2, -1.0)
