@@ -44,6 +44,7 @@ from balancer_cli.manifest import (
 )
 from balancer_cli.pack.config import PackConfig
 from balancer_cli.pack.packers import registry
+from balancer_cli.report.plot_worker import PlotWorker, want_worker
 
 __all__ = ["scan_to_file", "pack_to_dir", "report_dir", "search_to_files", "PACK_PHASES", "SEARCH_PHASES"]
 
@@ -158,48 +159,54 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
         config = dataclasses.replace(config, lengths_files=tuple(os.path.abspath(p) for p in paths))
     table = read_lengths(paths)
     done("read")
-    from balancer_cli.pack.windows import resolve_window_samples
+    # Large runs draw report.png in a child that imports matplotlib while this process packs.
+    plotter = PlotWorker() if want_worker(table.num_samples) else None
+    try:
+        from balancer_cli.pack.windows import resolve_window_samples
 
-    config = dataclasses.replace(config, window_samples=resolve_window_samples(
-        table.num_samples, config.window_samples, memory_gb))
-    engine_options = _pack_engine_options(engine, out, table.fingerprint, ray_address, notify)
-    if keep_parts and engine_options is None:
-        raise UsageError("{keep_parts} applies to the ray engine only", fix="add {engine} ray")
-    # Pack from the per-sample matrices alone and drop the Arrow table: the report works on the same
-    # matrices (no second read of the lengths), and at 10M samples that keeps ~0.5 GB off the peak.
-    inputs = prepare_inputs(table, config.cost_model, config.cost_presets, costs=config.costs)
-    fingerprint = table.fingerprint
-    del table
-    release_freed_memory()
-    result = pack_inputs(inputs, config, lengths_fingerprint=fingerprint, engine=engine, engine_options=engine_options)
-    done("pack")
-    final = Path(out)
-
-    def write(folder: Path) -> dict[str, Any]:
-        nonlocal result
-        write_manifest(folder, result.rows, dropped_sample=result.dropped_sample,
-                       dropped_reason=result.dropped_reason,
-                       # `balancer report OUT` compares with the same baselines by default
-                       meta={**result.meta, "report_baselines": list(baselines)},
-                       epoch_num_steps=result.epoch_num_steps)
-        # The report checks the written rows and reuses their evaluation: hold no second copy meanwhile.
-        evaluation, result = result.evaluation, None
+        config = dataclasses.replace(config, window_samples=resolve_window_samples(
+            table.num_samples, config.window_samples, memory_gb))
+        engine_options = _pack_engine_options(engine, out, table.fingerprint, ray_address, notify)
+        if keep_parts and engine_options is None:
+            raise UsageError("{keep_parts} applies to the ray engine only", fix="add {engine} ray")
+        # Pack from the per-sample matrices alone and drop the Arrow table: the report works on the same
+        # matrices (no second read of the lengths), and at 10M samples that keeps ~0.5 GB off the peak.
+        inputs = prepare_inputs(table, config.cost_model, config.cost_presets, costs=config.costs)
+        fingerprint = table.fingerprint
+        del table
         release_freed_memory()
-        done("write")
-        summary = _report(folder, (inputs, fingerprint), baselines, ours=evaluation)
-        # the paths the files will have once the folder is in place
-        return {**summary, "out": str(final), "files": {k: str(final / Path(v).name) for k, v in summary["files"].items()}}
+        result = pack_inputs(inputs, config, lengths_fingerprint=fingerprint, engine=engine, engine_options=engine_options)
+        done("pack")
+        final = Path(out)
 
-    def commit() -> dict[str, Any]:
-        with committed_folder(final) as tmp:
-            summary = write(tmp)
+        def write(folder: Path) -> dict[str, Any]:
+            nonlocal result
+            write_manifest(folder, result.rows, dropped_sample=result.dropped_sample,
+                           dropped_reason=result.dropped_reason,
+                           # `balancer report OUT` compares with the same baselines by default
+                           meta={**result.meta, "report_baselines": list(baselines)},
+                           epoch_num_steps=result.epoch_num_steps)
+            # The report checks the written rows and reuses their evaluation: hold no second copy meanwhile.
+            evaluation, result = result.evaluation, None
+            release_freed_memory()
+            done("write")
+            summary = _report(folder, (inputs, fingerprint), baselines, ours=evaluation, plotter=plotter)
+            # the paths the files will have once the folder is in place
+            return {**summary, "out": str(final), "files": {k: str(final / Path(v).name) for k, v in summary["files"].items()}}
+
+        def commit() -> dict[str, Any]:
+            with committed_folder(final) as tmp:
+                summary = write(tmp)
+            return summary
+
+        summary = _writable(final, commit)
+        if engine_options is not None and not keep_parts:
+            remove_parts_dir(engine_options.parts_dir)  # ours: it carries the marker this run checked
+        done("report")
         return summary
-
-    summary = _writable(final, commit)
-    if engine_options is not None and not keep_parts:
-        remove_parts_dir(engine_options.parts_dir)  # ours: it carries the marker this run checked
-    done("report")
-    return summary
+    finally:
+        if plotter is not None:
+            plotter.close()
 
 
 def _writable(out: Path | str, work: Callable[[], Any]) -> Any:
@@ -324,9 +331,9 @@ def search_to_files(lengths_files: Sequence[str | os.PathLike], config: PackConf
 
 
 def _report(out: str | os.PathLike, lengths, baselines: Sequence[str],
-            cost: Mapping[str, Any] | None = None, ours: Any = None) -> dict[str, Any]:
+            cost: Mapping[str, Any] | None = None, ours: Any = None, plotter: Any = None) -> dict[str, Any]:
     from balancer_cli.report.build import build_report, write_report
 
     report = build_report(open_manifest(out), lengths, baselines=baselines, cost=cost, ours=ours)
-    written = write_report(out, report)
+    written = write_report(out, report, plotter=plotter)
     return {"out": str(Path(out)), "files": {k: str(v) for k, v in written.items()}, **report.data}

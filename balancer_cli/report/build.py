@@ -150,11 +150,13 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInput
     return Report(data, loads)
 
 
-def write_report(out_dir: str | os.PathLike, report: Report) -> dict[str, Path]:
+def write_report(out_dir: str | os.PathLike, report: Report, *, plotter: Any = None) -> dict[str, Path]:
     """Write report.json, report.md and report.png into ``out_dir`` (each atomically).
 
     The caller rewrites the folder's commit record afterwards (``balancer report``) or commits
-    the whole folder (``balancer pack``).
+    the whole folder (``balancer pack``). ``plotter``: a
+    :class:`~balancer_cli.report.plot_worker.PlotWorker` that draws the PNG (the same bytes;
+    default: :func:`~balancer_cli.report.plot.plot_report` in this process).
     """
     from balancer_cli.report.plot import plot_report
 
@@ -166,6 +168,7 @@ def write_report(out_dir: str | os.PathLike, report: Report) -> dict[str, Path]:
         tmp.write_text(render_markdown(report.data))
     baseline = next((b for b in PLOT_BASELINE_PREFERENCE if b in report.loads), None)
     with atomic_path(paths["png"]) as tmp:
-        plot_report(tmp, report.loads["ours"], report.loads.get(baseline) if baseline else None,
-                    ours_label=f"ours ({report.data['manifest']['algorithm']})", baseline_label=baseline)
+        plot = plot_report if plotter is None else plotter.plot
+        plot(tmp, report.loads["ours"], report.loads.get(baseline) if baseline else None,
+             ours_label=f"ours ({report.data['manifest']['algorithm']})", baseline_label=baseline)
     return paths

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["plot_report", "MAX_PLOTTED_STEPS"]
+__all__ = ["plot_report", "preload", "MAX_PLOTTED_STEPS"]
 
 #: Steps drawn in the per-step panels; more would be an unreadable smear.
 MAX_PLOTTED_STEPS = 64
@@ -30,6 +30,20 @@ MAX_PLOTTED_STEPS = 64
 def _relative(load_SR: np.ndarray) -> np.ndarray:
     mean_S = load_SR.mean(axis=1, keepdims=True)
     return np.divide(load_SR, mean_S, out=np.ones_like(load_SR), where=mean_S > 0).ravel()
+
+
+def preload() -> None:
+    """Import matplotlib's figure and Agg canvas and load its fonts (draw a tiny figure), so that a
+    later :func:`plot_report` only draws (:mod:`balancer_cli.report.plot_worker` calls it first)."""
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(1, 1))
+    FigureCanvasAgg(fig)
+    fig.subplots().set_title("x")
+    fig.savefig(io.BytesIO(), format="png", dpi=10)
 
 
 def plot_report(path: str | os.PathLike, ours: Mapping[str, np.ndarray], baseline: Mapping[str, np.ndarray] | None,

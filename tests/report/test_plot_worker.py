@@ -1,0 +1,89 @@
+"""report.png drawn in a child process: the same bytes as in this process, and every failure falls back."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+import balancer_cli.run as run
+from balancer_cli.lengths import make_lengths_table, write_lengths
+from balancer_cli.pack.config import PackConfig
+from balancer_cli.report import plot_worker
+from balancer_cli.report.plot import plot_report
+from balancer_cli.report.plot_worker import PlotWorker, want_worker
+
+
+def _loads(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"vision": rng.uniform(50, 100, (80, 4)), "llm": rng.uniform(900, 1100, (80, 4))}
+
+
+def test_the_child_draws_the_same_png_as_this_process(tmp_path):
+    ours, baseline = _loads(0), _loads(1)
+    labels = {"ours_label": "ours (balanced)", "baseline_label": "random"}
+    plot_report(tmp_path / "here.png", ours, baseline, **labels)
+    with PlotWorker() as worker:
+        assert worker._proc is not None  # a child really runs
+        worker.plot(tmp_path / "child.png", ours, baseline, **labels)
+    assert (tmp_path / "child.png").read_bytes() == (tmp_path / "here.png").read_bytes()
+
+
+@pytest.mark.parametrize("failure", ["killed", "no interpreter", "exits 3", "hangs"])
+def test_a_failing_child_falls_back_to_drawing_here(tmp_path, monkeypatch, failure):
+    ours = _loads(2)
+    plot_report(tmp_path / "here.png", ours, None)
+    command = None
+    if failure == "no interpreter":
+        command = [str(tmp_path / "missing-python")]
+    elif failure == "exits 3":
+        command = [sys.executable, "-c", "import sys; sys.stdin.buffer.read(); sys.exit(3)"]
+    elif failure == "hangs":
+        command = [sys.executable, "-c", "import time; time.sleep(60)"]
+        monkeypatch.setattr(plot_worker, "TIMEOUT_S", 0.5)
+    worker = PlotWorker(command)
+    assert (worker._proc is None) == (failure == "no interpreter")
+    if failure == "killed":
+        worker._proc.kill()
+        worker._proc.wait()
+    proc = worker._proc
+    worker.plot(tmp_path / "fallback.png", ours, None)
+    assert (tmp_path / "fallback.png").read_bytes() == (tmp_path / "here.png").read_bytes()
+    assert proc is None or proc.poll() is not None  # no child left behind
+    worker.close()  # nothing left to stop
+
+
+def test_an_unused_child_is_stopped():
+    worker = PlotWorker()
+    proc = worker._proc
+    worker.close()
+    assert proc.poll() is not None
+
+
+def test_want_worker_only_for_large_runs_in_a_fresh_process(monkeypatch):
+    assert not want_worker(plot_worker.WORKER_MIN_SAMPLES - 1)
+    monkeypatch.delitem(sys.modules, "matplotlib", raising=False)
+    monkeypatch.setattr(plot_worker.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert want_worker(plot_worker.WORKER_MIN_SAMPLES)
+    monkeypatch.setattr(plot_worker.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert not want_worker(plot_worker.WORKER_MIN_SAMPLES)
+    monkeypatch.setitem(sys.modules, "matplotlib", sys)  # already imported: draw here at once
+    monkeypatch.setattr(plot_worker.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert not want_worker(plot_worker.WORKER_MIN_SAMPLES)
+
+
+def test_pack_to_dir_with_the_worker_writes_the_same_folder(tmp_path, monkeypatch):
+    rng = np.random.default_rng(3)
+    n = 600
+    items = rng.integers(0, 5, n)
+    lt = make_lengths_table(rng.integers(50, 600, n) + 256 * items, {"vision": (256 * items, items)})
+    write_lengths(lt, tmp_path / "lengths.parquet")
+    config = PackConfig(world_size=4)
+    outs = {}
+    for use in (False, True):
+        monkeypatch.setattr(run, "want_worker", lambda num_samples, use=use: use)
+        outs[use] = tmp_path / f"out-{use}"
+        run.pack_to_dir([tmp_path / "lengths.parquet"], outs[use], config, baselines=("random",))
+    for name in ("manifest.parquet", "report.json", "report.md", "report.png", "_COMMIT.json"):
+        assert (outs[True] / name).read_bytes() == (outs[False] / name).read_bytes(), name
