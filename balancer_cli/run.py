@@ -159,8 +159,9 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
         config = dataclasses.replace(config, lengths_files=tuple(os.path.abspath(p) for p in paths))
     table = read_lengths(paths)
     done("read")
-    # Large runs draw report.png in a child that imports matplotlib while this process packs.
-    plotter = PlotWorker() if want_worker(table.num_samples) else None
+    # Large runs draw report.png in a child that imports matplotlib while this process packs; not
+    # under a memory budget, which the child's ~100 MB would not be counted in.
+    plotter = PlotWorker() if memory_gb is None and want_worker(table.num_samples) else None
     try:
         from balancer_cli.pack.windows import resolve_window_samples
 

@@ -87,3 +87,16 @@ def test_pack_to_dir_with_the_worker_writes_the_same_folder(tmp_path, monkeypatc
         run.pack_to_dir([tmp_path / "lengths.parquet"], outs[use], config, baselines=("random",))
     for name in ("manifest.parquet", "report.json", "report.md", "report.png", "_COMMIT.json"):
         assert (outs[True] / name).read_bytes() == (outs[False] / name).read_bytes(), name
+
+
+def test_pack_to_dir_starts_no_worker_under_a_memory_budget(tmp_path, monkeypatch):
+    lt = make_lengths_table(np.arange(100, 140), {"vision": (np.full(40, 256), np.ones(40, int))})
+    write_lengths(lt, tmp_path / "lengths.parquet")
+    started = []
+    monkeypatch.setattr(run, "want_worker", lambda num_samples: True)
+    monkeypatch.setattr(run, "PlotWorker", lambda: started.append(1) or PlotWorker())
+    for budget in (None, 1.0):
+        run.pack_to_dir([tmp_path / "lengths.parquet"], tmp_path / f"out-{budget}", PackConfig(world_size=2),
+                        baselines=(), memory_gb=budget)
+    assert started == [1]  # the run without a budget only
+    assert (tmp_path / "out-1.0" / "report.png").stat().st_size > 0
