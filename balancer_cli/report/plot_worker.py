@@ -88,7 +88,7 @@ class PlotWorker:
              **labels: Any) -> None:
         """Draw :func:`~balancer_cli.report.plot.plot_report`'s figure into ``path``: in the child,
         or here when the child fails (the same PNG either way)."""
-        proc, self._proc = self._proc, None
+        proc = self._proc
         if proc is not None:
             job = {"path": os.fspath(path), "ours": {m: np.asarray(v) for m, v in ours.items()},
                    "baseline": None if baseline is None else {m: np.asarray(v) for m, v in baseline.items()},
@@ -99,9 +99,8 @@ class PlotWorker:
                     return
             except (OSError, subprocess.TimeoutExpired):
                 pass
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            finally:  # an interrupt included: no child outlives the call
+                self.close()
         from balancer_cli.report.plot import plot_report
 
         plot_report(path, ours, baseline, **labels)
