@@ -22,9 +22,22 @@ import signal
 import sys
 from typing import Any
 
-__all__ = ["die_with_parent", "terminate_workers"]
+__all__ = ["die_with_parent", "terminate_workers", "usable_cores"]
 
 _PR_SET_PDEATHSIG = 1
+
+
+def usable_cores() -> int:
+    """All cores this process may use (its CPU affinity where the OS has one).
+
+    Example:
+        >>> usable_cores() >= 1
+        True
+    """
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def die_with_parent(parent_pid: int) -> None:

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -161,8 +162,7 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
     done("read")
     # Large runs draw report.png in a child that imports matplotlib while this process packs; not
     # under a memory budget, which the child's ~100 MB would not be counted in.
-    plotter = PlotWorker() if memory_gb is None and want_worker(table.num_samples) else None
-    try:
+    with PlotWorker() if memory_gb is None and want_worker(table.num_samples) else contextlib.nullcontext() as plotter:
         from balancer_cli.pack.windows import resolve_window_samples
 
         config = dataclasses.replace(config, window_samples=resolve_window_samples(
@@ -205,9 +205,6 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
             remove_parts_dir(engine_options.parts_dir)  # ours: it carries the marker this run checked
         done("report")
         return summary
-    finally:
-        if plotter is not None:
-            plotter.close()
 
 
 def _writable(out: Path | str, work: Callable[[], Any]) -> Any:

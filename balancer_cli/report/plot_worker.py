@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from balancer_cli._procs import usable_cores
+
 __all__ = ["PlotWorker", "want_worker", "WORKER_MIN_SAMPLES", "TIMEOUT_S"]
 
 #: Samples from which a pack run draws its report in a worker: the packing then takes ~0.5 s or
@@ -50,10 +52,7 @@ def want_worker(num_samples: int) -> bool:
         >>> want_worker(1_000)
         False
     """
-    if num_samples < WORKER_MIN_SAMPLES or "matplotlib" in sys.modules:
-        return False
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return cores > 1
+    return num_samples >= WORKER_MIN_SAMPLES and "matplotlib" not in sys.modules and usable_cores() > 1
 
 
 class PlotWorker:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ import pyarrow.compute as pc
 
 from balancer_cli import __version__
 from balancer_cli._fsutil import bytes_fingerprint, file_fingerprint
+from balancer_cli._procs import usable_cores
 from balancer_cli.errors import InputError
 from balancer_cli.lengths import MEMBER_COLUMNS, SCHEMA_VERSION, LengthsTable, lengths_fingerprint
 from balancer_cli.scan.blocks import RecordBlock, iter_blocks
@@ -47,7 +47,7 @@ from balancer_cli.scan.measure import (
 )
 from balancer_cli.scan.text import load_tokenizer
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "ScanResult", "assemble", "default_jobs", "member_columns",
+__all__ = ["DEFAULT_BLOCK_SIZE", "ScanResult", "assemble", "member_columns",
            "rule_summary", "scan", "scan_metadata"]
 
 #: Records per block: the unit of work and of in-flight memory.
@@ -60,19 +60,6 @@ class ScanResult:
 
     lengths: LengthsTable
     summary: dict[str, Any]
-
-
-def default_jobs() -> int:
-    """All cores this process may use.
-
-    Example:
-        >>> default_jobs() >= 1
-        True
-    """
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 #: The optional columns of samples from tar shards (null for other samples), in column order.
@@ -231,7 +218,7 @@ def scan(inputs: Sequence[str], config: ScanConfig, jobs: int | None = None, eng
         balancer_cli.errors.UsageError: unknown --engine 'warp'; fix: use --engine local
     """
     run_blocks = get_engine(engine)
-    jobs = default_jobs() if jobs is None or jobs <= 0 else jobs
+    jobs = usable_cores() if jobs is None or jobs <= 0 else jobs
     config.rule()  # fail fast on a bad preset/tokenizer/template, before any worker starts
     load_tokenizer(config.tokenizer)
     _ = config.template_name

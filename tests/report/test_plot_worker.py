@@ -64,12 +64,12 @@ def test_an_unused_child_is_stopped():
 def test_want_worker_only_for_large_runs_in_a_fresh_process(monkeypatch):
     assert not want_worker(plot_worker.WORKER_MIN_SAMPLES - 1)
     monkeypatch.delitem(sys.modules, "matplotlib", raising=False)
-    monkeypatch.setattr(plot_worker.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(plot_worker, "usable_cores", lambda: 2)
     assert want_worker(plot_worker.WORKER_MIN_SAMPLES)
-    monkeypatch.setattr(plot_worker.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setattr(plot_worker, "usable_cores", lambda: 1)
     assert not want_worker(plot_worker.WORKER_MIN_SAMPLES)
     monkeypatch.setitem(sys.modules, "matplotlib", sys)  # already imported: draw here at once
-    monkeypatch.setattr(plot_worker.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(plot_worker, "usable_cores", lambda: 2)
     assert not want_worker(plot_worker.WORKER_MIN_SAMPLES)
 
 
