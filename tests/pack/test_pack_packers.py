@@ -362,3 +362,35 @@ def test_class_mix_swaps_keep_rows_encoder_sums_and_caps_and_even_the_classes(se
     again = order.copy()
     even_class_mix(again, offsets, load.astype(float), load, caps, source, tolerance=1.0)
     assert np.array_equal(again, swapped)
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_split_partner_passes_give_the_same_groups_on_one_or_two_threads(monkeypatch, seed):
+    """Past SPLIT_MIN_GROUPS a random-partner pass runs as two halves that share no group: one
+    thread or two give byte-identical groups, every row is placed once, caps hold, and the passes
+    still even the groups out."""
+    from balancer_cli.pack.packers import _balanced_refine
+
+    monkeypatch.setattr(_balanced_refine, "SPLIT_MIN_GROUPS", 64)
+    rng = np.random.default_rng(seed)
+    n = 4000
+    load = np.stack([rng.integers(0, 6, n), rng.integers(20, 900, n)], 1)
+    caps = np.array([12, 3000])
+    source = rng.integers(0, 4, n)
+    from balancer_cli.pack.packers import balanced
+
+    refine = _balanced_refine.refine
+    runs = []
+    for threads in (1, 2):
+        monkeypatch.setattr(balanced, "refine", lambda *a, _t=threads, **k: refine(*a, **k, threads=_t))
+        runs.append(pack_balanced(load, caps, group_multiple=4, seed=seed, source_N=source,
+                                  options=BalancedOptions(passes=3)))
+    one, two = runs
+    assert one.num_groups >= 2 * 64
+    assert np.array_equal(one.order, two.order) and np.array_equal(one.group_offsets, two.group_offsets)
+    check_packing(two, n, load, caps)
+    assert np.array_equal(np.sort(two.order), np.arange(n))
+    unrefined = pack_balanced(load, caps, group_multiple=4, seed=seed, source_N=source,
+                              options=BalancedOptions(passes=0, class_mix=False))
+    cv = [group_sums(p, load)[:, 1].std() / group_sums(p, load)[:, 1].mean() for p in (unrefined, two)]
+    assert cv[1] < 0.5 * cv[0]
