@@ -369,7 +369,7 @@ def test_split_partner_passes_give_the_same_groups_on_one_or_two_threads(monkeyp
     """Past SPLIT_MIN_GROUPS a random-partner pass runs as two halves that share no group: one
     thread or two give byte-identical groups, every row is placed once, caps hold, and the passes
     still even the groups out."""
-    from balancer_cli.pack.packers import _balanced_refine
+    from balancer_cli.pack.packers import _balanced_refine, balanced
 
     monkeypatch.setattr(_balanced_refine, "SPLIT_MIN_GROUPS", 64)
     rng = np.random.default_rng(seed)
@@ -377,8 +377,6 @@ def test_split_partner_passes_give_the_same_groups_on_one_or_two_threads(monkeyp
     load = np.stack([rng.integers(0, 6, n), rng.integers(20, 900, n)], 1)
     caps = np.array([12, 3000])
     source = rng.integers(0, 4, n)
-    from balancer_cli.pack.packers import balanced
-
     refine = _balanced_refine.refine
     runs = []
     for threads in (1, 2):

@@ -138,14 +138,17 @@ def _partner_pass(wsum_GK, target_K, inv_t_K, tables, rng, threads):
     cand = np.empty((G, PARTNERS), np.int64)
     for half in halves:  # partners within the half: the halves share no group
         cand[half] = half[_partners(wsum_GK[half], target_K, inv_t_K, rng)]
+    def run(half):
+        return refine_pass(half, cand, *tables)
+
     if threads is None:
         threads = 2 if HAVE_NUMBA and usable_cores() > 1 else 1
     if threads < 2:
-        return sum(refine_pass(half, cand, *tables) for half in halves)
+        return sum(map(run, halves))
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(2, thread_name_prefix="balancer-refine") as pool:
-        return sum(pool.map(lambda half: refine_pass(half, cand, *tables), halves))
+        return sum(pool.map(run, halves))
 
 
 def _with_sources(source_F, count_G, wsum_GK, max_sources):
