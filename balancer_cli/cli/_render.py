@@ -43,6 +43,15 @@ def render_scan(summary: Mapping[str, Any]) -> str:
 
 # -- pack and report ---------------------------------------------------------------------------
 
+def _searched(params: Mapping[str, Any]) -> str:
+    """" (searched)", and what the pick broke in full when a later candidate was kept."""
+    checked = (params.get("search") or {}).get("checked") or {}
+    if checked.get("kept", "pick") == "pick":
+        return " (searched)"
+    picked = ", ".join(checked["pick_broken"])
+    return f" (searched; the subsample's pick broke {picked} in full, a later candidate kept)"
+
+
 def render_pack(summary: Mapping[str, Any]) -> str:
     """``pack`` / ``report``: what was written, the parameters, and ours vs baselines."""
     from balancer_cli.report.markdown import format_text_table, summary_table
@@ -54,7 +63,7 @@ def render_pack(summary: Mapping[str, Any]) -> str:
         f"packed {summary['manifest']['num_samples']} samples into {steps['total']} steps "
         f"({summary['manifest']['world_size']} ranks x {summary['manifest']['micro_batches']} micro-batches, "
         f"{summary['manifest']['epochs']} epoch(s)) -> {summary['out']}",
-        f"caps {caps}" + (" (searched)" if params.get("searched") else "")
+        f"caps {caps}" + (_searched(params) if params.get("searched") else "")
         + f"; dropped {summary['dropped']['count']} ({100 * summary['dropped']['share']:.2f}%)",
         "",
         format_text_table(*summary_table(summary)),

@@ -23,7 +23,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,13 @@ __all__ = [
 
 #: ISF acceptance bound as a share of the cap when neither the user nor the search gives one.
 DEFAULT_BOUND_SHARE = 0.9
+#: Up to this many samples, a searched pick whose full run breaks a bound of the contract
+#: (:mod:`~balancer_cli.pack.contract`) is checked against the next candidates' full runs: a
+#: subsample's few steps can hide a bias or an extra step (a text-only 20k at ``--dp 64`` x 2:
+#: 0.58x mix on the subsample, 2.87x in full). Past it a subsample holds enough steps.
+CHECK_MAX_SAMPLES = 2_000_000
+#: How many more candidates are packed in full when the pick breaks a bound (one pack each).
+CHECK_FALLBACKS = 2
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,11 @@ def resolve_thresholds(inputs: PackInputs, config: PackConfig) -> tuple[np.ndarr
             for k, module in enumerate(inputs.modules):
                 bounds.setdefault(module, int(search.best_bounds_K[k]))
     _check_caps_fit(inputs, caps_K)
+    return caps_K, _bounds_for(inputs, caps_K, bounds), search
+
+
+def _bounds_for(inputs: PackInputs, caps_K: np.ndarray, bounds: Mapping[str, int]) -> np.ndarray:
+    """(K,) ISF acceptance bounds: the given ones, else :data:`DEFAULT_BOUND_SHARE` of the caps."""
     bounds_K = np.array([bounds.get(m, max(1, math.floor(DEFAULT_BOUND_SHARE * c)))
                          for m, c in zip(inputs.modules, caps_K)], dtype=np.int64)
     bad = np.flatnonzero(bounds_K > caps_K)
@@ -166,7 +178,7 @@ def resolve_thresholds(inputs: PackInputs, config: PackConfig) -> tuple[np.ndarr
         m = inputs.modules[int(bad[0])]
         raise UsageError(f"{{bounds[{m}]}} {int(bounds_K[bad[0]])} exceeds its cap {int(caps_K[bad[0]])}",
                          fix="an ISF acceptance bound Q' must be <= the cap Q")
-    return caps_K, bounds_K, search
+    return bounds_K
 
 
 def sample_view(inputs: PackInputs) -> registry.SampleView:
@@ -257,14 +269,23 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
         first = next(e for e in inputs.error_N if e is not None)
         raise InputError(f"all {inputs.num_samples} samples have a scan error (first: {first})",
                          fix="fix the dataset and re-run `balancer scan`")
+
+    def run(caps_K: np.ndarray, bounds_K: np.ndarray) -> _Trial:
+        rows, dropped_sample, dropped_reason, epoch_num_steps = place_packer(
+            config.algorithm, inputs, config, caps_K, bounds_K, engine=engine, engine_options=engine_options)
+        if config.post_balance:
+            rows = with_phase_ranks(rows, inputs, config.world_size)
+        evaluation = evaluate_rows(inputs, rows, dropped_sample, dropped_reason, caps_K=caps_K,
+                                   world_size=config.world_size, micro_batches=config.micro_batches,
+                                   epoch_num_steps=epoch_num_steps)
+        return _Trial(caps_K, bounds_K, Placement(rows, dropped_sample, dropped_reason, epoch_num_steps), evaluation)
+
     caps_K, bounds_K, search = resolve_thresholds(inputs, config)
-    rows, dropped_sample, dropped_reason, epoch_num_steps = place_packer(
-        config.algorithm, inputs, config, caps_K, bounds_K, engine=engine, engine_options=engine_options)
-    if config.post_balance:
-        rows = with_phase_ranks(rows, inputs, config.world_size)
-    evaluation = evaluate_rows(inputs, rows, dropped_sample, dropped_reason, caps_K=caps_K,
-                               world_size=config.world_size, micro_batches=config.micro_batches,
-                               epoch_num_steps=epoch_num_steps)
+    trial, checked = run(caps_K, bounds_K), None
+    if search is not None and config.algorithm == "balanced" and inputs.num_samples <= CHECK_MAX_SAMPLES:
+        trial, checked = _checked_pick(inputs, config, search, trial, run)
+    caps_K, bounds_K, evaluation = trial.caps_K, trial.bounds_K, trial.evaluation
+    rows, dropped_sample, dropped_reason, epoch_num_steps = trial.placement
     summary = evaluation.metrics
     meta = config.to_meta()
     meta["params"].update({
@@ -276,8 +297,60 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
             "algorithm": search.algorithm, "sample_size": int(search.sample_size),
             "candidates": len(search.candidates), "best_objective": round(float(search.candidates[0].objective), 6),
             "grid_axes": {m: [int(v) for v in axis] for m, axis in zip(inputs.modules, search.grid_axes)},
+            **({} if checked is None else {"checked": checked}),
         },
     })
     meta.update(num_samples=inputs.num_samples, modules=list(inputs.modules), lengths_fingerprint=lengths_fingerprint,
                 summary=summary)
     return PackResult(rows, dropped_sample, dropped_reason, epoch_num_steps, meta, search, evaluation)
+
+
+@dataclass(frozen=True)
+class _Trial:
+    """One full run of :func:`pack_inputs` at some caps."""
+
+    caps_K: np.ndarray
+    bounds_K: np.ndarray
+    placement: Placement
+    evaluation: Any
+
+    def broken(self, inputs: PackInputs) -> tuple[str, ...]:
+        from balancer_cli.pack.contract import broken_bounds
+
+        return broken_bounds(self.evaluation.metrics, inputs.modules, inputs.cost_NK, self.placement.rows)
+
+
+def _checked_pick(inputs: PackInputs, config: PackConfig, search: Any, pick: _Trial,
+                  run: Callable[[np.ndarray, np.ndarray], _Trial]) -> tuple[_Trial, dict[str, Any]]:
+    """The searched pick's full run, or a later candidate's that breaks fewer of the contract's bounds.
+
+    The search ranks caps on a subsample; when the pick's full run breaks a bound, up to
+    :data:`CHECK_FALLBACKS` next candidates (in the search's order, measured ones first) are
+    packed in full, and the run breaking the fewest bounds is kept (the pick on a tie). A run
+    that drops more samples than the pick's (``--oversize drop`` under tighter caps) is never
+    kept: balance is not bought with data.
+
+    Returns:
+        ``(trial, record)``: the kept run, and what was checked (for the manifest's metadata).
+    """
+    broken = pick.broken(inputs)
+    record: dict[str, Any] = {"pick_broken": list(broken), "tried": [], "kept": "pick"}
+    best, best_broken = pick, broken
+    bounds = _by_module(config.bounds, inputs.modules, "bounds")
+    seen = [pick.caps_K]
+    for candidate in search.candidates:
+        if not best_broken or len(record["tried"]) == CHECK_FALLBACKS:
+            break
+        caps_K = np.asarray(candidate.caps_K, dtype=np.int64)
+        if any(np.array_equal(caps_K, s) for s in seen):
+            continue
+        seen.append(caps_K)
+        trial = run(caps_K, _bounds_for(inputs, caps_K, bounds))
+        trial_broken = trial.broken(inputs)
+        by_module = {m: int(c) for m, c in zip(inputs.modules, caps_K)}
+        record["tried"].append({"caps": by_module, "broken": list(trial_broken)})
+        if len(trial_broken) < len(best_broken) and len(trial.placement.dropped_sample) <= len(
+                pick.placement.dropped_sample):
+            best, best_broken = trial, trial_broken
+            record["kept"] = by_module
+    return best, record

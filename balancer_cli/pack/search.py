@@ -18,10 +18,13 @@ source mix against random batching of the same steps
 (:func:`~balancer_cli.pack.evaluate.step_mix_ratio`, with ``source_N``): caps whose groups
 cannot be mixed (tight caps make groups of one kind) lose.
 
-A subsample holds few steps, so its groups are counted before rounding to whole steps: the
-rounding would hide the excess, and would change the packer's decisions (first fit's tighter
-but unmixed groups kept or not) against the full data's. An input of up to 1.5x the sample
-size is evaluated whole, with its rounding, exactly as it will be packed (the step polish
+A subsample is packed to a multiple of its share of a step's groups (R x M x n / N), so it
+holds as many "steps" as the full data and rounding to them weighs as much: it decides whether
+dealing's groups or first fit's tighter but clustered ones are kept, and so the mix. With one
+micro-batch a subsample's ~20 steps mix classes of groups that the full run keeps one to a step,
+so its mix is taken as at least what the classes' bias predicts for the full run
+(:func:`~balancer_cli.pack.packers._class_mix.class_bias_ratio`). An input of up to 1.5x the
+sample size is evaluated whole, with its rounding, exactly as it will be packed (the step polish
 included); there the contract's bounds come first: candidates with Dist Ratio <= 0.005 on every
 dense module (utilization >= 0.9 on sparse ones), steps <= 1.03x the bound and mix <= 1.0x rank
 before the others (``Candidate.within_bounds``), whose objective may be lower (few steps: one
@@ -58,7 +61,9 @@ from balancer_cli.pack.assign import (
     split_to_multiple,
 )
 from balancer_cli.pack.bounds import groups_lower_bound
+from balancer_cli.pack.contract import MAX_DIST_RATIO, MIN_SPARSE_UTILIZATION
 from balancer_cli.pack.evaluate import step_mix_ratio
+from balancer_cli.pack.packers._class_mix import class_bias_ratio
 from balancer_cli.pack.packers.balanced import MAX_STEP_EXCESS, BalancedOptions, pack_balanced
 from balancer_cli.pack.packers.isf import pack_isf
 from balancer_cli.pack.polish import polish_passes, polish_steps
@@ -71,10 +76,6 @@ __all__ = ["SearchResult", "Candidate", "search_thresholds", "default_caps", "DE
 _OVER_BOUND_WEIGHT = 10.0
 #: OmniBal's search stops when the average group holds micro_bs..micro_bs+1 samples (micro_bs 4).
 DEFAULT_GROUP_SIZE = 4.5
-#: The bounds a candidate evaluated on the whole input must meet to rank first (the pack
-#: contract): Dist Ratio of every dense module, utilization of every sparse one.
-MAX_DIST_RATIO = 0.005
-MIN_SPARSE_UTILIZATION = 0.9
 
 
 @dataclass(frozen=True)
@@ -158,15 +159,18 @@ def _axis(max_cap: int, center: float, grid: int, floor: float) -> np.ndarray:
     return np.clip(vals, 1, max_cap)
 
 
-def _packed(load, cost, source, caps, bounds, shape, algorithm, seed, passes, exact):
-    """One candidate's packing split to whole steps and its efficiency, or None when it cannot
-    fill a step.
+def _packed(load, cost, source, caps, bounds, shape, algorithm, seed, passes, multiple):
+    """One candidate's packing split to whole steps and its efficiency (steps over the fewest the
+    caps permit), or None when it cannot fill a step.
 
-    On a part of the data (``exact`` False) groups are packed without rounding their number to
-    whole steps, then the heaviest are split to a multiple (as for ISF): a subsample holds few
-    steps, and rounding to them would hide the packer's own excess of groups (the efficiency
-    term) and change its decisions (whether first fit's tighter but unmixed groups are kept)
-    against the full data's. On all of it (``exact``) the candidate is packed as the full run is.
+    Groups are packed to a multiple of ``multiple``: a step's groups (R x M) on the whole input,
+    as the full run packs; on a subsample the same share of its groups, so that it holds as many
+    "steps" as the full data does. Rounding to whole steps then weighs as much on the subsample as
+    in full, where it decides whether dealing's groups fit within ``MAX_STEP_EXCESS`` x the bound
+    or first fit's tighter but clustered groups are kept (harsh 76k at ``--dp 128``: rounded to
+    128 groups first fit's are kept, steps 5.9x less mixed than random batching; unrounded, the
+    subsample kept dealing's and did not see it). The heaviest groups are then split to a
+    multiple of R x M (as for ISF) for the assigner.
     """
     per_step = shape.groups_per_step
     if algorithm == "isf":
@@ -174,21 +178,25 @@ def _packed(load, cost, source, caps, bounds, shape, algorithm, seed, passes, ex
     else:
         # Without the class-mix step: on a subsample of ~20 steps its gain is overrated (it moved
         # the picks at --dp 64 to caps that mix worse in full: 0.51x -> 1.03-1.17x).
-        p = pack_balanced(load, caps, cost_NK=cost, group_multiple=per_step if exact else 1, seed=seed,
+        p = pack_balanced(load, caps, cost_NK=cost, group_multiple=multiple, seed=seed,
                           source_N=source, options=BalancedOptions(passes=passes, class_mix=False))
     if p.num_groups < per_step:
         return None
     lower_bound = max(1, groups_lower_bound(load, caps))
-    # Exact: steps over the fewest steps, as the report counts them; else groups over the fewest groups.
-    efficiency = (-(-p.num_groups // per_step) / -(-lower_bound // per_step) if exact
+    # The whole input: whole steps over the fewest, as the report counts them. A subsample: its
+    # groups (a multiple of its share of a step) over the unrounded bound; the full run's steps
+    # over its rounded-up bound are at most that, so near the 1.03x limit it errs on the safe side.
+    efficiency = (-(-p.num_groups // per_step) / -(-lower_bound // per_step) if multiple == per_step
                   else p.num_groups / lower_bound)
     return split_to_multiple(p, cost[:, -1], per_step), efficiency
 
 
-def _measured(p, cost, source, shape, seed, polish=None):
+def _measured(p, cost, source, shape, seed, polish=None, sampled=False):
     """(dist_K, util_K, pad, mix, sparse_K) of a packing assigned to steps x ranks (as
     :func:`assign_groups` places it); with ``polish`` = (load, caps, passes) then polished as the
-    pipeline does (:func:`~balancer_cli.pack.polish.polish_steps`)."""
+    pipeline does (:func:`~balancer_cli.pack.polish.polish_steps`). ``sampled``: the packing is of
+    a subsample; with one micro-batch the mix is then at least what the classes' bias predicts
+    for the full run (:func:`~balancer_cli.pack.packers._class_mix.class_bias_ratio`)."""
     R, M = shape.world_size, shape.micro_batches
     gs = group_sums(p, cost)
     mix_GO = None if source is None else group_source_counts(p, source)
@@ -198,6 +206,11 @@ def _measured(p, cost, source, shape, seed, polish=None):
     gid = p.group_ids()
     step_P, rank_P = a.step[gid], a.rank[gid]
     mix = 1.0 if source is None else step_mix_ratio(step_P, source[p.order], a.num_steps)
+    if sampled and M == 1 and mix_GO is not None:
+        # A subsample's ~20 steps mix classes of groups that the full run's many steps keep
+        # apart (one class a step): its classes' bias predicts the full run's mix better
+        # (harsh 76k at --dp 128: 1.15x on the subsample, 5.86x in full; predicted 5.3x).
+        mix = max(mix, class_bias_ratio(gs[:, :-1], mix_GO, R * M, sampled=True, by_steps=True))
     dist, util = [], []
     for k in range(cost.shape[1]):
         load_SR = step_loads(step_P, rank_P, cost[p.order, k], num_steps=a.num_steps, world_size=R)
@@ -281,6 +294,8 @@ def search_thresholds(
     floors = np.maximum(1, sub_load.mean(axis=0))
     axes = tuple(_axis(int(max_caps[k]), float(centers[k]), grid, float(floors[k])) for k in range(load.shape[1]))
     exact = n == len(load)
+    # The subsample's share of a step's groups: it holds as many steps as the full data (_packed).
+    multiple = R * M if exact else max(1, round(R * M * n / len(load)))
     points = []  # (grid index, caps, bounds), in grid order
     for idx in np.ndindex(*tuple(len(a) for a in axes)):
         caps = np.array([axes[k][i] for k, i in enumerate(idx)], dtype=np.int64)
@@ -303,7 +318,7 @@ def search_thresholds(
     if prune and algorithm == "balanced":
         # The group count, so the terms above, is known after dealing: visit candidates by them
         # (a dealing costs ~1/10 of a full evaluation) and skip those they alone put past the best.
-        dealt = [(point, _packed(sub_load, sub_cost, sub_source, point[1], point[2], shape, algorithm, seed, 0, exact))
+        dealt = [(point, _packed(sub_load, sub_cost, sub_source, point[1], point[2], shape, algorithm, seed, 0, multiple))
                  for point in points]
         plan = [(point, fixed_terms(*res), res[1]) for point, res in dealt if res is not None]
         plan.sort(key=lambda item: (item[1][0], tuple(item[0][1].tolist())))
@@ -322,13 +337,13 @@ def search_thresholds(
             candidates.append(Candidate(*key, float(bound), (), (), float("nan"), float(excluded),
                                         float(dealt_efficiency), float(size), float("nan"), pruned=True))
             continue
-        res = _packed(sub_load, sub_cost, sub_source, caps, bounds, shape, algorithm, seed, passes, exact)
+        res = _packed(sub_load, sub_cost, sub_source, caps, bounds, shape, algorithm, seed, passes, multiple)
         if res is None:
             continue
         p, efficiency = res
         terms, excluded, size = fixed_terms(p, efficiency)
         polish = (sub_load, caps, polish_passes(n)) if judged else None
-        dist, util, pad, mix, sparse = _measured(p, sub_cost, sub_source, shape, seed, polish)
+        dist, util, pad, mix, sparse = _measured(p, sub_cost, sub_source, shape, seed, polish, sampled=not exact)
         # Terms >= 0 added to the fixed ones: the objective is never below the bound pruning used.
         objective = sum(1.0 - u for u in util) + pad_ratio_weight * pad + terms + mix_weight * max(0.0, mix - 1.0)
         within = judged and efficiency <= MAX_STEP_EXCESS and mix <= 1.0 and all(

@@ -260,10 +260,10 @@ def test_search_on_the_whole_input_prefers_caps_within_the_bounds():
     assert min(c.objective for c in measured) < best.objective  # the bounds outrank the objective
 
 
-def test_search_counts_groups_before_rounding_to_steps():
-    """On a subsample the efficiency is the packer's own groups over the bound, not whole steps
-    (which on a few steps would round away the excess); an input up to 1.5x the sample size is
-    evaluated whole."""
+def test_search_packs_a_subsample_to_its_share_of_a_step():
+    """A subsample is packed to a multiple of its share of a step's groups (R x M x n / N), so it
+    holds as many steps as the full data; its efficiency is groups over the fewest (a rounded share
+    of a step would overstate whole steps); an input up to 1.5x the sample size is evaluated whole."""
     from balancer_cli.pack.bounds import groups_lower_bound
     from balancer_cli.pack.packers.balanced import BalancedOptions
 
@@ -275,14 +275,50 @@ def test_search_counts_groups_before_rounding_to_steps():
                             grid=2, sample_size=4000, seed=3)
     assert res.sample_size == 4000
     pick = np.sort(np.random.default_rng(3).choice(n, 4000, replace=False))
+    multiple = round(64 * 4000 / n)
     for c in res.candidates:
         caps = np.array(c.caps_K)
-        p = pack_balanced(load[pick], caps, cost_NK=load[pick].astype(float), seed=3,
-                          options=BalancedOptions(passes=3))
+        p = pack_balanced(load[pick], caps, cost_NK=load[pick].astype(float), seed=3, group_multiple=multiple,
+                          options=BalancedOptions(passes=3, class_mix=False))
+        assert p.num_groups % multiple == 0
+        # A subsample's share of a step is rounded, so its efficiency counts groups, not steps.
         assert c.steps_over_lower_bound == pytest.approx(p.num_groups / groups_lower_bound(load[pick], caps))
     whole = search_thresholds(load, load.astype(float), world_size=32, micro_batches=2,
                               max_caps_K=np.array([24, 6144]), grid=2, sample_size=6000)
     assert whole.sample_size == n
+
+
+def _harsh_303():
+    """``bench/bench_pack_random.py --family harsh`` case 303: 75,922 samples of 7 sources, 3 of
+    them text-only, tiles coupled to LLM tokens (256 a tile), 128 ranks x 1 micro-batch."""
+    from bench.bench_pack_random import FAMILIES
+
+    return FAMILIES["harsh"](303, None)[1]
+
+
+def test_search_avoids_caps_whose_full_run_keeps_one_class_a_step_unmixed():
+    # At LLM caps a hair over the tiles' tokens (14 tiles / 3,637 tokens) the full run rounds its
+    # groups to 128 a step, dealing then needs 1.04x the bound and first fit's groups are kept:
+    # their tile classes (one a step) hold the sources in very different shares, steps 5.9x less
+    # mixed than random batching. The subsample, packed unrounded, kept dealing's groups and its
+    # ~20 steps mixed the classes (1.15x), so the search picked those caps. Now the subsample is
+    # rounded as the full data is and the classes' bias counts: caps within every bound.
+    from balancer_cli.pack.config import PackConfig
+    from balancer_cli.pack.evaluate import evaluate_rows
+    from balancer_cli.pack.inputs import prepare_inputs
+    from balancer_cli.pack.pipeline import place_packer, resolve_thresholds
+
+    inputs = prepare_inputs(_harsh_303())
+    assert inputs.num_samples == 75_922
+    config = PackConfig(world_size=128, micro_batches=1)
+    caps, bounds, search = resolve_thresholds(inputs, config)
+    assert search.sample_size < inputs.num_samples  # a subsample decided
+    placed = place_packer("balanced", inputs, config, caps, bounds)
+    m = evaluate_rows(inputs, placed.rows, placed.dropped_sample, placed.dropped_reason, caps_K=caps, world_size=128,
+                      micro_batches=1, epoch_num_steps=placed.epoch_num_steps).metrics
+    assert m["step_mix"]["vs_random"] <= 1.0, (caps, m["step_mix"])
+    assert m["steps"]["vs_lower_bound"] <= 1.03
+    assert max(m["modules"][k]["dist_ratio"] for k in inputs.modules) <= 0.005
 
 
 def test_search_ranks_candidates_and_respects_limits():

@@ -36,7 +36,7 @@ from balancer_cli._sort import stable_order
 from balancer_cli.metrics import random_mix_distance
 from balancer_cli.pack.types import dense_ids, row_ids, top_codes
 
-__all__ = ["even_class_mix", "CLASS_MIX_TOLERANCE", "CLASS_MIX_MIN_BIAS"]
+__all__ = ["even_class_mix", "class_bias_ratio", "CLASS_MIX_TOLERANCE", "CLASS_MIX_MIN_BIAS"]
 
 #: Largest difference of the two rows' LLM weights, as a share of the mean group LLM weight.
 CLASS_MIX_TOLERANCE = 0.002
@@ -125,24 +125,62 @@ def even_class_mix(order_P: np.ndarray, offsets_G1: np.ndarray, weight_NK: np.nd
 
 
 def _biased(wsum_GK: np.ndarray, mix_GO: np.ndarray, step_groups: int) -> bool:
-    """Whether the classes' source bias is worth the swaps: their mean total-variation distance
-    to the global mix, over the distance of a random step of the same size (the ratio predicts the
-    step mix before the swaps: real 70k 0.55 / 0.78 / 1.12 / 1.58 at ``--dp`` 8 / 16 / 32 / 64,
-    measured 0.60 / 0.81 / 1.14 / 1.55; 1.2M at ``--dp 64`` 0.51, measured 0.67)."""
-    class_G = _classes(wsum_GK[:, :-1])
-    counts_CO = np.zeros((int(class_G.max()) + 1, mix_GO.shape[1]))
+    """Whether the classes' source bias is worth the swaps (:func:`class_bias_ratio` of the
+    groups' encoder sums at least :data:`CLASS_MIX_MIN_BIAS`)."""
+    return class_bias_ratio(wsum_GK[:, :-1], mix_GO, step_groups) >= CLASS_MIX_MIN_BIAS
+
+
+def class_bias_ratio(enc_GE: np.ndarray, mix_GO: np.ndarray, step_groups: int, *, sampled: bool = False,
+                     by_steps: bool = False) -> float:
+    """The classes' source bias over random batching's step distance: what the step mix is when
+    each step holds one class (one micro-batch).
+
+    The bias is the classes' mean total-variation distance to the global mix, weighted by their
+    samples; the step distance is a random step's of as many samples as ours hold on average. The
+    ratio predicts the step mix before the class mix's swaps (real 70k 0.55 / 0.78 / 1.12 / 1.58 at
+    ``--dp`` 8 / 16 / 32 / 64, measured 0.60 / 0.81 / 1.14 / 1.55; 1.2M at ``--dp 64`` 0.51,
+    measured 0.67).
+
+    Args:
+        enc_GE: (G, E) the groups' encoder weight sums: their class (:func:`_classes`).
+        mix_GO: (G, O) samples of each source in each group.
+        step_groups: groups per step (R x M).
+        sampled: the groups pack a subsample: a class's distance less what its own size alone
+            gives a random draw (in quadrature), so that small classes do not read as biased.
+        by_steps: weigh each class by its groups (the steps it fills) over a random step of the
+            class's own average size, instead of by samples over one average step.
+
+    Example:
+        >>> import numpy as np
+        >>> enc = np.array([[1.0], [1.0], [2.0], [2.0]])
+        >>> class_bias_ratio(enc, np.array([[2, 0], [2, 0], [0, 2], [0, 2]]), 2) > 1  # one source per class
+        True
+        >>> class_bias_ratio(enc, np.array([[1, 1], [1, 1], [1, 1], [1, 1]]), 2)
+        0.0
+    """
+    class_G = _classes(enc_GE)
+    counts_CO = np.zeros((int(class_G.max()) + 1 if len(class_G) else 0, mix_GO.shape[1]))
     np.add.at(counts_CO, class_G, mix_GO)
     total = counts_CO.sum()
     if total <= 0 or len(counts_CO) < 2:
-        return False
+        return 0.0
     share_O = counts_CO.sum(axis=0) / total
     in_class_C = counts_CO.sum(axis=1)
     share_CO = counts_CO / np.maximum(in_class_C, 1.0)[:, None]
-    bias = float((in_class_C / total * 0.5 * np.abs(share_CO - share_O).sum(axis=1)).sum())
-    # A random step of as many samples as ours hold on average.
-    samples = step_groups * total / len(wsum_GK)
-    random_distance = float(random_mix_distance(share_O, np.array([samples]))[0])
-    return bias >= CLASS_MIX_MIN_BIAS * random_distance
+    distance_C = 0.5 * np.abs(share_CO - share_O).sum(axis=1)
+    if sampled:
+        noise_C = random_mix_distance(share_O, np.maximum(in_class_C, 1.0))
+        distance_C = np.sqrt(np.maximum(distance_C**2 - noise_C**2, 0.0))
+    if not by_steps:
+        bias = float((in_class_C / total * distance_C).sum())
+        # A random step of as many samples as ours hold on average.
+        samples = step_groups * total / len(enc_GE)
+        random_distance = float(random_mix_distance(share_O, np.array([samples]))[0])
+        return bias / random_distance if random_distance > 0 else 0.0
+    groups_C = np.bincount(class_G, minlength=len(counts_CO)).astype(np.float64)
+    random_C = random_mix_distance(share_O, step_groups * in_class_C / np.maximum(groups_C, 1.0))
+    random_distance = float((groups_C * random_C).sum())
+    return float((groups_C * distance_C).sum()) / random_distance if random_distance > 0 else 0.0
 
 
 def _by_cell_then_weight(cell_P: np.ndarray, weight_P: np.ndarray) -> np.ndarray:
@@ -155,6 +193,8 @@ def _by_cell_then_weight(cell_P: np.ndarray, weight_P: np.ndarray) -> np.ndarray
 
 def _classes(enc_GE: np.ndarray) -> np.ndarray:
     """(G,) class of every group: the exact sums of discrete encoder modules, presence of the others."""
+    if enc_GE.shape[1] == 0:  # text only: one class
+        return np.zeros(len(enc_GE), np.int64)
     parts = []
     for e in range(enc_GE.shape[1]):
         levels, code = np.unique(enc_GE[:, e], return_inverse=True)

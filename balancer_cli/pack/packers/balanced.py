@@ -22,8 +22,8 @@ Algorithm:
    rows (15% of the normalized volume, then 50% if needed) and any row dealing strands fill
    the room by first fit, in extra groups when none has room. Only when the groups still
    number more than ``MAX_STEP_EXCESS`` (1.03) x the lower bound and first fit decreasing
-   alone needs fewer are first fit's own groups kept (they cluster similar samples, so steps
-   mix less; their refinement is skipped above 300k rows).
+   alone needs fewer are first fit's own groups kept (they cluster similar samples, so of one
+   source: the refinement's source terms mix them).
 3. **Refinement** (:func:`~balancer_cli.pack.packers._balanced_refine.refine`,
    :attr:`BalancedOptions.passes` times). *Targeted swaps*: for each off-target group g and
    member i, samples whose normalized cost is near ``w_i - t * dev_g`` (t = 1/2, 1) are looked up
@@ -84,8 +84,7 @@ MAX_STEP_EXCESS = 1.03
 #: Shares of the rows' normalized volume, smallest rows, that fill the dealt groups by first fit,
 #: tried in turn until the groups number at most ``MAX_STEP_EXCESS`` x the lower bound.
 _FILL_SHARES = (0.15, 0.5)
-#: Above this many rows first fit's groups (kept) are not refined (the assigner balances them),
-#: and the fill share is picked on a subsample of ``_PROBE_SIZE`` rows.
+#: Above this many rows the fill share is picked on a subsample of ``_PROBE_SIZE`` rows.
 _PROBE_ABOVE = 300_000
 _PROBE_SIZE = 100_000
 
@@ -96,7 +95,7 @@ class BalancedOptions:
 
     Attributes:
         passes: refinement passes (0 disables refinement); ``None``: 8 for small inputs down to
-            2 for a million samples or more (0 above 300k when first fit's groups are kept).
+            2 for a million samples or more.
         max_sources: sources ``source_N`` tracks: the ``max_sources - 1`` most frequent ones, the
             rest as one (memory: N x max_sources floats during refinement).
         class_mix: run step 4 (with ``source_N``). It is for one micro-batch, where a step takes
@@ -189,17 +188,15 @@ def pack_balanced(
     if len(rows) == 0:
         return assemble((np.zeros(0, np.int64), np.zeros(1, np.int64)), split, ids)
     rng = np.random.default_rng(seed)
-    members, count, wsum, lsum, first_fit_kept = _initial_groups(
+    members, count, wsum, lsum = _initial_groups(
         rows, load, weight, caps, group_multiple, len(split.isolated), seed, rng)
     passes = options.passes
     if passes is None:
         # About 10M pair evaluations' worth of passes: 8 for 70k samples, 2 for 1.2M.
+        # First fit's groups are refined too: they cluster samples of one size, so of one source,
+        # and only the passes' source terms mix them (harsh 392k at --dp 16 x 2: steps 2.95x less
+        # mixed than random batching unrefined, 0.39x refined; their balance was never the point).
         passes = int(np.clip(round(2.5e6 / len(rows)), 2, 8))
-        if first_fit_kept and len(rows) > _PROBE_ABOVE:
-            # First fit's groups cluster similar samples; local search cannot make them equal
-            # (1.2M synthetic: group CV 0.39 -> 0.32 after 2 passes, 2.5 s) and the assigner's
-            # sorting balances them anyway (Dist Ratio 0.0001 / 0.0009 with or without).
-            passes = 0
     sums = None  # the groups' weight sums, then their per-source counts (from the refinement)
     if passes > 0:
         sums = refine(members, count, wsum, lsum, weight, load, caps, rows, passes=passes, source_N=source_N,
@@ -217,8 +214,7 @@ def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed
     """Steps 1-2: G and the dealt groups of ``rows`` (first fit's when dealing needs too many).
 
     Returns:
-        (members_GX, count_G, wsum_GK, lsum_GK, first_fit_kept): see :func:`group_tables`; whether
-        first fit's groups were kept.
+        (members_GX, count_G, wsum_GK, lsum_GK): see :func:`group_tables`.
     """
     lb = groups_lower_bound(load[rows], caps)
     # Samples per group are capped too (an extra "module" of one per sample): it bounds the
@@ -248,20 +244,19 @@ def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed
         G = rounded(int(gid.max()) + 1)
         if G <= limit:
             break
-    first_fit_kept = False
     if G > limit:
         # Too many extra groups: first fit decreasing alone packs tighter; keep its groups.
         ffd_queue = _by_size(rows, load_c, caps_c, rng)
         ffd_gid, G_ffd = first_fit(ffd_queue, load_c, caps_c, suffix_min(ffd_queue, load_c), LOOKBACK,
                                    np.zeros((0, load_c.shape[1]), np.int64))
         if rounded(G_ffd) < G:
-            queue, gid, G, first_fit_kept = ffd_queue, ffd_gid, rounded(G_ffd), True
+            queue, gid, G = ffd_queue, ffd_gid, rounded(G_ffd)
     members, count, wsum, lsum = group_tables(queue, gid, G, max_count, weight, load)
     if (count == 0).any():
         if count.max() < 2:
             raise InputError(f"{len(rows)} samples cannot fill {G} groups", fix="lower {world_size} or {micro_batches}")
         _fill_empty(members, count, wsum, lsum, weight, load)
-    return members, count, wsum, lsum, first_fit_kept
+    return members, count, wsum, lsum
 
 
 def _probe_fill_share(rows, load, weight, caps, seed):

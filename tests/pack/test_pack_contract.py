@@ -1,0 +1,169 @@
+"""The contract's bounds on a placed manifest, and the pipeline's full-run check of the searched pick."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from balancer_cli.manifest import ManifestRows
+from balancer_cli.pack.contract import (
+    MAX_DIST_RATIO,
+    MAX_STEP_MIX,
+    MIN_SPARSE_UTILIZATION,
+    broken_bounds,
+    placed_sparse_modules,
+)
+from balancer_cli.pack.packers.balanced import MAX_STEP_EXCESS
+
+
+def _rows(groups: int, per_group: int) -> ManifestRows:
+    """``groups`` groups of ``per_group`` samples, one group per (step, rank) of 2 ranks."""
+    g = np.repeat(np.arange(groups), per_group)
+    return ManifestRows(g // 2, g % 2, np.zeros_like(g), np.arange(len(g)))
+
+
+def _metrics(dist, util, steps, mix):
+    return {"modules": {m: {"dist_ratio": d, "utilization": u} for m, d, u in zip(("audio", "llm"), dist, util)},
+            "steps": {"vs_lower_bound": steps}, "step_mix": {"vs_random": mix}}
+
+
+@settings(max_examples=60, deadline=None)
+@given(dist=st.floats(0, 0.02), util=st.floats(0.5, 1.0), steps=st.floats(1.0, 1.1), mix=st.floats(0.0, 3.0),
+       audio_groups=st.integers(0, 20))
+def test_each_bound_is_broken_exactly_when_its_value_is_past_it(dist, util, steps, mix, audio_groups):
+    """Dense modules are held to Dist, sparse ones (few groups hold them) to utilization."""
+    rows = _rows(20, 3)
+    cost = np.ones((60, 2))
+    cost[:, 0] = 0.0
+    cost[: 3 * audio_groups, 0] = 5.0  # audio in the first ``audio_groups`` groups
+    broken = broken_bounds(_metrics((dist, dist), (util, util), steps, mix), ("audio", "llm"), cost, rows)
+    sparse = placed_sparse_modules(cost, rows)
+    assert not sparse[1]
+    expected = []
+    if audio_groups and sparse[0]:
+        expected += ["util:audio"] if util < MIN_SPARSE_UTILIZATION else []
+    elif dist > MAX_DIST_RATIO:
+        expected += ["dist:audio"]
+    expected += ["dist:llm"] if dist > MAX_DIST_RATIO else []
+    expected += ["steps"] if steps > MAX_STEP_EXCESS else []
+    expected += ["mix"] if mix > MAX_STEP_MIX else []
+    assert broken == tuple(expected)
+
+
+def test_a_module_no_group_holds_is_not_sparse():
+    rows = _rows(4, 2)
+    assert placed_sparse_modules(np.column_stack([np.zeros(8), np.ones(8)]), rows).tolist() == [False, False]
+    empty = ManifestRows(*(np.zeros(0, np.int64) for _ in range(4)))
+    assert placed_sparse_modules(np.ones((0, 2)), empty).tolist() == [False, False]
+
+
+def _text_only_20k():
+    """Sources of disjoint lengths: at ``--dp 64`` x 2 the subsample's pick (LLM cap 4,167) takes
+    a step more in full and is 2.87x less mixed than random batching there (0.58x on the subsample)."""
+    from balancer_cli.lengths import make_lengths_table
+
+    rng = np.random.default_rng(0)
+    n = 20000
+    src = rng.choice(3, n, p=[0.6, 0.3, 0.1])
+    llm = np.where(src == 0, rng.integers(50, 200, n),
+                   np.where(src == 1, rng.integers(1000, 3000, n), rng.integers(200, 400, n)))
+    return make_lengths_table(llm, {}, source=np.array(["a", "b", "c"])[src])
+
+
+def test_a_pick_that_breaks_a_bound_in_full_falls_to_a_candidate_that_does_not(monkeypatch):
+    from balancer_cli.pack import pipeline
+    from balancer_cli.pack.config import PackConfig
+
+    table, config = _text_only_20k(), PackConfig(world_size=64, micro_batches=2)
+    result = pipeline.pack_manifest(table, config)
+    params, summary = result.meta["params"], result.meta["summary"]
+    checked = params["search"]["checked"]
+    assert checked["pick_broken"] and checked["tried"] and checked["kept"] != "pick"
+    assert checked["kept"] == params["caps"] and checked["tried"][-1]["broken"] == []
+    assert summary["step_mix"]["vs_random"] <= MAX_STEP_MIX and summary["steps"]["vs_lower_bound"] <= MAX_STEP_EXCESS
+    # Conservation: the kept run places every sample once; the same inputs give the same rows.
+    assert np.array_equal(np.sort(result.rows.sample), np.arange(table.num_samples))
+    again = pipeline.pack_manifest(table, config)
+    assert np.array_equal(again.rows.sample, result.rows.sample) and np.array_equal(again.rows.step, result.rows.step)
+    # Without the check the pick is kept as the search made it, bounds broken.
+    monkeypatch.setattr(pipeline, "CHECK_MAX_SAMPLES", 0)
+    unchecked = pipeline.pack_manifest(table, config)
+    assert "checked" not in unchecked.meta["params"]["search"]
+    assert unchecked.meta["params"]["caps"] == {"llm": int(pipeline.run_search(
+        pipeline.prepare_inputs(table), config, prune=True).best_caps_K[0])} != params["caps"]
+    assert unchecked.meta["summary"]["step_mix"]["vs_random"] > MAX_STEP_MIX
+
+
+@pytest.mark.parametrize("fallbacks", [0, 1])
+def test_a_pick_within_every_bound_is_packed_once(monkeypatch, fallbacks):
+    """A pick that meets the contract in full is kept without packing another candidate."""
+    from balancer_cli.lengths import make_lengths_table
+    from balancer_cli.pack import pipeline
+    from balancer_cli.pack.config import PackConfig
+
+    rng = np.random.default_rng(2)
+    n = 6000
+    tiles = rng.integers(0, 4, n)
+    table = make_lengths_table(256 * tiles + rng.integers(20, 400, n), {"vision": (256.0 * tiles, tiles)},
+                               source=np.array(["a", "b"])[(tiles > 1).astype(int)])
+    calls = []
+    real_place = pipeline.place_packer
+    monkeypatch.setattr(pipeline, "place_packer", lambda *a, **k: calls.append(a[4]) or real_place(*a, **k))
+    monkeypatch.setattr(pipeline, "CHECK_FALLBACKS", fallbacks)
+    result = pipeline.pack_manifest(table, PackConfig(world_size=4))
+    checked = result.meta["params"]["search"]["checked"]
+    assert checked["pick_broken"] == [] and checked["tried"] == [] and checked["kept"] == "pick"
+    assert len(calls) == 1
+
+
+def test_the_cli_says_when_a_later_candidate_replaced_the_pick(tmp_path):
+    from click.testing import CliRunner
+
+    from balancer_cli.cli import main
+    from balancer_cli.lengths import write_lengths
+
+    write_lengths(_text_only_20k(), tmp_path / "lengths.parquet")
+    out = CliRunner().invoke(main, ["pack", str(tmp_path / "lengths.parquet"), "--dp", "64", "--micro-batches", "2",
+                                    "--baselines", "none", "-o", str(tmp_path / "out")])
+    assert out.exit_code == 0, out.output
+    assert "(searched; the subsample's pick broke steps, mix in full, a later candidate kept)" in out.output
+
+
+def test_a_fallback_that_drops_more_samples_is_never_kept_and_the_tries_are_bounded(monkeypatch):
+    """``_checked_pick`` over fake full runs: the pick's own caps are not packed again, a run that
+    drops more samples than the pick's is not kept however balanced, at most CHECK_FALLBACKS runs."""
+    from types import SimpleNamespace
+
+    from balancer_cli.pack import pipeline
+    from balancer_cli.pack.config import PackConfig
+    from balancer_cli.pack.placement import Placement
+
+    rows = _rows(4, 2)
+    inputs = SimpleNamespace(modules=("llm",), cost_NK=np.ones((8, 1)))
+
+    def trial(cap, mix, dropped):
+        metrics = {"modules": {"llm": {"dist_ratio": 0.0, "utilization": 1.0}}, "steps": {"vs_lower_bound": 1.0},
+                   "step_mix": {"vs_random": mix}}
+        placement = Placement(rows, np.arange(dropped), ("over cap",) * dropped, [2])
+        return pipeline._Trial(np.array([cap]), np.array([cap]), placement, SimpleNamespace(metrics=metrics))
+
+    runs = {10: trial(10, 1.5, 0), 20: trial(20, 0.5, 3), 30: trial(30, 1.2, 0), 40: trial(40, 0.5, 0),
+            50: trial(50, 0.5, 0)}
+    packed = []
+
+    def run(caps_K, bounds_K):
+        packed.append(int(caps_K[0]))
+        return runs[int(caps_K[0])]
+
+    search = SimpleNamespace(candidates=[SimpleNamespace(caps_K=(c,), excluded_share=0.0) for c in (10, 10, 20, 30, 40, 50)])
+    monkeypatch.setattr(pipeline, "CHECK_FALLBACKS", 3)
+    kept, record = pipeline._checked_pick(inputs, PackConfig(), search, runs[10], run)
+    assert packed == [20, 30, 40] and kept is runs[40]
+    assert record == {"pick_broken": ["mix"], "kept": {"llm": 40}, "tried": [
+        {"caps": {"llm": 20}, "broken": []}, {"caps": {"llm": 30}, "broken": ["mix"]}, {"caps": {"llm": 40}, "broken": []}]}
+    monkeypatch.setattr(pipeline, "CHECK_FALLBACKS", 1)
+    packed.clear()
+    kept, record = pipeline._checked_pick(inputs, PackConfig(), search, runs[10], run)
+    assert packed == [20] and kept is runs[10] and record["kept"] == "pick"
