@@ -36,9 +36,10 @@ class MediaCount:
             Qwen2-VL / LLaVA-1.5, tiles (thumbnail included) for InternVL / Idefics3 / SmolVLM,
             base + crops for LLaVA-NeXT / OneVision, frames (Qwen: temporal patches) for videos.
         llm_tokens: the tokens that replace the processor's media placeholder token
-            (``rule.image_token`` / ``rule.video_token``) in the tokenized sequence, i.e. transformers'
-            ``processor._get_num_multimodal_tokens(...)["num_image_tokens"]``: wrapper tokens that
-            the *processor* inserts are included (InternVL ``<img>``/``</img>``, Idefics3 row/column
+            (``rule.image_token`` / ``rule.video_token``) in the tokenized sequence: the tokens of
+            the prompt string the processor writes for the media (transformers'
+            ``_get_num_multimodal_tokens`` counted the same until 5.24; from 5.25 Idefics3's counts
+            only its ``<image>`` placeholders). Wrapper tokens that the *processor* inserts are included (InternVL ``<img>``/``</img>``, Idefics3 row/column
             and ``<fake_token_around_image>`` tokens, LLaVA-NeXT newline features); wrappers that the
             *chat template* writes around the placeholder (Qwen2-VL ``<|vision_start|>`` and
             ``<|vision_end|>``) are text the template tokenizer counts. To get the sample's LLM
