@@ -64,7 +64,7 @@ from balancer_cli.pack.bounds import groups_lower_bound
 from balancer_cli.pack.contract import MAX_DIST_RATIO, MIN_SPARSE_UTILIZATION
 from balancer_cli.pack.evaluate import step_mix_ratio
 from balancer_cli.pack.packers._class_mix import class_bias_ratio
-from balancer_cli.pack.packers.balanced import MAX_STEP_EXCESS, BalancedOptions, pack_balanced
+from balancer_cli.pack.packers.balanced import MAX_STEP_EXCESS, BalancedOptions, deal_balanced
 from balancer_cli.pack.packers.isf import pack_isf
 from balancer_cli.pack.polish import polish_passes, polish_steps
 from balancer_cli.pack.types import group_sums
@@ -74,6 +74,9 @@ __all__ = ["SearchResult", "Candidate", "search_thresholds", "default_caps", "DE
 #: Weight of groups beyond ``MAX_STEP_EXCESS`` x the lower bound: steps past it are a cost the
 #: user did not ask for (a contract, not a preference), so they outweigh any other term.
 _OVER_BOUND_WEIGHT = 10.0
+#: Dealt groups the pruning search keeps for the candidates it evaluates (those visited first):
+#: ~0.5 MB each on a 12k subsample, so all of a two-module grid's 25, ~60 of three modules' 125.
+_DEALS_KEPT_BYTES = 32 << 20
 #: OmniBal's search stops when the average group holds micro_bs..micro_bs+1 samples (micro_bs 4).
 DEFAULT_GROUP_SIZE = 4.5
 
@@ -159,9 +162,17 @@ def _axis(max_cap: int, center: float, grid: int, floor: float) -> np.ndarray:
     return np.clip(vals, 1, max_cap)
 
 
-def _packed(load, cost, source, caps, bounds, shape, algorithm, seed, passes, multiple):
+def _visit_key(item):
+    """Pruning visits candidates by the objective terms their dealt packing decides, then caps."""
+    (_, caps, _), fixed = item[0], item[1]
+    return fixed[0], tuple(caps.tolist())
+
+
+def _packed(load, cost, source, caps, bounds, shape, algorithm, seed, passes, multiple, dealt=None):
     """One candidate's packing split to whole steps and its efficiency (steps over the fewest the
-    caps permit), or None when it cannot fill a step.
+    caps permit), or None when it cannot fill a step. ``dealt``: our packer's dealt groups of the
+    same candidate (:func:`~balancer_cli.pack.packers.balanced.deal_balanced`), refined instead of
+    dealing again (the same packing).
 
     Groups are packed to a multiple of ``multiple``: a step's groups (R x M) on the whole input,
     as the full run packs; on a subsample the same share of its groups, so that it holds as many
@@ -178,8 +189,9 @@ def _packed(load, cost, source, caps, bounds, shape, algorithm, seed, passes, mu
     else:
         # Without the class-mix step: on a subsample of ~20 steps its gain is overrated (it moved
         # the picks at --dp 64 to caps that mix worse in full: 0.51x -> 1.03-1.17x).
-        p = pack_balanced(load, caps, cost_NK=cost, group_multiple=multiple, seed=seed,
-                          source_N=source, options=BalancedOptions(passes=passes, class_mix=False))
+        if dealt is None:
+            dealt = deal_balanced(load, caps, cost_NK=cost, group_multiple=multiple, seed=seed)
+        p = dealt.finish(source_N=source, options=BalancedOptions(passes=passes, class_mix=False))
     if p.num_groups < per_step:
         return None
     lower_bound = max(1, groups_lower_bound(load, caps))
@@ -268,8 +280,9 @@ def search_thresholds(
         InputError: no samples.
         UsageError: bad limits, grid or algorithm.
     """
-    load = np.asarray(load_NK, dtype=np.int64)
-    cost = np.asarray(cost_NK, dtype=np.float64)
+    # Only the subsample is converted to the kernels' types: at 10M samples a converted copy of the
+    # whole (N, K) inputs would be ~0.4 GB for rows the search never reads.
+    load, cost = np.asarray(load_NK), np.asarray(cost_NK)
     if load.ndim != 2 or len(load) == 0:
         raise InputError("no samples to search thresholds on", fix="check the lengths table with `balancer scan`")
     if algorithm not in ("balanced", "isf"):
@@ -286,8 +299,8 @@ def search_thresholds(
     # Up to 1.5x the sample size the whole input is cheap enough, and evaluated exactly.
     n = len(load) if len(load) <= 1.5 * int(sample_size) else int(sample_size)
     pick = np.sort(rng.choice(len(load), n, replace=False)) if n < len(load) else np.arange(len(load))
-    sub_load, sub_cost = load[pick], cost[pick]
-    sub_source = None if source_N is None else np.asarray(source_N, dtype=np.int64)[pick]
+    sub_load, sub_cost = load[pick].astype(np.int64), cost[pick].astype(np.float64)
+    sub_source = None if source_N is None else np.asarray(source_N)[pick].astype(np.int64)
     # Make sure the subsample yields enough groups for a few steps at the largest caps.
     target = float(target_group_size or DEFAULT_GROUP_SIZE)
     centers = default_caps(sub_load, target)
@@ -318,17 +331,27 @@ def search_thresholds(
     if prune and algorithm == "balanced":
         # The group count, so the terms above, is known after dealing: visit candidates by them
         # (a dealing costs ~1/10 of a full evaluation) and skip those they alone put past the best.
-        dealt = [(point, _packed(sub_load, sub_cost, sub_source, point[1], point[2], shape, algorithm, seed, 0, multiple))
-                 for point in points]
-        plan = [(point, fixed_terms(*res), res[1]) for point, res in dealt if res is not None]
-        plan.sort(key=lambda item: (item[1][0], tuple(item[0][1].tolist())))
+        # The ones evaluated refine these dealt groups: they are not dealt twice.
+        plan, kept = [], 0  # kept: bytes of the dealt groups held for later (_DEALS_KEPT_BYTES at most)
+        for point in points:
+            deal = deal_balanced(sub_load, point[1], cost_NK=sub_cost, group_multiple=multiple, seed=seed)
+            res = _packed(sub_load, sub_cost, sub_source, point[1], point[2], shape, algorithm, seed, 0, multiple, deal)
+            if res is None:
+                continue
+            plan.append([point, fixed_terms(*res), res[1], deal])
+            kept += deal.nbytes
+            while kept > _DEALS_KEPT_BYTES:  # drop the deal visited last (a later one is dealt again)
+                last = max((item for item in plan if item[3] is not None), key=_visit_key)
+                kept -= last[3].nbytes
+                last[3] = None
+        plan.sort(key=_visit_key)
     else:
-        plan = [(point, None, None) for point in points]
+        plan = [(point, None, None, None) for point in points]
     # The best so far as (tier, objective): tier 0 within the bounds (every candidate on a
     # subsample, where none is judged against them), tier 1 outside.
     judged = exact and algorithm == "balanced"  # measured as the run will be: polished too
     best_key = (1 if judged else 0, np.inf)
-    for (idx, caps, bounds), fixed, dealt_efficiency in plan:
+    for (idx, caps, bounds), fixed, dealt_efficiency, deal in plan:
         key = (tuple(caps.tolist()), tuple(int(b) for b in bounds))
         # Its objective is at least fixed[0]; while the best is outside the bounds, any candidate
         # within them would still rank first, so nothing is skipped.
@@ -337,7 +360,7 @@ def search_thresholds(
             candidates.append(Candidate(*key, float(bound), (), (), float("nan"), float(excluded),
                                         float(dealt_efficiency), float(size), float("nan"), pruned=True))
             continue
-        res = _packed(sub_load, sub_cost, sub_source, caps, bounds, shape, algorithm, seed, passes, multiple)
+        res = _packed(sub_load, sub_cost, sub_source, caps, bounds, shape, algorithm, seed, passes, multiple, deal)
         if res is None:
             continue
         p, efficiency = res

@@ -38,8 +38,10 @@ def index_dtype(n: int) -> np.dtype:
 def dense_ids(values: np.ndarray) -> np.ndarray:
     """(n,) int64 index of each value among the sorted distinct values: ``np.unique``'s inverse.
 
-    Integers of a range up to ~4x their count (or 2^20) go through a lookup table instead of a
-    sort (210k group keys: 2 ms instead of 20; 1.2M source codes: 10 ms instead of 300).
+    Integers of a range up to ~4x their count (or up to 2^20 and ``n log2 n``) go through a lookup
+    table instead of a sort (210k group keys: 2 ms instead of 20; 1.2M source codes: 10 ms instead
+    of 300). A table costs its range, a sort ``n log n``: 2,700 keys over a range of 1M take 7.8 ms
+    by table and 0.1 ms sorted (the search's assignments, ~500 of them on three modules).
 
     Example:
         >>> dense_ids(np.array([7, -2, 7, 40])).tolist(), dense_ids(np.array(["b", "a", "b"])).tolist()
@@ -50,7 +52,8 @@ def dense_ids(values: np.ndarray) -> np.ndarray:
         wide = values.astype(np.int64)
         low = int(wide.min())
         span = int(wide.max()) - low + 1
-        if span <= max(1 << 20, 4 * len(wide)):
+        n = len(wide)
+        if span <= 4 * n or span <= min(1 << 20, n * np.log2(max(n, 2))):
             present = np.bincount(wide - low, minlength=span) > 0
             return (np.cumsum(present) - 1)[wide - low]
     return np.unique(values, return_inverse=True)[1].reshape(-1).astype(np.int64)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.metrics import dist_ratio, step_loads
+from balancer_cli.pack import search as search_module
 from balancer_cli.pack.assign import assign_groups, check_assignment, split_to_multiple
 from balancer_cli.pack.packers.balanced import pack_balanced
 from balancer_cli.pack.packers.isf import pack_isf
@@ -205,6 +208,11 @@ def test_pruned_search_picks_what_the_full_search_picks(seed, R, M, sources, tex
     full = search_thresholds(load, load.astype(float), **kw)
     pruned = search_thresholds(load, load.astype(float), prune=True, **kw)
     assert pruned.candidates[0] == full.candidates[0]
+    # The candidates evaluated refine the groups dealt for pruning; with no room to keep them
+    # each is dealt again: the same candidates.
+    with mock.patch.object(search_module, "_DEALS_KEPT_BYTES", 0):
+        again = search_thresholds(load, load.astype(float), prune=True, **kw)
+    assert repr(again.candidates) == repr(pruned.candidates)  # repr: pruned ones hold NaN
     within = [c for c in full.candidates if c.within_bounds]
     assert whole or not within  # judged only on the whole input
     if within:

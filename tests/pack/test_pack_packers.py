@@ -9,7 +9,11 @@ from hypothesis import strategies as st
 
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.pack.bounds import groups_lower_bound
-from balancer_cli.pack.packers.balanced import BalancedOptions, pack_balanced
+from balancer_cli.pack.packers.balanced import (
+    BalancedOptions,
+    deal_balanced,
+    pack_balanced,
+)
 from balancer_cli.pack.packers.isf import pack_isf
 from balancer_cli.pack.types import check_packing, group_sums
 
@@ -73,6 +77,27 @@ def test_balanced_group_multiple(data, multiple):
         # A multiple (isolated groups included) unless that needs more groups than samples.
         assert p.num_groups % multiple == 0 or packed == fit
         assert packed >= groups_lower_bound(load[~(load > caps).any(axis=1)], caps)
+
+
+@SETTINGS
+@given(data=loads(), seed=st.integers(0, 3), multiple=st.integers(1, 4), passes=st.integers(0, 3),
+       sources=st.integers(0, 3))
+def test_dealt_groups_finish_as_pack_balanced_does_any_number_of_times(data, seed, multiple, passes, sources):
+    """deal_balanced(...).finish(...) is pack_balanced(...) byte for byte, and finishing leaves the
+    dealt groups as they were (the search refines the groups it dealt for pruning)."""
+    load, caps = data
+    source = np.random.default_rng(seed).integers(0, sources, len(load)) if sources else None
+    options = BalancedOptions(passes=passes, max_sources=2)
+    kw = {"seed": seed, "group_multiple": multiple, "cost_NK": load * 1.5 + 1}
+    want = pack_balanced(load, caps, source_N=source, options=options, **kw)
+    dealt = deal_balanced(load, caps, **kw)
+    before = [t.copy() for t in dealt.tables or ()]
+    for _ in range(2):
+        got = dealt.finish(source_N=source, options=options)
+        for field in ("order", "group_offsets", "isolated", "dropped"):
+            assert np.array_equal(getattr(got, field), getattr(want, field))
+        assert all(np.array_equal(a, b) for a, b in zip(before, dealt.tables or ()))
+    assert dealt.nbytes >= sum(t.nbytes for t in before)
 
 
 @pytest.mark.parametrize("name", ["isf", "balanced"])

@@ -1,9 +1,8 @@
 """Our default packer: G nearly identical groups, every module balanced at once.
 
-ISF accepts groups that hit *one* bound and leaves the other modules to chance, so its balance
-across ranks depends on how groups are later sorted into steps (which makes steps homogeneous,
-unlike random batches). :func:`pack_balanced` instead makes every group carry the same share of
-every module, so any assignment of groups to ranks is balanced and steps can stay random mixes.
+ISF accepts groups that hit *one* bound and leaves the other modules to chance (its balance then
+depends on sorting groups into homogeneous steps). :func:`pack_balanced` gives every group the
+same share of every module: any assignment of groups to ranks is balanced, steps stay mixed.
 
 Algorithm:
 
@@ -39,7 +38,7 @@ Algorithm:
    and near-equal LLM weight trade places between classes until each class holds the global mix.
 
 Samples are balanced on ``cost_NK`` when given (e.g. FLOPs), else on their loads; caps always
-apply to loads. Nothing is sorted by source, so each group is a random mix of sources.
+apply to loads. :func:`deal_balanced` stops after step 2 (:meth:`DealtGroups.finish` does the rest).
 
 Example:
     >>> import numpy as np
@@ -64,15 +63,19 @@ from balancer_cli.errors import InputError, UsageError, is_int
 from balancer_cli.pack.bounds import groups_lower_bound
 from balancer_cli.pack.packers._balanced_refine import refine
 from balancer_cli.pack.packers._class_mix import even_class_mix
-from balancer_cli.pack.packers._common import assemble, check_inputs, split_oversize
+from balancer_cli.pack.packers._common import (
+    OversizeSplit,
+    assemble,
+    check_inputs,
+    split_oversize,
+)
 from balancer_cli.pack.packers._fill_kernels import deal_rounds, first_fit, row_shares
 from balancer_cli.pack.packers._table_kernels import group_tables, load_sums, suffix_min
 from balancer_cli.pack.types import Packing
 
-__all__ = ["BalancedOptions", "pack_balanced", "LOOKBACK", "MAX_STEP_EXCESS"]
+__all__ = ["BalancedOptions", "DealtGroups", "deal_balanced", "pack_balanced", "LOOKBACK", "MAX_STEP_EXCESS"]
 
-#: Open groups first fit tries per sample before it opens a new one (1024 gives 1.4% fewer steps
-#: on synthetic 200k, at 3x first fit's time).
+#: Open groups first fit tries per sample before opening one (1024: 1.4% fewer steps, 3x the time).
 LOOKBACK = 64
 #: Rows dealing places one by one (lightest group with room) before it gives up to first fit.
 _MAX_STRAGGLERS = 64
@@ -175,7 +178,36 @@ def pack_balanced(
         >>> p.num_groups, group_sums(p, load_NK)[:, 0].tolist()  # 2 vision items in every group
         (4, [2, 2, 2, 2])
     """
-    options = _DEFAULT_OPTIONS if options is None else options
+    dealt = deal_balanced(load_NK, caps_K, seed=seed, cost_NK=cost_NK, group_multiple=group_multiple,
+                          module_names=module_names, oversize=oversize, sample_ids=sample_ids)
+    return dealt.finish(source_N=source_N, options=options, in_place=True)
+
+
+def deal_balanced(
+    load_NK: np.ndarray,
+    caps_K: np.ndarray,
+    *,
+    seed: int = 0,
+    cost_NK: np.ndarray | None = None,
+    group_multiple: int = 1,
+    module_names: Sequence[str] | None = None,
+    oversize: str = "isolate",
+    sample_ids: np.ndarray | None = None,
+) -> DealtGroups:
+    """Steps 1-2 of :func:`pack_balanced` (arguments alike): the dealt groups, to finish later.
+
+    ``deal_balanced(...).finish(source_N=..., options=...)`` is ``pack_balanced(...)``, byte for
+    byte; a :class:`DealtGroups` finishes any number of times (the threshold search deals every
+    candidate, then refines only the promising ones, without dealing them again).
+
+    Example:
+        >>> import numpy as np
+        >>> load_NK = np.array([[2, 300], [1, 200], [1, 250], [2, 150], [0, 400], [2, 500]])
+        >>> dealt, one = deal_balanced(load_NK, np.array([3, 700]), group_multiple=2), BalancedOptions(passes=1)
+        >>> p = pack_balanced(load_NK, np.array([3, 700]), group_multiple=2, options=one)
+        >>> dealt.finish(options=one).order.tolist() == dealt.finish(options=one).order.tolist() == p.order.tolist()
+        True
+    """
     load, caps, ids = check_inputs(load_NK, caps_K, sample_ids, oversize)
     if group_multiple < 1:
         raise UsageError(f"group_multiple must be >= 1, got {group_multiple}",
@@ -184,30 +216,69 @@ def pack_balanced(
     if weight.shape != load.shape:
         raise UsageError(f"cost shape {weight.shape} differs from load shape {load.shape}", fix="pass (N, K) costs")
     split = split_oversize(load, caps, policy=oversize, sample_ids=ids, module_names=module_names)
-    rows = split.fit
-    if len(rows) == 0:
-        return assemble((np.zeros(0, np.int64), np.zeros(1, np.int64)), split, ids)
-    rng = np.random.default_rng(seed)
-    members, count, wsum, lsum = _initial_groups(
-        rows, load, weight, caps, group_multiple, len(split.isolated), seed, rng)
-    passes = options.passes
-    if passes is None:
-        # About 10M pair evaluations' worth of passes: 8 for 70k samples, 2 for 1.2M.
-        # First fit's groups are refined too: they cluster samples of one size, so of one source,
-        # and only the passes' source terms mix them (harsh 392k at --dp 16 x 2: steps 2.95x less
-        # mixed than random batching unrefined, 0.39x refined; their balance was never the point).
-        passes = int(np.clip(round(2.5e6 / len(rows)), 2, 8))
-    sums = None  # the groups' weight sums, then their per-source counts (from the refinement)
-    if passes > 0:
-        sums = refine(members, count, wsum, lsum, weight, load, caps, rows, passes=passes, source_N=source_N,
-                      max_sources=options.max_sources, rng=rng)
-    offsets = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
-    mask = np.arange(members.shape[1])[None, :] < count[:, None]
-    order_rows = members[mask]  # row-major: group by group
-    if source_N is not None and options.class_mix:
-        even_class_mix(order_rows, offsets, weight, load, caps, source_N, max_sources=options.max_sources,
-                       step_groups=group_multiple, sums_GKO=sums)
-    return assemble((order_rows, offsets), split, ids)
+    tables, rng = None, np.random.default_rng(seed)
+    if len(split.fit):
+        tables = _initial_groups(split.fit, load, weight, caps, group_multiple, len(split.isolated), seed, rng)
+    return DealtGroups(load=load, weight=weight, caps=caps, ids=ids, split=split, tables=tables,
+                       rng_state=rng.bit_generator.state, group_multiple=group_multiple)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False, slots=True)
+class DealtGroups:
+    """Dealt groups of :func:`deal_balanced`, and the random state the refinement continues from.
+
+    :meth:`finish` refines copies of its tables, so it can run again.
+
+    Attributes:
+        load, weight, caps, ids: the checked inputs ((N, K) loads and weights, (K,) caps, (N,) ids).
+        split: the rows in groups (``split.fit``) and the oversize ones set apart.
+        tables: ``(members_GX, count_G, wsum_GK, lsum_GK)`` of the groups (None: no row fits).
+        rng_state: the seeded generator's state after dealing.
+        group_multiple: the multiple the group count was rounded to.
+    """
+
+    load: np.ndarray
+    weight: np.ndarray
+    caps: np.ndarray
+    ids: np.ndarray
+    split: OversizeSplit
+    tables: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None
+    rng_state: dict
+    group_multiple: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays this object holds of its own (the inputs it was given excluded)."""
+        own = [self.ids, self.split.fit, self.split.isolated, self.split.dropped, *(self.tables or ())]
+        return int(sum(a.nbytes for a in own))
+
+    def finish(self, *, source_N: np.ndarray | None = None, options: BalancedOptions | None = None,
+               in_place: bool = False) -> Packing:
+        """Steps 3-4 of :func:`pack_balanced` (``source_N``, ``options`` alike): the packing.
+        ``in_place``: refine the tables themselves (no copy, ~25 B a sample), to finish only once."""
+        options = _DEFAULT_OPTIONS if options is None else options
+        if self.tables is None:  # no row fits the caps
+            return assemble((np.zeros(0, np.int64), np.zeros(1, np.int64)), self.split, self.ids)
+        members, count, wsum, lsum = self.tables if in_place else (t.copy() for t in self.tables)
+        rng = np.random.default_rng(0)
+        rng.bit_generator.state = self.rng_state
+        passes = options.passes
+        if passes is None:
+            # ~10M pair evaluations' worth: 8 passes for 70k samples, 2 for 1.2M. First fit's groups
+            # too: they cluster one size, so one source, and only the source terms mix them (harsh
+            # 392k at --dp 16 x 2: steps 2.95x less mixed than random batching unrefined, 0.39x refined).
+            passes = int(np.clip(round(2.5e6 / len(self.split.fit)), 2, 8))
+        sums = None  # the groups' weight sums, then their per-source counts (from the refinement)
+        if passes > 0:
+            sums = refine(members, count, wsum, lsum, self.weight, self.load, self.caps, self.split.fit,
+                          passes=passes, source_N=source_N, max_sources=options.max_sources, rng=rng)
+        offsets = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
+        mask = np.arange(members.shape[1])[None, :] < count[:, None]
+        order_rows = members[mask]  # row-major: group by group
+        if source_N is not None and options.class_mix:
+            even_class_mix(order_rows, offsets, self.weight, self.load, self.caps, source_N,
+                           max_sources=options.max_sources, step_groups=self.group_multiple, sums_GKO=sums)
+        return assemble((order_rows, offsets), self.split, self.ids)
 
 
 def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed, rng):
