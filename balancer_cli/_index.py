@@ -1,15 +1,25 @@
-"""Index arithmetic shared across layers: the rows of many ranges at once, without a Python loop.
+"""Index arithmetic shared across layers: the rows of many ranges at once, without a Python loop,
+and row gathers and per-row sums without numpy's slow paths for them.
+
+numpy's fancy indexing of a 2-D array by an integer array (``cost_NK[rows]``) goes through its
+general indexing machinery: 40-110 ms for 1.2M rows of 2-5 columns (numpy 2.4), against 4-30 ms
+for :func:`numpy.take` along axis 0, which copies whole rows; ``cost_NK[rows, k]`` likewise
+(20 ms against 3 ms for a take of the column). ``np.add.at`` over 2-D values is slower still
+(0.4 s for 1.2M rows of 3 columns) where one :func:`numpy.bincount` per column adds the same
+values in the same order. The results are identical, element for element.
 
 Example:
     >>> concat_ranges(np.array([5, 0]), np.array([2, 3])).tolist()
     [5, 6, 0, 1, 2]
+    >>> take_rows(np.array([[1, 2], [3, 4], [5, 6]]), np.array([2, 0])).tolist()
+    [[5, 6], [1, 2]]
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["concat_ranges"]
+__all__ = ["concat_ranges", "sum_rows", "take_column", "take_rows"]
 
 
 def concat_ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -23,3 +33,45 @@ def concat_ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     ends = np.cumsum(sizes)
     total = int(ends[-1]) if len(ends) else 0
     return np.arange(total, dtype=np.int64) + np.repeat(np.asarray(starts, dtype=np.int64) - (ends - sizes), sizes)
+
+
+def take_rows(array: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """``array[index]`` for an integer ``index`` array of any shape (negative entries count from the
+    end; out of range raises IndexError), gathered whole rows at a time (module docstring).
+
+    Example:
+        >>> take_rows(np.arange(6).reshape(3, 2), np.array([[0, -1]])).shape
+        (1, 2, 2)
+    """
+    return np.take(array, index, axis=0)
+
+
+def take_column(array: np.ndarray, index: np.ndarray, column: int) -> np.ndarray:
+    """``array[index, column]`` for an integer ``index`` array: one column's entries of those rows.
+
+    Example:
+        >>> take_column(np.array([[1, 2], [3, 4], [5, 6]]), np.array([2, 2, 0]), 1).tolist()
+        [6, 6, 2]
+    """
+    return np.take(array[:, column], index)
+
+
+def sum_rows(index_N: np.ndarray, values_NK: np.ndarray, num_rows: int) -> np.ndarray:
+    """(num_rows, K) float64: row ``a`` sums the ``values_NK`` rows whose ``index_N`` is ``a``, in
+    order from 0.0, so exactly ``np.add.at(np.zeros((num_rows, K)), index_N, values_NK)`` (one
+    :func:`numpy.bincount` a column; module docstring). Raises ValueError for an index outside
+    [0, num_rows).
+
+    Example:
+        >>> sum_rows(np.array([1, 1, 0]), np.array([[1, 2], [3, 4], [5, 6]]), 2).tolist()
+        [[5.0, 6.0], [4.0, 6.0]]
+    """
+    index = np.asarray(index_N, dtype=np.int64).reshape(-1)
+    values = np.asarray(values_NK)
+    values = values[:, None] if values.ndim == 1 else values
+    if len(index) and (index.min() < 0 or index.max() >= num_rows):
+        raise ValueError(f"row index out of range [0, {num_rows})")
+    out = np.zeros((num_rows, values.shape[1]))
+    for k in range(values.shape[1]):
+        out[:, k] = np.bincount(index, weights=values[:, k], minlength=num_rows)
+    return out

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from balancer_cli._index import take_rows
 from balancer_cli.metrics import dist_ratio
 from balancer_cli.pack.types import row_ids
 
@@ -41,7 +42,7 @@ def sparse_modules(cost_GK: np.ndarray) -> np.ndarray:
         >>> sparse_modules(np.array([[1., 0., 5.], [1., 2., 5.], [0., 0., 5.]] + [[1., 0., 5.]] * 17)).tolist()
         [False, True, False]
     """
-    share_K = (cost_GK > 0).mean(axis=0) if len(cost_GK) else np.zeros(cost_GK.shape[1])
+    share_K = np.count_nonzero(cost_GK > 0, axis=0) / len(cost_GK) if len(cost_GK) else np.zeros(cost_GK.shape[1])
     return (share_K > 0) & (share_K <= _SPARSE_BELOW)
 
 
@@ -79,7 +80,7 @@ def _cells(cost_GK, rows, R, discrete_levels, tolerance, sparse_factor, exact_di
     mean_K = cost_GK.mean(axis=0)
     tol_K = np.where(sparse_K, tolerance * sparse_factor, tolerance)
     scale_K = np.divide(1.0, tol_K * mean_K, out=np.zeros_like(mean_K), where=mean_K > 0)
-    grid = np.floor(cost_GK[rows] * scale_K)
+    grid = np.floor(take_rows(cost_GK, rows) * scale_K)
     if exact_discrete:
         classes = _classes(cost_GK, R, discrete_levels)[rows]
     else:  # which sparse modules a group holds stays in the key at every level
@@ -99,7 +100,7 @@ def form_blocks(cost_GK, dev_GO, R, rng, tolerance, discrete_levels, sparse_fact
     for level in range(_LEVELS):
         cell, key = _cells(cost_GK, rest, R, discrete_levels, tolerance * _COARSEN**level, sparse_factor,
                            exact_discrete=level == 0)
-        block = paired_rounds(cell, dev_GO[rest], np.bincount(cell) // R, R, rng)
+        block = paired_rounds(cell, take_rows(dev_GO, rest), np.bincount(cell) // R, R, rng)
         placed = np.flatnonzero(block >= 0)
         blocks.append(rest[placed[np.argsort(block[placed], kind="stable")]].reshape(-1, R))
         keep = block < 0
@@ -143,7 +144,7 @@ def kd_blocks(rows, cost_GK, R, class_I):
         [[0, 2], [1, 3]]
     """
     mean = cost_GK.mean(axis=0)
-    norm = cost_GK[rows] * np.divide(1.0, mean, out=np.zeros_like(mean), where=mean > 0)
+    norm = take_rows(cost_GK, rows) * np.divide(1.0, mean, out=np.zeros_like(mean), where=mean > 0)
     # The class as a first coordinate far wider than any cost spread: split on before the costs.
     norm = np.column_stack([np.asarray(class_I, dtype=np.float64) * (1.0 + 2.0 * np.abs(norm).max()), norm])
     out = []
@@ -181,14 +182,19 @@ def paired_rounds(cell_I, dev_ID, bins_C, rounds, rng, principal=False):
     bin_cell = np.repeat(np.arange(len(bins_C)), bins_C)
     sum_BD = np.zeros((len(bin_cell), dev_ID.shape[1]))
     bin_I = np.full(I, -1, dtype=np.int64)
+    # The items of every round at once, each round's in the order above (a stable sort of the rounds):
+    # one pass instead of a (I,) mask per round.
+    by_round = order[np.argsort(round_I, kind="stable")]
+    ends = np.cumsum(np.bincount(round_I, minlength=rounds + 1))
     for t in range(rounds):
-        items = order[round_I == t]
-        direction = _direction(sum_BD if t else dev_ID[items], rng) if principal else rng.standard_normal(
-            dev_ID.shape[1])
-        items = items[np.lexsort((-(dev_ID[items] @ direction), cell_I[items]))]
+        items = by_round[ends[t - 1] if t else 0: ends[t]]
+        dev_XD = take_rows(dev_ID, items)
+        direction = _direction(sum_BD if t else dev_XD, rng) if principal else rng.standard_normal(dev_ID.shape[1])
+        by_item = np.lexsort((-(dev_XD @ direction), cell_I[items]))
+        items = items[by_item]
         bins = np.lexsort((sum_BD @ direction, bin_cell))
         bin_I[items] = bins
-        sum_BD[bins] += dev_ID[items]
+        sum_BD[bins] += take_rows(dev_XD, by_item)
     return bin_I
 
 

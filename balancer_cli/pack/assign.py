@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from balancer_cli._index import take_rows
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.manifest import StepShape
 from balancer_cli.pack._blocks import form_blocks, paired_rounds
@@ -109,10 +110,10 @@ def assign_groups(
     blocks_BR = form_blocks(cost, dev_GO, R, rng, tolerance, discrete_levels, sparse_factor)
     S = G // per_step
     # Blocks -> steps: M rounds, each step takes one block per round (source-paired).
-    step_B = paired_rounds(np.zeros(len(blocks_BR), np.int64), dev_GO[blocks_BR].sum(axis=1),
+    step_B = paired_rounds(np.zeros(len(blocks_BR), np.int64), take_rows(dev_GO, blocks_BR).sum(axis=1),
                             np.array([S]), M, rng, principal=True)
-    blocks_SMR = blocks_BR[np.argsort(step_B, kind="stable")].reshape(S, M, R)
-    blocks_SMR = blocks_SMR[rng.permutation(S)]
+    blocks_SMR = take_rows(blocks_BR, np.argsort(step_B, kind="stable")).reshape(S, M, R)
+    blocks_SMR = take_rows(blocks_SMR, rng.permutation(S))
     return _ranks(blocks_SMR, cost, rng)
 
 

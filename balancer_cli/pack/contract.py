@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from balancer_cli._index import take_column
 from balancer_cli.pack._blocks import sparse_modules
 from balancer_cli.pack.packers.balanced import MAX_STEP_EXCESS
 
@@ -50,7 +51,7 @@ def placed_sparse_modules(cost_NK: np.ndarray, rows: Any) -> np.ndarray:
     micro = int(rows.micro.max()) + 1
     key = (rows.step.astype(np.int64) * (int(rows.rank.max()) + 1) + rows.rank) * micro + rows.micro
     _, group = np.unique(key, return_inverse=True)
-    cost_GK = np.stack([np.bincount(group, cost_NK[rows.sample, k]) for k in range(cost_NK.shape[1])], axis=1)
+    cost_GK = np.stack([np.bincount(group, take_column(cost_NK, rows.sample, k)) for k in range(cost_NK.shape[1])], axis=1)
     return sparse_modules(cost_GK)
 
 

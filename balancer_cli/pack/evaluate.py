@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from balancer_cli._index import take_column
 from balancer_cli.lengths import LLM
 from balancer_cli.manifest import ManifestRows, StepShape, is_slot_sorted
 from balancer_cli.metrics import (
@@ -197,7 +198,7 @@ def evaluate_rows(
         starts = np.flatnonzero(np.concatenate([[True], group[1:] != group[:-1]])) if hi > lo else np.zeros(0, int)
         sizes = np.diff(np.append(starts, hi - lo))
         for k, module in enumerate(modules):
-            cost = inputs.cost_NK[sample, k].astype(np.float64)
+            cost = take_column(inputs.cost_NK, sample, k).astype(np.float64)
             loads[module][s0:s1] = step_loads(step, rank, cost, num_steps=s1 - s0, world_size=R)
             if module in post:
                 phase = np.asarray(phase_ranks[module][lo:hi], np.int64)
@@ -261,7 +262,7 @@ class _GroupTally:
     def add(self, load_NK, sample_P, starts, sizes, caps_K) -> None:
         if len(starts) == 0:
             return
-        load_GK = np.stack([np.add.reduceat(np.asarray(load_NK[sample_P, k], np.int64), starts)
+        load_GK = np.stack([np.add.reduceat(take_column(load_NK, sample_P, k).astype(np.int64), starts)
                             for k in range(load_NK.shape[1])], axis=1)
         over = (load_GK > np.asarray(caps_K)[None, :]).any(axis=1)
         self.count += len(starts)

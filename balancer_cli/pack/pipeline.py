@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from balancer_cli._index import take_rows
 from balancer_cli._memory import release_freed_memory
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.lengths import LengthsTable
@@ -108,7 +109,7 @@ def _ok_rows(inputs: PackInputs, matrix_N: np.ndarray) -> np.ndarray:
 def _check_caps_fit(inputs: PackInputs, caps_K: np.ndarray) -> None:
     """Fail when no sample fits under the caps at all: every group would be an oversize one."""
     load = _ok_rows(inputs, inputs.load_NK)
-    if len(load) and not (load <= caps_K).all(axis=1).any():
+    if len(load) and not np.logical_and.reduce([load[:, k] <= caps_K[k] for k in range(len(caps_K))]).any():
         k = int(np.argmax([(load[:, k] > caps_K[k]).mean() for k in range(len(caps_K))]))
         module, smallest = inputs.modules[k], int(load[:, k].min())
         raise UsageError(
@@ -120,7 +121,7 @@ def _check_caps_fit(inputs: PackInputs, caps_K: np.ndarray) -> None:
 def _default_max_caps(inputs: PackInputs) -> np.ndarray:
     """Upper limits for the search when the user gives none: the largest sample, at least a few typical ones."""
     load = _ok_rows(inputs, inputs.load_NK)
-    largest = load.max(axis=0)
+    largest = np.array([load[:, k].max() for k in range(load.shape[1])])  # per column: ~10x faster
     typical = np.percentile(load, 90, axis=0) * 8
     return np.maximum(np.maximum(largest, typical), 1).astype(np.int64)
 
@@ -217,8 +218,8 @@ def place_packer(name: str, inputs: PackInputs, config: PackConfig, caps_K: np.n
         positions = members[i]
         if len(positions) == n:  # one window: the view itself, no copy
             return view
-        return registry.SampleView(ids_n=view.ids_n[positions], load_nK=view.load_nK[positions],
-                                   cost_nK=view.cost_nK[positions], source_n=view.source_n[positions],
+        return registry.SampleView(ids_n=view.ids_n[positions], load_nK=take_rows(view.load_nK, positions),
+                                   cost_nK=take_rows(view.cost_nK, positions), source_n=view.source_n[positions],
                                    modules=view.modules)
 
     run_windows = get_engine(engine) if isinstance(engine, str) else engine

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from balancer_cli._index import concat_ranges
+from balancer_cli._index import concat_ranges, sum_rows, take_rows
 from balancer_cli.pack.packers._refine_kernels import refine_pass
 from balancer_cli.pack.types import Assignment, Packing, group_sums
 
@@ -93,8 +93,8 @@ def polish_steps(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, 
     count_J = count[groups_J]
     starts_J = np.concatenate([[0], np.cumsum(count_J)[:-1]])
     rows_F = order[concat_ranges(offsets[groups_J], count_J)]
-    weight_FK = np.ascontiguousarray(cost[rows_F])
-    load_FK = np.ascontiguousarray(np.asarray(load_NK, dtype=np.int64)[rows_F])
+    weight_FK = take_rows(cost, rows_F)
+    load_FK = take_rows(np.asarray(load_NK), rows_F).astype(np.int64, copy=False)
     lsum_JK = np.add.reduceat(load_FK, starts_J, axis=0)
     X = int(count_J.max()) + 4
     members_JX = np.full((J, X), -1, np.int64)
@@ -161,8 +161,7 @@ def _rank_units(assignment, csum_GK):
     placed = step >= 0
     world = int(rank[placed].max()) + 1 if placed.any() else 1
     units, unit = np.unique(step[placed] * world + rank[placed], return_inverse=True)
-    usum_UK = np.zeros((len(units), csum_GK.shape[1]))
-    np.add.at(usum_UK, unit, csum_GK[placed])
+    usum_UK = sum_rows(unit, csum_GK[placed], len(units))
     unit_G = np.full(len(step), -1, np.int64)
     unit_G[placed] = unit
     return unit_G, usum_UK, units // world

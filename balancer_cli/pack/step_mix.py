@@ -43,6 +43,7 @@ import dataclasses
 
 import numpy as np
 
+from balancer_cli._index import sum_rows
 from balancer_cli._jit import njit
 from balancer_cli.metrics import random_mix_distance
 from balancer_cli.pack.assign import MAX_SOURCES, group_source_counts, source_columns, source_deviation
@@ -102,8 +103,7 @@ def even_step_mix(packing: Packing, assignment: Assignment, weight_nK: np.ndarra
         return packing, assignment
     dev_GO = source_deviation(mix_GO, G)  # what a group adds to its step's excess
     step_G = np.asarray(assignment.step, dtype=np.int64).copy()
-    excess_SO = np.zeros((S, O))
-    np.add.at(excess_SO, step_G, dev_GO)
+    excess_SO = sum_rows(step_G, dev_GO, S)
     if not _biased(excess_SO, np.bincount(step_G, weights=mix_GO.sum(axis=1), minlength=S),
                    mix_GO.sum(axis=0) / mix_GO.sum()):
         return packing, assignment
@@ -117,8 +117,7 @@ def even_step_mix(packing: Packing, assignment: Assignment, weight_nK: np.ndarra
     by_G = np.lexsort((wsum_GK[:, -1], key_G))
     lookahead = int(np.clip(GROUP_BUDGET // (G * GROUP_PASSES), 8, GROUP_LOOKAHEAD))
     R = int(np.asarray(assignment.rank).max()) + 1
-    load_SR = np.zeros((S, R))
-    np.add.at(load_SR, (step_G, slot_G[:, 1]), wsum_GK[:, -1])
+    load_SR = np.bincount(step_G * R + slot_G[:, 1], weights=wsum_GK[:, -1], minlength=S * R).reshape(S, R)
     moved = 0
     for _ in range(GROUP_PASSES):  # a group traded once may trade again once others have moved
         done = _swap_groups(by_G, key_G, np.ascontiguousarray(wsum_GK[:, :-1]), np.ascontiguousarray(wsum_GK[:, -1]),

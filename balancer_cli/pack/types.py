@@ -21,6 +21,8 @@ from typing import Literal, get_args
 
 import numpy as np
 
+from balancer_cli._index import take_rows
+
 __all__ = ["Packing", "Assignment", "check_packing", "group_sums", "index_dtype", "dense_ids", "row_ids", "top_codes",
            "Oversize", "OVERSIZE_POLICIES"]
 
@@ -163,7 +165,7 @@ def group_sums(packing: Packing, per_sample: np.ndarray) -> np.ndarray:
         >>> group_sums(p, np.array([5, 6, 7])).tolist()
         [11, 7]
     """
-    values = np.asarray(per_sample)[packing.order]
+    values = take_rows(np.asarray(per_sample), np.asarray(packing.order))
     if len(values) == 0:
         return np.zeros((packing.num_groups,) + values.shape[1:], dtype=values.dtype)
     starts = packing.group_offsets[:-1]

@@ -191,6 +191,33 @@ def test_radix_sort_is_numpys_sort(words, shift):
     assert np.array_equal(getattr(radix_sort, "py_func", radix_sort)(word), np.sort(word))
 
 
+@SETTINGS
+@given(n=st.integers(0, 300), k=st.integers(1, 5), m=st.integers(0, 400), rows=st.integers(1, 50),
+       dtype=st.sampled_from(["float64", "float32", "int64", "int32", "int8"]), seed=st.integers(0, 10**6))
+def test_index_helpers_are_numpys_indexing_and_add_at(n, k, m, rows, dtype, seed):
+    """take_rows / take_column give ``a[i]`` / ``a[i, c]`` (negative indices, 2-D index arrays, empty
+    tables) and sum_rows gives ``np.add.at`` on zeros, bit for bit; out-of-range indices raise."""
+    from balancer_cli._index import sum_rows, take_column, take_rows
+
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal((n, k)) * 1e3 * rng.random((n, k)) ** 8).astype(dtype)
+    index = rng.integers(-n, n, m) if n else np.zeros(0, np.int64)
+    assert np.array_equal(take_rows(a, index), a[index]) and take_rows(a, index).dtype == a.dtype
+    if n:
+        assert np.array_equal(take_rows(a, index.reshape(-1, 1)), a[index.reshape(-1, 1)])
+        column = int(rng.integers(0, k))
+        assert np.array_equal(take_column(a, index, column), a[index, column])
+        with pytest.raises(IndexError):
+            take_rows(a, np.array([n]))
+    target = rng.integers(0, rows, m)
+    values = (rng.standard_normal((m, k)) * 10.0 ** rng.integers(-8, 8, (m, 1))).astype(dtype)
+    expected = np.zeros((rows, k))
+    np.add.at(expected, target, values)
+    assert np.array_equal(sum_rows(target, values, rows), expected)  # exactly: the same additions in order
+    with pytest.raises(ValueError):
+        sum_rows(np.array([rows]), np.ones((1, k)), rows)
+
+
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 10**6), R=st.sampled_from([2, 4, 8]), M=st.integers(1, 2), sources=st.integers(1, 4),
        text_share=st.floats(0.0, 0.6), whole=st.booleans())

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from balancer_cli._index import take_rows
 from balancer_cli._jit import HAVE_NUMBA
 from balancer_cli._procs import usable_cores
 from balancer_cli._sort import stable_order
@@ -137,7 +138,7 @@ def _partner_pass(wsum_GK, target_K, inv_t_K, tables, rng, threads):
     halves = (order[: G // 2], order[G // 2:])
     cand = np.empty((G, PARTNERS), np.int64)
     for half in halves:  # partners within the half: the halves share no group
-        cand[half] = half[_partners(wsum_GK[half], target_K, inv_t_K, rng)]
+        cand[half] = half[_partners(take_rows(wsum_GK, half), target_K, inv_t_K, rng)]
     def run(half):
         return refine_pass(half, cand, *tables)
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from balancer_cli._index import sum_rows, take_rows
 from balancer_cli._jit import njit
 from balancer_cli._sort import stable_order
 from balancer_cli.metrics import random_mix_distance
@@ -74,7 +75,7 @@ def even_class_mix(order_P: np.ndarray, offsets_G1: np.ndarray, weight_NK: np.nd
         return 0
     rows = np.asarray(order_P, dtype=np.int64)
     gid_P = np.repeat(np.arange(G), np.diff(offsets_G1))
-    wsum_GK = np.add.reduceat(weight_NK[rows], offsets_G1[:-1], axis=0)
+    wsum_GK = np.add.reduceat(take_rows(weight_NK, rows), offsets_G1[:-1], axis=0)
     class_G = _classes(wsum_GK[:, :-1])
     if class_G.max() == 0:
         return 0
@@ -159,8 +160,7 @@ def class_bias_ratio(enc_GE: np.ndarray, mix_GO: np.ndarray, step_groups: int, *
         0.0
     """
     class_G = _classes(enc_GE)
-    counts_CO = np.zeros((int(class_G.max()) + 1 if len(class_G) else 0, mix_GO.shape[1]))
-    np.add.at(counts_CO, class_G, mix_GO)
+    counts_CO = sum_rows(class_G, mix_GO, int(class_G.max()) + 1 if len(class_G) else 0)
     total = counts_CO.sum()
     if total <= 0 or len(counts_CO) < 2:
         return 0.0

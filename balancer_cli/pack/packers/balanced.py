@@ -58,6 +58,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from balancer_cli._index import take_rows
 from balancer_cli._sort import stable_order
 from balancer_cli.errors import InputError, UsageError, is_int
 from balancer_cli.pack.bounds import groups_lower_bound
@@ -282,12 +283,9 @@ class DealtGroups:
 
 
 def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed, rng):
-    """Steps 1-2: G and the dealt groups of ``rows`` (first fit's when dealing needs too many).
-
-    Returns:
-        (members_GX, count_G, wsum_GK, lsum_GK): see :func:`group_tables`.
-    """
-    lb = groups_lower_bound(load[rows], caps)
+    """Steps 1-2: G and the dealt groups of ``rows`` (first fit's when dealing needs too many):
+    ``(members_GX, count_G, wsum_GK, lsum_GK)``, see :func:`group_tables`."""
+    lb = groups_lower_bound(load, caps, rows=rows)
     # Samples per group are capped too (an extra "module" of one per sample): it bounds the
     # member table's width, and so the refinement's memory and time.
     max_count = int(np.ceil(2.5 * len(rows) / lb)) + 4
@@ -361,7 +359,7 @@ def _deal(rows, load, weight, caps, G, rng, fill_share):
     Returns:
         (queue, gid): rows in placement order and their group ids (G or more groups).
     """
-    target_K = weight[rows].sum(axis=0) / G
+    target_K = take_rows(weight, rows).sum(axis=0) / G
     inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
     shuffled = rows[rng.permutation(len(rows))]
     # Rows over half a cap first (no two share a group, and late they find no room), then by
