@@ -198,9 +198,11 @@ def _packed(load, cost, source, caps, bounds, shape, algorithm, seed, passes, mu
     # The whole input: whole steps over the fewest, as the report counts them. A subsample: its
     # groups (a multiple of its share of a step) over the unrounded bound; the full run's steps
     # over its rounded-up bound are at most that, so near the 1.03x limit it errs on the safe side.
-    efficiency = (-(-p.num_groups // per_step) / -(-lower_bound // per_step) if multiple == per_step
-                  else p.num_groups / lower_bound)
-    return split_to_multiple(p, cost[:, -1], per_step), efficiency
+    efficiency = -(-p.num_groups // per_step) / -(-lower_bound // per_step) if multiple == per_step else p.num_groups / lower_bound
+    try:
+        return split_to_multiple(p, cost[:, -1], per_step), efficiency
+    except InputError:  # too few groups of two samples or more to split to whole steps: it cannot fill them
+        return None
 
 
 def _measured(p, cost, source, shape, seed, polish=None, sampled=False):
@@ -376,10 +378,13 @@ def search_thresholds(
         grid_obj[idx] = min(grid_obj[idx], objective)
         best_key = min(best_key, (0 if within or not judged else 1, objective))
     if not candidates:
-        raise InputError(
-            f"no candidate yields {shape.groups_per_step} groups on a {n}-sample subsample",
-            fix="lower {world_size} or {micro_batches}, or raise {sample_size}",
-        )
+        what = (f"the {n} sample{'s' if n != 1 else ''}" if exact else f"a {n}-sample subsample")  # a usage error
+        fix = "lower {world_size} or {micro_batches}" + ("" if exact else ", or raise {sample_size}")
+        if algorithm == "isf" and n >= shape.groups_per_step:  # ISF's groups fill up: fewer than ours
+            fix += ", or pack with {algorithm} balanced"
+        raise UsageError(
+            f"no candidate caps pack {what} into {shape.groups_per_step} groups or more (one step of "
+            f"{{world_size}} {R} x {{micro_batches}} {M}, at least one sample a group)", fix=fix)
     candidates.sort(key=lambda c: (c.pruned, not c.within_bounds, c.objective, c.caps_K, c.bounds_K))
     best = candidates[0]
     return SearchResult(

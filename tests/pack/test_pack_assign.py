@@ -384,11 +384,36 @@ def test_search_errors_and_default_caps():
     with pytest.raises(UsageError):
         search_thresholds(np.ones((5, 2), np.int64), np.ones((5, 2)), world_size=1, micro_batches=1,
                           max_caps_K=np.array([9]))
-    with pytest.raises(InputError, match="no candidate"):
+    with pytest.raises(UsageError, match="no candidate caps pack the 5 samples into 64 groups") as error:
         search_thresholds(np.ones((5, 2), np.int64), np.ones((5, 2)), world_size=64, micro_batches=1,
                           max_caps_K=np.array([9, 4096]))
+    assert "sample_size" not in str(error.value)  # the whole input was searched: no bigger subsample helps
     caps = default_caps(np.array([[4, 1100], [3, 1200], [5, 1000]]), 4)
     assert caps.tolist() == [16, 4736]
+
+
+def test_a_candidate_that_cannot_split_to_whole_steps_is_skipped_not_fatal():
+    """A candidate whose groups cannot be split to a multiple of R x M (too few hold two samples)
+    drops out of the search; the others are still ranked. None left: one usage error (exit 2)."""
+    rng = np.random.default_rng(3)
+    items = rng.integers(0, 4, 400)
+    load = np.stack([items, 200 * items + rng.integers(20, 900, 400)], 1)
+    real_split, calls = search_module.split_to_multiple, []
+
+    def first_fails(packing, weight, multiple):
+        calls.append(multiple)
+        if len(calls) == 1:
+            raise InputError("cannot reach a multiple", fix="-")
+        return real_split(packing, weight, multiple)
+
+    kwargs = dict(world_size=4, micro_batches=1, max_caps_K=np.array([12, 4096]), grid=2)
+    full = search_thresholds(load, load.astype(float), **kwargs)
+    with mock.patch.object(search_module, "split_to_multiple", first_fails):
+        res = search_thresholds(load, load.astype(float), **kwargs)
+    assert len(res.candidates) == len(full.candidates) - 1 and len(calls) > 1
+    with mock.patch.object(search_module, "split_to_multiple", mock.Mock(side_effect=InputError("x", fix="-"))):
+        with pytest.raises(UsageError, match="no candidate caps pack the 400 samples into 4 groups"):
+            search_thresholds(load, load.astype(float), **kwargs)
 
 
 def test_source_pairing_mixes_steps_better_than_random_batching():
