@@ -406,14 +406,14 @@ def test_a_candidate_that_cannot_split_to_whole_steps_is_skipped_not_fatal():
             raise InputError("cannot reach a multiple", fix="-")
         return real_split(packing, weight, multiple)
 
-    kwargs = dict(world_size=4, micro_batches=1, max_caps_K=np.array([12, 4096]), grid=2)
+    kwargs = {"world_size": 4, "micro_batches": 1, "max_caps_K": np.array([12, 4096]), "grid": 2}
     full = search_thresholds(load, load.astype(float), **kwargs)
     with mock.patch.object(search_module, "split_to_multiple", first_fails):
         res = search_thresholds(load, load.astype(float), **kwargs)
     assert len(res.candidates) == len(full.candidates) - 1 and len(calls) > 1
-    with mock.patch.object(search_module, "split_to_multiple", mock.Mock(side_effect=InputError("x", fix="-"))):
-        with pytest.raises(UsageError, match="no candidate caps pack the 400 samples into 4 groups"):
-            search_thresholds(load, load.astype(float), **kwargs)
+    with (mock.patch.object(search_module, "split_to_multiple", mock.Mock(side_effect=InputError("x", fix="-"))),
+          pytest.raises(UsageError, match="no candidate caps pack the 400 samples into 4 groups")):
+        search_thresholds(load, load.astype(float), **kwargs)
 
 
 def test_source_pairing_mixes_steps_better_than_random_batching():
