@@ -20,7 +20,7 @@ import numpy as np
 
 from balancer_cli._jit import njit
 
-__all__ = ["stable_order", "fix_cut_ties", "radix_sort"]
+__all__ = ["stable_order", "stable_argsort", "fix_cut_ties", "radix_sort"]
 
 _SIGN = np.uint64(1 << 63)
 #: From this many keys the words are sorted by :func:`radix_sort` (below it numpy's sort is as fast).
@@ -121,3 +121,31 @@ def fix_cut_ties(word, key, index_bits):  # pragma: no cover - compiled
             order[i:j] = run[np.argsort(run_key, kind="mergesort")]
         i = j
     return order
+
+
+@njit
+def stable_argsort(values):  # pragma: no cover - compiled
+    """``np.argsort(values, kind="stable")`` of 1-D float64 keys without NaN, callable inside
+    compiled kernels: :func:`stable_order`'s words, sorted there (numba's own mergesort takes
+    33 ms for 211k keys, this ~10 ms; the balanced packer's dealing sorts its groups every round).
+
+    Example:
+        >>> stable_argsort(np.array([2.0, -1.0, 2.0, -0.0, 0.0])).tolist()
+        [1, 3, 4, 0, 2]
+    """
+    n = values.shape[0]
+    if n < 2:
+        return np.zeros(n, np.int64)
+    bits = (values + 0.0).view(np.uint64)  # + 0.0 turns -0.0 into 0.0: they tie, as in numpy
+    key = np.empty(n, np.uint64)
+    for i in range(n):
+        key[i] = ~bits[i] if bits[i] >= _SIGN else bits[i] | _SIGN
+    index_bits = 1
+    while (1 << index_bits) < n:  # int(n - 1).bit_length(), at least 1
+        index_bits += 1
+    shift = np.uint64(index_bits)
+    word = np.empty(n, np.uint64)
+    for i in range(n):
+        word[i] = ((key[i] >> shift) << shift) | np.uint64(i)
+    word = radix_sort(word) if n >= _RADIX_ABOVE else np.sort(word)
+    return fix_cut_ties(word, key, index_bits)

@@ -180,6 +180,24 @@ def test_stable_order_is_numpys_stable_argsort(pool, n, seed, as_int, descending
 
 
 @SETTINGS
+@given(pool=st.lists(st.one_of(st.floats(allow_nan=False), st.just(0.0), st.just(-0.0), st.just(5e-324)),
+                     min_size=1, max_size=30),
+       n=st.sampled_from([0, 1, 2, 10, 5000, 60000]), seed=st.integers(0, 3), near=st.booleans())
+def test_stable_argsort_is_numpys_stable_argsort(pool, n, seed, near):
+    """The compiled sort the dealing kernel calls: ties, near-equal keys, signed zeros, infinities;
+    compiled and as Python."""
+    from balancer_cli._sort import stable_argsort
+
+    values = np.array(pool)[np.random.default_rng(seed).integers(0, len(pool), n)]
+    if near:
+        values = np.nextafter(values, np.inf)
+    expected = np.argsort(values, kind="stable")
+    assert np.array_equal(stable_argsort(values), expected)
+    if n <= 5000:
+        assert np.array_equal(getattr(stable_argsort, "py_func", stable_argsort)(values), expected)
+
+
+@SETTINGS
 @given(words=st.lists(st.integers(0, 2**64 - 1), unique=True, max_size=300), shift=st.integers(0, 56))
 def test_radix_sort_is_numpys_sort(words, shift):
     """Words of any bits (digits constant across all of them included), compiled and as Python."""

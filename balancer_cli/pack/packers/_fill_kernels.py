@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from balancer_cli._jit import njit, prefetch
+from balancer_cli._sort import stable_argsort
 from balancer_cli.pack.packers._table_kernels import ROWS_AHEAD
 
 __all__ = ["greedy_close", "first_fit", "first_fit_tree", "deal_rounds", "row_shares"]
@@ -296,7 +297,7 @@ def deal_rounds(queue, load_NK, weight_NK, caps_K, G, inv_t_K, max_stragglers): 
             chunk[m] = p
             m += 1
         pos = end
-        order = np.argsort(_norm_order(wsum, inv_t_K), kind="mergesort")
+        order = stable_argsort(_norm_order(wsum, inv_t_K))
         n_fit = 0
         for c in range(m):
             bins[c] = order[c]
@@ -317,7 +318,7 @@ def deal_rounds(queue, load_NK, weight_NK, caps_K, G, inv_t_K, max_stragglers): 
                     fill[n_spare] = f
                     n_spare += 1
             spare_ids = np.flatnonzero(~used)
-            spare = spare_ids[np.argsort(fill[:n_spare], kind="mergesort")]
+            spare = spare_ids[stable_argsort(fill[:n_spare])]
             t = 0
             for c in range(m):
                 if t >= n_spare:
