@@ -37,6 +37,7 @@ from balancer_cli.manifest import ManifestRows
 from balancer_cli.pack.config import PackConfig
 from balancer_cli.pack.inputs import PackInputs, prepare_inputs
 from balancer_cli.pack.packers import registry
+from balancer_cli.pack.packers._common import over_caps
 from balancer_cli.pack.placement import Placement, merge_windows
 from balancer_cli.pack.types import index_dtype
 from balancer_cli.pack.windows import (
@@ -109,7 +110,7 @@ def _ok_rows(inputs: PackInputs, matrix_N: np.ndarray) -> np.ndarray:
 def _check_caps_fit(inputs: PackInputs, caps_K: np.ndarray) -> None:
     """Fail when no sample fits under the caps at all: every group would be an oversize one."""
     load = _ok_rows(inputs, inputs.load_NK)
-    if len(load) and not np.logical_and.reduce([load[:, k] <= caps_K[k] for k in range(len(caps_K))]).any():
+    if len(load) and over_caps(load, caps_K).all():
         k = int(np.argmax([(load[:, k] > caps_K[k]).mean() for k in range(len(caps_K))]))
         module, smallest = inputs.modules[k], int(load[:, k].min())
         raise UsageError(

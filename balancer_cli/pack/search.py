@@ -378,11 +378,11 @@ def search_thresholds(
         grid_obj[idx] = min(grid_obj[idx], objective)
         best_key = min(best_key, (0 if within or not judged else 1, objective))
     if not candidates:
-        what = (f"the {n} sample{'s' if n != 1 else ''}" if exact else f"a {n}-sample subsample")  # a usage error
+        what = f"the {n} sample{'s' if n != 1 else ''}" if exact else f"a {n}-sample subsample"
         fix = "lower {world_size} or {micro_batches}" + ("" if exact else ", or raise {sample_size}")
         if algorithm == "isf" and n >= shape.groups_per_step:  # ISF's groups fill up: fewer than ours
             fix += ", or pack with {algorithm} balanced"
-        raise UsageError(
+        raise UsageError(  # the options cannot fit this data: exit 2, as the packer's own step check
             f"no candidate caps pack {what} into {shape.groups_per_step} groups or more (one step of "
             f"{{world_size}} {R} x {{micro_batches}} {M}, at least one sample a group)", fix=fix)
     candidates.sort(key=lambda c: (c.pruned, not c.within_bounds, c.objective, c.caps_K, c.bounds_K))
