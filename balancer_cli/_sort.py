@@ -20,7 +20,7 @@ import numpy as np
 
 from balancer_cli._jit import njit
 
-__all__ = ["stable_order", "stable_argsort", "fix_cut_ties", "radix_sort"]
+__all__ = ["stable_order", "lexsort_order", "stable_argsort", "fix_cut_ties", "radix_sort"]
 
 _SIGN = np.uint64(1 << 63)
 #: From this many keys the words are sorted by :func:`radix_sort` (below it numpy's sort is as fast).
@@ -50,6 +50,22 @@ def stable_order(values: np.ndarray, *, descending: bool = False) -> np.ndarray:
     else:
         word.sort()
     return fix_cut_ties(word, key, index_bits)
+
+
+def lexsort_order(values: np.ndarray, major: np.ndarray) -> np.ndarray:
+    """(N,) int64 indices: ``np.lexsort((values, major))`` (by ``major``, ties by ``values``, then
+    by index) for non-negative integer ``major``: :func:`stable_order` of the values, then a stable
+    sort by ``major``, a radix sort where it fits 16 bits (1.2M rows: 0.05 s instead of 0.15).
+
+    Example:
+        >>> lexsort_order(np.array([2.0, 1.0, 3.0, 0.5]), np.array([1, 1, 0, 1])).tolist()
+        [2, 3, 1, 0]
+    """
+    by_value = stable_order(values)
+    major = np.asarray(major)[by_value]
+    if len(major) and 0 <= int(major.min()) and int(major.max()) < 2**16:
+        major = major.astype(np.uint16)
+    return by_value[np.argsort(major, kind="stable")]
 
 
 @njit

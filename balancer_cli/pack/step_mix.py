@@ -43,8 +43,9 @@ import dataclasses
 
 import numpy as np
 
-from balancer_cli._index import sum_rows
+from balancer_cli._index import sum_rows, take_column, take_rows
 from balancer_cli._jit import njit
+from balancer_cli._sort import lexsort_order
 from balancer_cli.metrics import random_mix_distance
 from balancer_cli.pack.assign import MAX_SOURCES, group_source_counts, source_columns, source_deviation
 from balancer_cli.pack.packers._class_mix import CLASS_MIX_TOLERANCE
@@ -114,32 +115,41 @@ def even_step_mix(packing: Packing, assignment: Assignment, weight_nK: np.ndarra
     # 1. Groups of equal encoder sums, neighbours in (encoder sums, LLM weight) order, trade slots.
     key_G = row_ids(group_sums(packing, np.asarray(load_nK)[:, :-1])) if K > 1 else np.zeros(G, np.int64)
     slot_G = np.stack([step_G, np.asarray(assignment.rank, np.int64), np.asarray(assignment.micro, np.int64)], 1)
-    by_G = np.lexsort((wsum_GK[:, -1], key_G))
     lookahead = int(np.clip(GROUP_BUDGET // (G * GROUP_PASSES), 8, GROUP_LOOKAHEAD))
     R = int(np.asarray(assignment.rank).max()) + 1
     load_SR = np.bincount(step_G * R + slot_G[:, 1], weights=wsum_GK[:, -1], minlength=S * R).reshape(S, R)
+    # The walks read the groups' tables copied in (key, LLM weight) order, sequentially; the slots
+    # they trade are put back in group order after the passes.
+    by_G = lexsort_order(wsum_GK[:, -1], key_G)
+    sorted_G = (np.take(key_G, by_G), take_rows(wsum_GK[:, :-1], by_G), np.take(wsum_GK[:, -1], by_G),
+                take_rows(dev_GO, by_G), take_rows(slot_G, by_G))
     moved = 0
     for _ in range(GROUP_PASSES):  # a group traded once may trade again once others have moved
-        done = _swap_groups(by_G, key_G, np.ascontiguousarray(wsum_GK[:, :-1]), np.ascontiguousarray(wsum_GK[:, -1]),
-                            dev_GO, slot_G, excess_SO, load_SR, limit, lookahead)
+        done = _swap_groups(*sorted_G, excess_SO, load_SR, limit, lookahead)
         moved += done
         if not done:
             break
     if moved:
+        slot_G[by_G] = sorted_G[-1]
         dtype = np.asarray(assignment.step).dtype
         assignment = Assignment(step=slot_G[:, 0].astype(dtype), rank=slot_G[:, 1].astype(dtype),
                                 micro=slot_G[:, 2].astype(dtype), num_steps=S)
     # 2. Rows of equal encoder loads trade groups.
-    enc_PE = np.ascontiguousarray(weight[order, :-1])
-    wtok_P = np.ascontiguousarray(weight[order, -1])
-    tok_P = np.ascontiguousarray(np.asarray(load_nK)[order, -1], dtype=np.int64)
+    weight_PK = take_rows(weight, order)
+    load_PK = take_rows(np.asarray(load_nK), order)
+    enc_PE = np.ascontiguousarray(weight_PK[:, :-1])
+    wtok_P = np.ascontiguousarray(weight_PK[:, -1])
+    tok_P = load_PK[:, -1].astype(np.int64)
     lsum_G = group_sums(packing, np.asarray(load_nK)[:, -1].astype(np.int64))
-    key_P = row_ids(np.asarray(load_nK)[order, :-1]) if K > 1 else np.zeros(len(order), np.int64)
+    key_P = row_ids(load_PK[:, :-1]) if K > 1 else np.zeros(len(order), np.int64)
     src_P = np.ascontiguousarray(source_columns(packing, source_n, max_sources)[0], dtype=np.int64)
     rows = order.copy()
-    swaps = _swap_rows(np.lexsort((wtok_P, key_P)), key_P, enc_PE, wtok_P, tok_P, gid_P, slot_G[gid_P, 0],
-                       slot_G[gid_P, 1], src_P, rows, excess_SO, lsum_G, load_SR, int(np.asarray(caps_K)[-1]), limit,
-                       LOOKAHEAD)
+    # The walk reads the rows' tables copied in (key, LLM weight) order, sequentially.
+    by_P = lexsort_order(wtok_P, key_P)
+    step_P, rank_P = take_column(slot_G, gid_P, 0), take_column(slot_G, gid_P, 1)
+    sorted_P = [np.take(a, by_P) for a in (key_P, wtok_P, tok_P, gid_P, step_P, rank_P, src_P)]
+    swaps = _swap_rows(by_P, take_rows(enc_PE, by_P), *sorted_P, rows, excess_SO, lsum_G, load_SR,
+                       int(np.asarray(caps_K)[-1]), limit, LOOKAHEAD)
     if swaps:
         packing = dataclasses.replace(packing, order=rows.astype(np.asarray(packing.order).dtype, copy=False))
     return packing, assignment
@@ -154,22 +164,20 @@ def _biased(excess_SO: np.ndarray, size_S: np.ndarray, share_O: np.ndarray) -> b
 
 
 @njit
-def _swap_groups(by, key_G, enc_GE, wllm_G, dev_GO, slot_G, excess_SO, load_SR, limit, lookahead):  # pragma: no cover
-    """Walk the groups in (key, LLM weight) order; swap the slots of each untaken one with the first
-    of the next ``lookahead`` (same key and encoder weights, LLM weight within ``limit``, another
-    step) whose swap lowers the two steps' summed |excess| and keeps their spreads over the ranks of
+def _swap_groups(key_G, enc_GE, wllm_G, dev_GO, slot_G, excess_SO, load_SR, limit, lookahead):  # pragma: no cover
+    """Walk the groups, their tables in (key, LLM weight) order; swap the slots (``slot_G``, updated)
+    of each untaken one with the first of the next ``lookahead`` (same key and encoder weights, LLM
+    weight within ``limit``, another step) whose swap lowers the two steps' summed |excess| and keeps their spreads over the ranks of
     ``load_SR`` (the ranks' LLM weight per step; :func:`_spread_kept`)."""
-    n = len(by)
+    n = len(key_G)
     O = dev_GO.shape[1]
     taken = np.zeros(n, np.bool_)
     swaps = 0
-    for u in range(n):
-        g = by[u]
+    for g in range(n):
         if taken[g]:
             continue
         s = slot_G[g, 0]
-        for v in range(u + 1, min(n, u + 1 + lookahead)):
-            h = by[v]
+        for h in range(g + 1, min(n, g + 1 + lookahead)):
             if key_G[h] != key_G[g] or wllm_G[h] - wllm_G[g] > limit:
                 break
             t = slot_G[h, 0]
@@ -223,24 +231,23 @@ def _spread_kept(load_SR, s, r, delta):  # pragma: no cover - compiled
 
 
 @njit
-def _swap_rows(by, key_P, enc_PE, wtok_P, tok_P, gid_P, step_P, rank_P, src_P, rows_P, excess_SO, lsum_G, load_SR,
+def _swap_rows(by_P, enc_PE, key_P, wtok_P, tok_P, gid_P, step_P, rank_P, src_P, rows_P, excess_SO, lsum_G, load_SR,
                cap, limit, lookahead):  # pragma: no cover - compiled
-    """Walk the positions in (key, LLM weight) order; swap each untaken one with the first of the
-    next ``lookahead`` (same key and encoder weights, LLM weight within ``limit``, another step
-    and source, both groups within ``cap``) whose swap lowers both steps' summed |excess| and keeps
-    their spreads (:func:`_spread_kept`)."""
-    n = len(by)
+    """Walk the positions in (key, LLM weight) order (``by_P``; the other (P,) tables but ``rows_P``
+    in that order too); swap each untaken one with the first of the next ``lookahead`` (same key
+    and encoder weights, LLM weight within ``limit``, another step and source, both groups within
+    ``cap``) whose swap lowers both steps' summed |excess| and keeps their spreads
+    (:func:`_spread_kept`): their rows trade places in ``rows_P`` (in the original order)."""
+    n = len(by_P)
     taken = np.zeros(n, np.bool_)
     swaps = 0
-    for u in range(n):
-        x = by[u]
+    for x in range(n):
         if taken[x]:
             continue
         s, a = step_P[x], src_P[x]
         if excess_SO[s, a] < 0.5:  # x's step has no surplus of x's source to give
             continue
-        for v in range(u + 1, min(n, u + 1 + lookahead)):
-            y = by[v]
+        for y in range(x + 1, min(n, x + 1 + lookahead)):
             if key_P[y] != key_P[x] or wtok_P[y] - wtok_P[x] > limit:
                 break
             t, b = step_P[y], src_P[y]
@@ -265,7 +272,8 @@ def _swap_rows(by, key_P, enc_PE, wtok_P, tok_P, gid_P, step_P, rank_P, src_P, r
                 continue
             load_SR[s, rg] += dw
             load_SR[t, rh] -= dw
-            rows_P[x], rows_P[y] = rows_P[y], rows_P[x]
+            px, py = by_P[x], by_P[y]
+            rows_P[px], rows_P[py] = rows_P[py], rows_P[px]
             lsum_G[g] += d
             lsum_G[h] -= d
             excess_SO[s, a] -= 1

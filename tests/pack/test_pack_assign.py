@@ -198,6 +198,20 @@ def test_stable_argsort_is_numpys_stable_argsort(pool, n, seed, near):
 
 
 @SETTINGS
+@given(pool=st.lists(st.one_of(st.floats(), st.just(-0.0)), min_size=1, max_size=20),
+       n=st.sampled_from([0, 1, 7, 3000, 60000]), majors=st.sampled_from([1, 3, 300, 70000]), seed=st.integers(0, 3))
+def test_lexsort_order_is_numpys_lexsort(pool, n, majors, seed):
+    """By major key (16-bit or wider), ties by value (NaNs, signed zeros, repeats), then by index."""
+    from balancer_cli._sort import lexsort_order
+
+    rng = np.random.default_rng(seed)
+    values = np.array(pool)[rng.integers(0, len(pool), n)]
+    major = rng.integers(0, majors, n)
+    got = lexsort_order(values, major)
+    assert got.dtype == np.int64 and np.array_equal(got, np.lexsort((values, major)))
+
+
+@SETTINGS
 @given(words=st.lists(st.integers(0, 2**64 - 1), unique=True, max_size=300), shift=st.integers(0, 56))
 def test_radix_sort_is_numpys_sort(words, shift):
     """Words of any bits (digits constant across all of them included), compiled and as Python."""

@@ -242,6 +242,10 @@ def test_kernels_pure_python_fallback_gives_identical_packings(monkeypatch):
     import balancer_cli._sort as sort
     from balancer_cli.pack.packers import _class_mix, _table_kernels
 
+    # The pure-Python deal calls the compiled stable_argsort: compile it before its callee is
+    # patched (a kernel loaded from numba's cache may not have compiled it in this process).
+    sort.stable_argsort(np.array([1.0, 0.0]))
+
     for user, kernels, names in ((balanced, _fill_kernels, ("deal_rounds", "first_fit", "row_shares")),
                                  (_class_mix, _class_mix, ("_swap_pairs",)),
                                  (sort, sort, ("fix_cut_ties",)),
