@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from balancer_cli._index import take_rows
+from balancer_cli._sort import lexsort_order
 from balancer_cli.metrics import dist_ratio
 from balancer_cli.pack.types import row_ids
 
@@ -69,22 +70,21 @@ def _classes(cost_GK: np.ndarray, R: int, discrete_levels: int) -> np.ndarray:
     return row_ids(np.stack(key, axis=1))
 
 
-def _cells(cost_GK, rows, R, discrete_levels, tolerance, sparse_factor, exact_discrete):
+def _cells(cost_GK, rows, R, discrete_levels, tolerance, sparse_factor, exact_discrete, sparse_K, mean_K):
     """(len(rows),) cell id of each of ``rows`` (step 1) and their (len(rows), K) grid coordinates.
 
-    The grid is relative to each module's mean over *all* groups, so cells of successive levels
-    nest; ``exact_discrete`` keys discrete modules by their exact value (the first level).
+    The grid is relative to each module's mean over *all* groups (``mean_K``), so cells of
+    successive levels nest; ``exact_discrete`` keys discrete modules by their exact value (the
+    first level); ``sparse_K``: :func:`sparse_modules` of all groups.
     """
-    present = cost_GK > 0
-    sparse_K = sparse_modules(cost_GK)
-    mean_K = cost_GK.mean(axis=0)
     tol_K = np.where(sparse_K, tolerance * sparse_factor, tolerance)
     scale_K = np.divide(1.0, tol_K * mean_K, out=np.zeros_like(mean_K), where=mean_K > 0)
-    grid = np.floor(take_rows(cost_GK, rows) * scale_K)
+    picked_GK = take_rows(cost_GK, rows)  # (len(rows), K)
+    grid = np.floor(picked_GK * scale_K)
     if exact_discrete:
         classes = _classes(cost_GK, R, discrete_levels)[rows]
     else:  # which sparse modules a group holds stays in the key at every level
-        classes = present[rows][:, sparse_K] @ (1 << np.arange(int(sparse_K.sum()), dtype=np.int64))
+        classes = (picked_GK[:, sparse_K] > 0) @ (1 << np.arange(int(sparse_K.sum()), dtype=np.int64))
     key = np.column_stack([classes, grid])
     return row_ids(key), key
 
@@ -97,9 +97,10 @@ def form_blocks(cost_GK, dev_GO, R, rng, tolerance, discrete_levels, sparse_fact
     rest = np.arange(len(cost_GK))
     blocks = []
     key = np.zeros((0, 1))
+    sparse_K, mean_K = sparse_modules(cost_GK), cost_GK.mean(axis=0)  # of all groups, at every level
     for level in range(_LEVELS):
         cell, key = _cells(cost_GK, rest, R, discrete_levels, tolerance * _COARSEN**level, sparse_factor,
-                           exact_discrete=level == 0)
+                           level == 0, sparse_K, mean_K)
         block = paired_rounds(cell, take_rows(dev_GO, rest), np.bincount(cell) // R, R, rng)
         placed = np.flatnonzero(block >= 0)
         blocks.append(rest[placed[np.argsort(block[placed], kind="stable")]].reshape(-1, R))
@@ -173,7 +174,7 @@ def paired_rounds(cell_I, dev_ID, bins_C, rounds, rng, principal=False):
         (I,) bin id of every item, bins numbered cell by cell; -1 for items left over.
     """
     I = len(cell_I)
-    order = np.lexsort((rng.random(I), cell_I))  # cell by cell, random within a cell
+    order = lexsort_order(rng.random(I), cell_I)  # cell by cell, random within a cell
     cell_sorted = cell_I[order]
     first_C = np.searchsorted(cell_sorted, np.arange(len(bins_C)))
     position = np.arange(I) - first_C[cell_sorted]
