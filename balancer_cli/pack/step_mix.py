@@ -167,8 +167,9 @@ def _biased(excess_SO: np.ndarray, size_S: np.ndarray, share_O: np.ndarray) -> b
 def _swap_groups(key_G, enc_GE, wllm_G, dev_GO, slot_G, excess_SO, load_SR, limit, lookahead):  # pragma: no cover
     """Walk the groups, their tables in (key, LLM weight) order; swap the slots (``slot_G``, updated)
     of each untaken one with the first of the next ``lookahead`` (same key and encoder weights, LLM
-    weight within ``limit``, another step) whose swap lowers the two steps' summed |excess| and keeps their spreads over the ranks of
-    ``load_SR`` (the ranks' LLM weight per step; :func:`_spread_kept`)."""
+    weight within ``limit``, another step) whose swap lowers the two steps' summed |excess| and
+    keeps their spreads over the ranks of ``load_SR`` (the ranks' LLM weight per step;
+    :func:`_spread_kept`)."""
     n = len(key_G)
     O = dev_GO.shape[1]
     taken = np.zeros(n, np.bool_)
