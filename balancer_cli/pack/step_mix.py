@@ -137,19 +137,17 @@ def even_step_mix(packing: Packing, assignment: Assignment, weight_nK: np.ndarra
     # 2. Rows of equal encoder loads trade groups.
     weight_PK = take_rows(weight, order)
     load_PK = take_rows(np.asarray(load_nK), order)
-    enc_PE = np.ascontiguousarray(weight_PK[:, :-1])
-    wtok_P = np.ascontiguousarray(weight_PK[:, -1])
-    tok_P = load_PK[:, -1].astype(np.int64)
     lsum_G = group_sums(packing, np.asarray(load_nK)[:, -1].astype(np.int64))
     key_P = row_ids(load_PK[:, :-1]) if K > 1 else np.zeros(len(order), np.int64)
-    src_P = np.ascontiguousarray(source_columns(packing, source_n, max_sources)[0], dtype=np.int64)
+    src_P = source_columns(packing, source_n, max_sources)[0]
     rows = order.copy()
-    # The walk reads the rows' tables copied in (key, LLM weight) order, sequentially.
-    by_P = lexsort_order(wtok_P, key_P)
-    step_P, rank_P = take_column(slot_G, gid_P, 0), take_column(slot_G, gid_P, 1)
-    sorted_P = [np.take(a, by_P) for a in (key_P, wtok_P, tok_P, gid_P, step_P, rank_P, src_P)]
-    swaps = _swap_rows(by_P, take_rows(enc_PE, by_P), *sorted_P, rows, excess_SO, lsum_G, load_SR,
-                       int(np.asarray(caps_K)[-1]), limit, LOOKAHEAD)
+    # The walk reads the rows' tables copied once in (key, LLM weight) order, sequentially.
+    by_P = lexsort_order(weight_PK[:, -1], key_P)
+    gid_by = np.take(gid_P, by_P)
+    swaps = _swap_rows(by_P, take_rows(weight_PK[:, :-1], by_P), np.take(key_P, by_P), np.take(weight_PK[:, -1], by_P),
+                       np.take(load_PK[:, -1], by_P).astype(np.int64), gid_by, take_column(slot_G, gid_by, 0),
+                       take_column(slot_G, gid_by, 1), np.take(src_P, by_P).astype(np.int64), rows, excess_SO, lsum_G,
+                       load_SR, int(np.asarray(caps_K)[-1]), limit, LOOKAHEAD)
     if swaps:
         packing = dataclasses.replace(packing, order=rows.astype(np.asarray(packing.order).dtype, copy=False))
     return packing, assignment
