@@ -25,6 +25,7 @@ On GPUs the same command uses nccl. ``--json FILE`` writes the summary for scrip
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import logging
 import os
@@ -40,6 +41,12 @@ from balancer_cli.runtime import ManifestBatchSampler
 from balancer_cli.replay.reader import ManifestReader
 
 PATCH_DIM = 48  # 4 x 4 x 3 pixels per patch
+
+# A finished gloo collective is freed by whichever thread drops its last reference, and freeing its
+# tensors takes the GIL: when gloo's worker thread does it while the interpreter exits, the process
+# aborts ("terminate called without an active exception") after all the work succeeded. The latest
+# collectives' handles are held to the end, so the main thread frees them instead.
+_RECENT_WORK: collections.deque = collections.deque(maxlen=8)
 
 
 class TinyVLM(nn.Module):
@@ -169,7 +176,7 @@ def main() -> None:
         wait = time.perf_counter() - t1
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         flat = torch.cat([g.flatten() for g in grads])
-        dist.all_reduce(flat)  # sum: the loss is already normalized by the global token count
+        _wait(dist.all_reduce(flat, async_op=True))  # sum: the loss is already normalized by the global token count
         _unflatten(flat, grads)
         opt.step()
         opt.zero_grad(set_to_none=False)
@@ -177,7 +184,7 @@ def main() -> None:
         # rank's CPU time minus ours is the wait an otherwise idle machine would show.
         cpu = torch.tensor([compute_cpu], dtype=torch.float64, device=device)  # nccl gathers device tensors
         cpus = [torch.zeros_like(cpu) for _ in range(world)]
-        dist.all_gather(cpus, cpu)
+        _wait(dist.all_gather(cpus, cpu, async_op=True))
         cpu_wait = max(float(c) for c in cpus) - compute_cpu
         records.append((compute, wait, compute_cpu, cpu_wait))
         if not args.quiet:
@@ -189,7 +196,7 @@ def main() -> None:
 
     totals = torch.tensor([[sum(r[i] for r in records) for i in range(4)]], dtype=torch.float64, device=device)
     gathered = [torch.zeros_like(totals) for _ in range(world)]
-    dist.all_gather(gathered, totals)
+    _wait(dist.all_gather(gathered, totals, async_op=True))
     if rank == 0:
         per_rank = torch.cat(gathered).cpu().tolist()
         share = lambda c, w: sum(r[w] for r in per_rank) / sum(r[c] + r[w] for r in per_rank)  # noqa: E731
@@ -206,7 +213,14 @@ def main() -> None:
         if args.json:
             with open(args.json, "w") as handle:
                 json.dump(summary, handle)
+    dist.barrier()  # leave together: no rank tears gloo down while another still talks
     dist.destroy_process_group()
+
+
+def _wait(work: dist.Work) -> None:
+    """Wait for a collective started with ``async_op=True`` and hold its handle (see ``_RECENT_WORK``)."""
+    work.wait()
+    _RECENT_WORK.append(work)
 
 
 def _unflatten(flat: torch.Tensor, grads: list[torch.Tensor]) -> None:
