@@ -26,9 +26,10 @@ def shutdown(dist) -> None:
 
 
 def _exit_after(rank: int, worker, *args) -> None:
-    """Run ``worker(rank, *args)``, then leave with ``os._exit``: the interpreter's normal teardown
-    destroys gloo's C++ threads in an order that now and then aborts the process
-    ("terminate called without an active exception") after all the work succeeded."""
+    """Run ``worker(rank, *args)``, then leave with ``os._exit``: in the interpreter's normal teardown
+    a gloo worker thread that frees a finished collective's tensors (which takes the GIL) now and
+    then aborts the process ("terminate called without an active exception") after all the work
+    succeeded (``examples/train_tiny_vlm.py`` holds its work handles instead)."""
     import os
     import sys
     import traceback

@@ -53,21 +53,10 @@ import numpy as np
 
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.manifest import StepShape
-from balancer_cli.metrics import dist_ratio, pad_ratio, step_loads, utilization
-from balancer_cli.pack._blocks import sparse_modules
-from balancer_cli.pack.assign import (
-    assign_groups,
-    group_source_counts,
-    split_to_multiple,
-)
-from balancer_cli.pack.bounds import groups_lower_bound
+from balancer_cli.pack._search_eval import assigned, measured, packed
 from balancer_cli.pack.contract import MAX_DIST_RATIO, MIN_SPARSE_UTILIZATION
-from balancer_cli.pack.evaluate import step_mix_ratio
-from balancer_cli.pack.packers._class_mix import class_bias_ratio
-from balancer_cli.pack.packers.balanced import MAX_STEP_EXCESS, BalancedOptions, deal_balanced
-from balancer_cli.pack.packers.isf import pack_isf
-from balancer_cli.pack.polish import polish_passes, polish_steps
-from balancer_cli.pack.types import group_sums
+from balancer_cli.pack.packers.balanced import MAX_STEP_EXCESS, deal_balanced
+from balancer_cli.pack.polish import polish_passes
 
 __all__ = ["SearchResult", "Candidate", "search_thresholds", "default_caps", "DEFAULT_GROUP_SIZE"]
 
@@ -77,6 +66,9 @@ _OVER_BOUND_WEIGHT = 10.0
 #: Dealt groups the pruning search keeps for the candidates it evaluates (those visited first):
 #: ~0.5 MB each on a 12k subsample, so all of a two-module grid's 25, ~60 of three modules' 125.
 _DEALS_KEPT_BYTES = 32 << 20
+#: Candidates a pruning search of the whole input measures for sure: its best and the next ones,
+#: which the pipeline packs in full when the pick breaks a bound (``CHECK_FALLBACKS``, 2).
+_WHOLE_INPUT_TOP = 3
 #: OmniBal's search stops when the average group holds micro_bs..micro_bs+1 samples (micro_bs 4).
 DEFAULT_GROUP_SIZE = 4.5
 
@@ -96,9 +88,9 @@ class Candidate:
     mean_group_size: float
     #: Step mix against random batching of the same steps (1.0 = as mixed; 1.0 without sources).
     mix_vs_random: float = 1.0
-    #: Skipped (``prune=True``): the terms its packing alone decides already exceed the best
-    #: candidate's objective; ``objective`` is then that lower bound, and the assignment's
-    #: metrics (Dist Ratio, utilization, pad ratio, mix) are not measured (empty / NaN).
+    #: Skipped (``prune=True``): the terms its packing alone decides (evaluated whole: with its
+    #: step mix's) already rank it out; ``objective`` is then that lower bound, and the metrics
+    #: not measured are empty / NaN (Dist Ratio, utilization, pad ratio; the mix unless known).
     pruned: bool = False
     #: Our packer's, evaluated on the whole input and within every bound of the contract: Dist Ratio <=
     #: :data:`MAX_DIST_RATIO` on dense modules, utilization >= :data:`MIN_SPARSE_UTILIZATION` on
@@ -168,71 +160,6 @@ def _visit_key(item):
     return fixed[0], tuple(caps.tolist())
 
 
-def _packed(load, cost, source, caps, bounds, shape, algorithm, seed, passes, multiple, dealt=None):
-    """One candidate's packing split to whole steps and its efficiency (steps over the fewest the
-    caps permit), or None when it cannot fill a step. ``dealt``: our packer's dealt groups of the
-    same candidate (:func:`~balancer_cli.pack.packers.balanced.deal_balanced`), refined instead of
-    dealing again (the same packing).
-
-    Groups are packed to a multiple of ``multiple``: a step's groups (R x M) on the whole input,
-    as the full run packs; on a subsample the same share of its groups, so that it holds as many
-    "steps" as the full data does. Rounding to whole steps then weighs as much on the subsample as
-    in full, where it decides whether dealing's groups fit within ``MAX_STEP_EXCESS`` x the bound
-    or first fit's tighter but clustered groups are kept (harsh 76k at ``--dp 128``: rounded to
-    128 groups first fit's are kept, steps 5.9x less mixed than random batching; unrounded, the
-    subsample kept dealing's and did not see it). The heaviest groups are then split to a
-    multiple of R x M (as for ISF) for the assigner.
-    """
-    per_step = shape.groups_per_step
-    if algorithm == "isf":
-        p = pack_isf(load, caps, bounds, iterations=20, seed=seed)
-    else:
-        # Without the class-mix step: on a subsample of ~20 steps its gain is overrated (it moved
-        # the picks at --dp 64 to caps that mix worse in full: 0.51x -> 1.03-1.17x).
-        if dealt is None:
-            dealt = deal_balanced(load, caps, cost_NK=cost, group_multiple=multiple, seed=seed)
-        p = dealt.finish(source_N=source, options=BalancedOptions(passes=passes, class_mix=False))
-    if p.num_groups < per_step:
-        return None
-    lower_bound = max(1, groups_lower_bound(load, caps))
-    # The whole input: whole steps over the fewest, as the report counts them. A subsample: its
-    # groups (a multiple of its share of a step) over the unrounded bound; the full run's steps
-    # over its rounded-up bound are at most that, so near the 1.03x limit it errs on the safe side.
-    efficiency = -(-p.num_groups // per_step) / -(-lower_bound // per_step) if multiple == per_step else p.num_groups / lower_bound
-    try:
-        return split_to_multiple(p, cost[:, -1], per_step), efficiency
-    except InputError:  # too few groups of two samples or more to split to whole steps: it cannot fill them
-        return None
-
-
-def _measured(p, cost, source, shape, seed, polish=None, sampled=False):
-    """(dist_K, util_K, pad, mix, sparse_K) of a packing assigned to steps x ranks (as
-    :func:`assign_groups` places it); with ``polish`` = (load, caps, passes) then polished as the
-    pipeline does (:func:`~balancer_cli.pack.polish.polish_steps`). ``sampled``: the packing is of
-    a subsample; with one micro-batch the mix is then at least what the classes' bias predicts
-    for the full run (:func:`~balancer_cli.pack.packers._class_mix.class_bias_ratio`)."""
-    R, M = shape.world_size, shape.micro_batches
-    gs = group_sums(p, cost)
-    mix_GO = None if source is None else group_source_counts(p, source)
-    a = assign_groups(gs, world_size=R, micro_batches=M, seed=seed, mix_GO=mix_GO)
-    if polish is not None:
-        p = polish_steps(p, a, cost, polish[0], polish[1], seed=seed, passes=polish[2])
-    gid = p.group_ids()
-    step_P, rank_P = a.step[gid], a.rank[gid]
-    mix = 1.0 if source is None else step_mix_ratio(step_P, source[p.order], a.num_steps)
-    if sampled and M == 1 and mix_GO is not None:
-        # A subsample's ~20 steps mix classes of groups that the full run's many steps keep
-        # apart (one class a step): its classes' bias predicts the full run's mix better
-        # (harsh 76k at --dp 128: 1.15x on the subsample, 5.86x in full; predicted 5.3x).
-        mix = max(mix, class_bias_ratio(gs[:, :-1], mix_GO, R * M, sampled=True, by_steps=True))
-    dist, util = [], []
-    for k in range(cost.shape[1]):
-        load_SR = step_loads(step_P, rank_P, cost[p.order, k], num_steps=a.num_steps, world_size=R)
-        dist.append(dist_ratio(load_SR))
-        util.append(utilization(load_SR))
-    return dist, util, pad_ratio(gid, cost[p.order, -1]), mix, sparse_modules(gs)
-
-
 def search_thresholds(
     load_NK: np.ndarray,
     cost_NK: np.ndarray,
@@ -273,10 +200,13 @@ def search_thresholds(
         mix_weight: weight of the step mix in the objective.
         prune: skip the refinement, assignment and metrics of candidates whose packing alone
             (excluded share, efficiency, group size: known after dealing) scores past the best
-            one found so far, visiting candidates by those terms. The best candidate is the
-            same as without pruning; the others are only ranked among the ones evaluated, then
-            the pruned ones (``Candidate.pruned``). ``balancer pack`` prunes, ``balancer search``
-            evaluates every candidate.
+            one found so far, visiting candidates by those terms. Evaluated whole, the bar is
+            the third best, and a candidate that cannot be within the bounds skips the polish
+            once those terms plus its step mix's pass the bar (:mod:`._search_eval`). The best
+            candidate (the best three evaluated whole) is the same as without pruning; the
+            others are only ranked among the ones evaluated, then the pruned ones
+            (``Candidate.pruned``). ``balancer pack`` prunes, ``balancer search`` evaluates
+            every candidate.
 
     Raises:
         InputError: no samples.
@@ -309,7 +239,8 @@ def search_thresholds(
     floors = np.maximum(1, sub_load.mean(axis=0))
     axes = tuple(_axis(int(max_caps[k]), float(centers[k]), grid, float(floors[k])) for k in range(load.shape[1]))
     exact = n == len(load)
-    # The subsample's share of a step's groups: it holds as many steps as the full data (_packed).
+    # The subsample's share of a step's groups: it holds as many steps as the full data
+    # (:func:`~balancer_cli.pack._search_eval.packed`).
     multiple = R * M if exact else max(1, round(R * M * n / len(load)))
     points = []  # (grid index, caps, bounds), in grid order
     for idx in np.ndindex(*tuple(len(a) for a in axes)):
@@ -337,7 +268,7 @@ def search_thresholds(
         plan, kept = [], 0  # kept: bytes of the dealt groups held for later (_DEALS_KEPT_BYTES at most)
         for point in points:
             deal = deal_balanced(sub_load, point[1], cost_NK=sub_cost, group_multiple=multiple, seed=seed)
-            res = _packed(sub_load, sub_cost, sub_source, point[1], point[2], shape, algorithm, seed, 0, multiple, deal)
+            res = packed(sub_load, sub_cost, sub_source, point[1], point[2], shape, algorithm, seed, 0, multiple, deal)
             if res is None:
                 continue
             plan.append([point, fixed_terms(*res), res[1], deal])
@@ -350,33 +281,45 @@ def search_thresholds(
     else:
         plan = [(point, None, None, None) for point in points]
     # The best so far as (tier, objective): tier 0 within the bounds (every candidate on a
-    # subsample, where none is judged against them), tier 1 outside.
+    # subsample, where none is judged against them), tier 1 outside. ``bar``: the key a candidate
+    # must beat to rank among the best ``top`` (the best alone on a subsample).
     judged = exact and algorithm == "balanced"  # measured as the run will be: polished too
-    best_key = (1 if judged else 0, np.inf)
+    top = _WHOLE_INPUT_TOP if judged else 1
+    best_keys = [(1 if judged else 0, np.inf)] * top
     for (idx, caps, bounds), fixed, dealt_efficiency, deal in plan:
         key = (tuple(caps.tolist()), tuple(int(b) for b in bounds))
-        # Its objective is at least fixed[0]; while the best is outside the bounds, any candidate
-        # within them would still rank first, so nothing is skipped.
-        if fixed is not None and best_key[0] == 0 and fixed[0] > best_key[1] + 1e-9:
+        bar = best_keys[-1]
+        # Its objective is at least fixed[0]. While the bar is outside the bounds a candidate
+        # within them would still rank first: only one whose steps already break them is skipped.
+        if fixed is not None and fixed[0] > bar[1] + 1e-9 and (bar[0] == 0 or dealt_efficiency > MAX_STEP_EXCESS):
             bound, excluded, size = fixed
             candidates.append(Candidate(*key, float(bound), (), (), float("nan"), float(excluded),
                                         float(dealt_efficiency), float(size), float("nan"), pruned=True))
             continue
-        res = _packed(sub_load, sub_cost, sub_source, caps, bounds, shape, algorithm, seed, passes, multiple, deal)
+        res = packed(sub_load, sub_cost, sub_source, caps, bounds, shape, algorithm, seed, passes, multiple, deal)
         if res is None:
             continue
         p, efficiency = res
         terms, excluded, size = fixed_terms(p, efficiency)
-        polish = (sub_load, caps, polish_passes(n)) if judged else None
-        dist, util, pad, mix, sparse = _measured(p, sub_cost, sub_source, shape, seed, polish, sampled=not exact)
-        # Terms >= 0 added to the fixed ones: the objective is never below the bound pruning used.
-        objective = sum(1.0 - u for u in util) + pad_ratio_weight * pad + terms + mix_weight * max(0.0, mix - 1.0)
-        within = judged and efficiency <= MAX_STEP_EXCESS and mix <= 1.0 and all(
+        a, gs, mix = assigned(p, sub_cost, sub_source, shape, seed, sampled=not exact)
+        # The polish leaves the steps' mixes and the group count as they are: with them the
+        # objective is at least ``terms``, and only ``may_be_within`` candidates can pass the bounds.
+        mix_term = mix_weight * max(0.0, mix - 1.0)
+        may_be_within = efficiency <= MAX_STEP_EXCESS and mix <= 1.0
+        if prune and judged and terms + mix_term > bar[1] + 1e-9 and (bar[0] == 0 or not may_be_within):
+            candidates.append(Candidate(*key, float(terms + mix_term), (), (), float("nan"), float(excluded),
+                                        float(efficiency), float(size), float(mix), pruned=True))
+            continue
+        polish = (sub_load, caps, polish_passes(n), seed) if judged else None
+        dist, util, pad, sparse = measured(p, a, gs, sub_cost, shape, polish)
+        # Terms >= 0 added to the fixed ones: the objective is never below the bounds pruning used.
+        objective = sum(1.0 - u for u in util) + pad_ratio_weight * pad + terms + mix_term
+        within = judged and may_be_within and all(
             (u >= MIN_SPARSE_UTILIZATION) if sp else (d <= MAX_DIST_RATIO) for d, u, sp in zip(dist, util, sparse))
         candidates.append(Candidate(*key, float(objective), tuple(dist), tuple(util), float(pad), float(excluded),
                                     float(efficiency), float(size), float(mix), within_bounds=bool(within)))
         grid_obj[idx] = min(grid_obj[idx], objective)
-        best_key = min(best_key, (0 if within or not judged else 1, objective))
+        best_keys = sorted([*best_keys, (0 if within or not judged else 1, objective)])[:top]
     if not candidates:
         what = f"the {n} sample{'s' if n != 1 else ''}" if exact else f"a {n}-sample subsample"
         fix = "lower {world_size} or {micro_batches}" + ("" if exact else ", or raise {sample_size}")
