@@ -6,7 +6,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from balancer_cli.errors import InputError, UsageError
@@ -254,12 +254,14 @@ def test_index_helpers_are_numpys_indexing_and_add_at(n, k, m, rows, dtype, seed
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 10**6), R=st.sampled_from([2, 4, 8]), M=st.integers(1, 2), sources=st.integers(1, 4),
        text_share=st.floats(0.0, 0.6), whole=st.booleans())
+# Whole: a tier-0 (within the bounds) best above a pruned candidate's bound, which cannot be within.
+@example(seed=262143, R=8, M=1, sources=1, text_share=0.40625, whole=True)
 def test_pruned_search_picks_what_the_full_search_picks(seed, R, M, sources, text_share, whole):
     """Pruning skips candidates whose packing alone scores past the best: the same best, objective
-    included, and every pruned candidate's lower bound above it. Evaluated whole, candidates
-    within the contract's bounds rank first, and the polish is skipped only where the terms it
-    cannot change (packing, step mix) already rank a candidate past the best three: those three,
-    which the pipeline falls back to, are the full search's."""
+    included, and every pruned candidate's lower bound ranks it after the best. Evaluated whole,
+    candidates within the contract's bounds rank first, and the polish is skipped only where the
+    terms it cannot change (packing, step mix) already rank a candidate past the best three: those
+    three, which the pipeline falls back to, are the full search's."""
     rng = np.random.default_rng(seed)
     n = 3000
     items = np.where(rng.random(n) < text_share, 0, rng.integers(1, 8, n))
@@ -286,9 +288,14 @@ def test_pruned_search_picks_what_the_full_search_picks(seed, R, M, sources, tex
         assert all(d <= 0.005 or u >= 0.9 for d, u in zip(c.dist_ratio_K, c.utilization_K))
     assert len(pruned.candidates) == len(full.candidates)
     by_caps = {c.caps_K: c for c in full.candidates}
+    top = 3 if whole else 1
     for c in pruned.candidates:
         if c.pruned:
-            assert c.objective > full.candidates[0].objective and by_caps[c.caps_K].objective >= c.objective - 1e-9
+            # A lower bound of its objective that ranks it after the best (three, whole: a candidate
+            # that cannot be within the bounds ranks after one that is, whatever their objectives).
+            assert by_caps[c.caps_K].objective >= c.objective - 1e-9
+            assert full.candidates.index(by_caps[c.caps_K]) >= top
+            assert whole or c.objective > full.candidates[0].objective
         else:
             assert c == by_caps[c.caps_K]
     # The search report stays valid JSON (no NaN for what pruning did not measure) and renders.
