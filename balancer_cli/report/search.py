@@ -34,6 +34,10 @@ def _r(x: float) -> float:
     return round(float(x), 6)
 
 
+def _finite(x: float | None) -> float | None:
+    return _r(x) if x is not None and np.isfinite(x) else None
+
+
 def search_data(result: Any, modules: Sequence[str], *, extra: Mapping[str, Any] | None = None) -> dict:
     """JSON-ready dict of a search result (candidates best first)."""
     by_module = lambda values, cast=int: {m: cast(v) for m, v in zip(modules, values)}  # noqa: E731
@@ -48,6 +52,8 @@ def search_data(result: Any, modules: Sequence[str], *, extra: Mapping[str, Any]
             "dist_ratio": None if pruned else by_module(c.dist_ratio_K, _r),
             "utilization": None if pruned else by_module(c.utilization_K, _r),
             "pad_ratio": None if pruned else _r(c.pad_ratio),
+            # against random batching of the same steps; unknown (null) where pruning did not measure it
+            "mix_vs_random": _finite(getattr(c, "mix_vs_random", None)),
             "excluded_share": _r(c.excluded_share),
             "steps_over_lower_bound": _r(c.steps_over_lower_bound),
             "mean_group_size": _r(c.mean_group_size),
@@ -78,7 +84,7 @@ def search_table(data: Mapping[str, Any], top: int = 10) -> tuple[list[str], lis
     header = ["#"] + [f"cap {m}" for m in modules]
     if data["algorithm"] == "isf":
         header += [f"bound {m}" for m in modules]
-    header += ["objective"] + [f"util {m}" for m in modules] + ["pad", "excluded", "steps/bound", "group size"]
+    header += ["objective"] + [f"util {m}" for m in modules] + ["pad", "mix", "excluded", "steps/bound", "group size"]
     rows = []
     for c in data["candidates"][:top]:
         row = [str(c["rank"])] + [str(c["caps"][m]) for m in modules]
@@ -87,8 +93,11 @@ def search_table(data: Mapping[str, Any], top: int = 10) -> tuple[list[str], lis
         if c.get("pruned"):  # only the terms its packing decides were measured
             row += [f">{c['objective']:.4f}"] + ["-" for _ in modules] + ["-"]
         else:
-            row += [f"{c['objective']:.4f}"] + [f"{c['utilization'][m]:.3f}" for m in modules] + [f"{c['pad_ratio']:.3f}"]
-        row += [f"{100 * c['excluded_share']:.2f}%", f"{c['steps_over_lower_bound']:.3f}", f"{c['mean_group_size']:.2f}"]
+            row += [f"{c['objective']:.4f}"] + [f"{c['utilization'][m]:.3f}" for m in modules]
+            row += [f"{c['pad_ratio']:.3f}"]
+        mix = c.get("mix_vs_random")
+        row += ["-" if mix is None else f"{mix:.2f}x", f"{100 * c['excluded_share']:.2f}%",
+                f"{c['steps_over_lower_bound']:.3f}", f"{c['mean_group_size']:.2f}"]
         rows.append(row)
     return header, rows
 

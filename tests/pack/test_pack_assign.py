@@ -309,6 +309,9 @@ def test_pruned_search_picks_what_the_full_search_picks(seed, R, M, sources, tex
     assert len(rows) == len(pruned.candidates) and all(len(row) == len(header) for row in rows)
     assert [bool(c.get("pruned")) for c in data["candidates"]] == [c.pruned for c in pruned.candidates]
     assert [bool(c.get("within_bounds")) for c in data["candidates"]] == [c.within_bounds for c in pruned.candidates]
+    # The step mix is shown wherever it was measured (a candidate pruned after its assignment included).
+    assert [c["mix_vs_random"] for c in data["candidates"]] == [
+        None if np.isnan(c.mix_vs_random) else round(c.mix_vs_random, 6) for c in pruned.candidates]
 
 
 def test_search_on_the_whole_input_prefers_caps_within_the_bounds():
