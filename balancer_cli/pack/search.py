@@ -202,11 +202,11 @@ def search_thresholds(
             (excluded share, efficiency, group size: known after dealing) scores past the best
             one found so far, visiting candidates by those terms. Evaluated whole, the bar is
             the third best, and a candidate that cannot be within the bounds skips the polish
-            once those terms plus its step mix's pass the bar (:mod:`._search_eval`). The best
-            candidate (the best three evaluated whole) is the same as without pruning; the
-            others are only ranked among the ones evaluated, then the pruned ones
-            (``Candidate.pruned``). ``balancer pack`` prunes, ``balancer search`` evaluates
-            every candidate.
+            once those terms plus its step mix's pass the bar
+            (:mod:`~balancer_cli.pack._search_eval`). The best candidate (the best three
+            evaluated whole) is the same as without pruning; the others are only ranked among
+            the ones evaluated, then the pruned ones (``Candidate.pruned``). ``balancer pack``
+            prunes, ``balancer search`` evaluates every candidate.
 
     Raises:
         InputError: no samples.
