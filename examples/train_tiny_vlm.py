@@ -44,9 +44,10 @@ PATCH_DIM = 48  # 4 x 4 x 3 pixels per patch
 
 # A finished gloo collective is freed by whichever thread drops its last reference, and freeing its
 # tensors takes the GIL: when gloo's worker thread does it while the interpreter exits, the process
-# aborts ("terminate called without an active exception") after all the work succeeded. The latest
-# collectives' handles are held to the end, so the main thread frees them instead.
-_RECENT_WORK: collections.deque = collections.deque(maxlen=8)
+# aborts ("terminate called without an active exception") after all the work succeeded. The last
+# step's and the final collectives' handles are held to the end, so the main thread frees them;
+# only a few are kept (a handle keeps its tensors alive: the all-reduce's holds a gradient copy).
+_RECENT_WORK: collections.deque = collections.deque(maxlen=4)
 
 
 class TinyVLM(nn.Module):
