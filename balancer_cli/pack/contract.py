@@ -29,7 +29,8 @@ from balancer_cli._index import take_column
 from balancer_cli.pack._blocks import sparse_modules
 from balancer_cli.pack.packers.balanced import MAX_STEP_EXCESS
 
-__all__ = ["MAX_DIST_RATIO", "MAX_STEP_MIX", "MIN_SPARSE_UTILIZATION", "broken_bounds", "placed_sparse_modules"]
+__all__ = ["CHECK_FALLBACKS", "MAX_DIST_RATIO", "MAX_STEP_MIX", "MIN_SPARSE_UTILIZATION", "broken_bounds",
+           "placed_sparse_modules"]
 
 #: Dist Ratio of every dense module.
 MAX_DIST_RATIO = 0.005
@@ -37,6 +38,9 @@ MAX_DIST_RATIO = 0.005
 MIN_SPARSE_UTILIZATION = 0.9
 #: Step mix against random batching of the same steps (1.0: as mixed as random batching).
 MAX_STEP_MIX = 1.0
+#: How many more candidates the pipeline packs in full when its pick breaks a bound (one pack
+#: each); a pruning search of the whole input measures that many after its best for sure.
+CHECK_FALLBACKS = 2
 
 
 def placed_sparse_modules(cost_NK: np.ndarray, rows: Any) -> np.ndarray:

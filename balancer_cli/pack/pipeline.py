@@ -35,6 +35,7 @@ from balancer_cli.errors import InputError, UsageError
 from balancer_cli.lengths import LengthsTable
 from balancer_cli.manifest import ManifestRows
 from balancer_cli.pack.config import PackConfig
+from balancer_cli.pack.contract import CHECK_FALLBACKS
 from balancer_cli.pack.inputs import PackInputs, prepare_inputs
 from balancer_cli.pack.packers import registry
 from balancer_cli.pack.packers._common import over_caps
@@ -65,8 +66,6 @@ DEFAULT_BOUND_SHARE = 0.9
 #: subsample's few steps can hide a bias or an extra step (a text-only 20k at ``--dp 64`` x 2:
 #: 0.58x mix on the subsample, 2.87x in full). Past it a subsample holds enough steps.
 CHECK_MAX_SAMPLES = 2_000_000
-#: How many more candidates are packed in full when the pick breaks a bound (one pack each).
-CHECK_FALLBACKS = 2
 
 
 @dataclass(frozen=True)

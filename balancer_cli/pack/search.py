@@ -54,7 +54,12 @@ import numpy as np
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.manifest import StepShape
 from balancer_cli.pack._search_eval import assigned, measured, packed
-from balancer_cli.pack.contract import MAX_DIST_RATIO, MIN_SPARSE_UTILIZATION
+from balancer_cli.pack.contract import (
+    CHECK_FALLBACKS,
+    MAX_DIST_RATIO,
+    MAX_STEP_MIX,
+    MIN_SPARSE_UTILIZATION,
+)
 from balancer_cli.pack.packers.balanced import MAX_STEP_EXCESS, deal_balanced
 from balancer_cli.pack.polish import polish_passes
 
@@ -67,8 +72,8 @@ _OVER_BOUND_WEIGHT = 10.0
 #: ~0.5 MB each on a 12k subsample, so all of a two-module grid's 25, ~60 of three modules' 125.
 _DEALS_KEPT_BYTES = 32 << 20
 #: Candidates a pruning search of the whole input measures for sure: its best and the next ones,
-#: which the pipeline packs in full when the pick breaks a bound (``CHECK_FALLBACKS``, 2).
-_WHOLE_INPUT_TOP = 3
+#: which the pipeline packs in full when the pick breaks a bound.
+_WHOLE_INPUT_TOP = 1 + CHECK_FALLBACKS
 #: OmniBal's search stops when the average group holds micro_bs..micro_bs+1 samples (micro_bs 4).
 DEFAULT_GROUP_SIZE = 4.5
 
@@ -305,7 +310,7 @@ def search_thresholds(
         # The polish leaves the steps' mixes and the group count as they are: with them the
         # objective is at least ``terms``, and only ``may_be_within`` candidates can pass the bounds.
         mix_term = mix_weight * max(0.0, mix - 1.0)
-        may_be_within = efficiency <= MAX_STEP_EXCESS and mix <= 1.0
+        may_be_within = efficiency <= MAX_STEP_EXCESS and mix <= MAX_STEP_MIX
         if prune and judged and terms + mix_term > bar[1] + 1e-9 and (bar[0] == 0 or not may_be_within):
             candidates.append(Candidate(*key, float(terms + mix_term), (), (), float("nan"), float(excluded),
                                         float(efficiency), float(size), float(mix), pruned=True))
