@@ -15,7 +15,8 @@ runtime (which read it). Columns, in sample order:
 
 The file metadata key ``balancer`` holds JSON provenance (schema version, tool version, presets,
 input files with sizes and fingerprints). OmniBal/InternVL token-length JSON
-(``[{"vit_num": .., "token_num": ..}]``) reads as a lengths table with module ``vision``.
+(``[{"vit_num": .., "token_num": ..}]``) reads as a lengths table with module ``vision``
+(:mod:`balancer_cli.omnibal_json`).
 
 Example:
     >>> import numpy as np
@@ -42,11 +43,13 @@ import pyarrow.parquet as pq
 from balancer_cli import __version__
 from balancer_cli._fsutil import atomic_path
 from balancer_cli.errors import InputError
+from balancer_cli.omnibal_json import read_omnibal_json
 
 __all__ = [
     "SCHEMA_VERSION",
     "METADATA_KEY",
     "LLM",
+    "DEFAULT_SOURCE",
     "MEMBER_COLUMNS",
     "LengthsTable",
     "make_lengths_table",
@@ -61,6 +64,8 @@ SCHEMA_VERSION = 1
 METADATA_KEY = b"balancer"
 #: The name of the language-model module in reports, costs and manifests.
 LLM = "llm"
+#: The source of samples that name none (no ``source`` column, or a null in it).
+DEFAULT_SOURCE = "data"
 
 _PARQUET_MAGIC = b"PAR1"
 #: The optional tar-member columns and their types (``shard`` is stored dictionary-encoded).
@@ -190,7 +195,7 @@ def make_lengths_table(
     llm_tokens: np.ndarray,
     modules: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
     *,
-    source: Sequence[str] | np.ndarray | str = "data",
+    source: Sequence[str] | np.ndarray | str = DEFAULT_SOURCE,
     error: Sequence[str | None] | None = None,
     seqlens: Mapping[str, Sequence[Sequence[int]]] | None = None,
     metadata: Mapping[str, Any] | None = None,
@@ -241,7 +246,7 @@ def _normalize(table: pa.Table, origin: str) -> pa.Table:
     if "error" not in table.column_names:
         table = table.append_column("error", pa.nulls(n, pa.string()))
     if "source" not in table.column_names:
-        table = table.append_column("source", pa.array(["data"] * n).dictionary_encode())
+        table = table.append_column("source", pa.array([DEFAULT_SOURCE] * n).dictionary_encode())
     ok = np.asarray(table.column("error").is_null().to_numpy(zero_copy_only=False), dtype=bool)
     int_columns = ["llm_tokens"] + [f"{m}_{s}" for m in encoder_modules(table.column_names) for s in ("tokens", "items")]
     for name in int_columns:
@@ -274,6 +279,8 @@ def _normalize(table: pa.Table, origin: str) -> pa.Table:
     source = table.column("source")
     if not pa.types.is_dictionary(source.type):
         source = source.cast(pa.string()).dictionary_encode()
+    if source.null_count:  # no source is the default source, as when the column is absent (a null code would be 0)
+        source = source.cast(pa.string()).fill_null(DEFAULT_SOURCE).dictionary_encode()
     table = table.set_column(table.column_names.index("source"), "source", source)
     for name, kind in MEMBER_COLUMNS.items():
         if name in table.column_names:
@@ -293,37 +300,6 @@ def _normalize(table: pa.Table, origin: str) -> pa.Table:
     else:
         table = table.add_column(0, "sample", sample)
     return table.replace_schema_metadata(None)
-
-
-def read_omnibal_json(path: str | os.PathLike) -> pa.Table:
-    """Read an OmniBal/InternVL token-length JSON file (``[{"vit_num", "token_num"}, ...]``).
-
-    ``vit_num`` becomes ``vision_items``, ``token_num`` becomes ``llm_tokens``; ``vision_tokens``
-    is 256 per tile (InternVL's 448 px tiles after pixel shuffle), the source is the file stem.
-    """
-    path = Path(path)
-    try:
-        records = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: cannot read token-length JSON ({exc})",
-                         fix="pass a lengths Parquet file or an OmniBal token-length JSON list") from None
-    if not isinstance(records, list) or not records:
-        raise InputError(f"{path}: expected a non-empty JSON list of {{'vit_num', 'token_num'}} records",
-                         fix="pass a lengths Parquet file or an OmniBal token-length JSON list")
-    try:
-        items = np.fromiter((r["vit_num"] for r in records), dtype=np.int64, count=len(records))
-        llm = np.fromiter((r["token_num"] for r in records), dtype=np.int64, count=len(records))
-    except (KeyError, TypeError, ValueError):
-        bad = next(i for i, r in enumerate(records)
-                   if not (isinstance(r, dict) and isinstance(r.get("vit_num"), int) and isinstance(r.get("token_num"), int)))
-        raise InputError(f"{path}: record {bad} is not {{'vit_num': int, 'token_num': int}}: {str(records[bad])[:80]}",
-                         fix="fix or remove that record") from None
-    return pa.table({
-        "source": pa.array([path.stem] * len(records)).dictionary_encode(),
-        "llm_tokens": pa.array(llm),
-        "vision_tokens": pa.array(items * 256),
-        "vision_items": pa.array(items),
-    })
 
 
 def _read_one(path: Path) -> tuple[pa.Table, dict]:

@@ -14,8 +14,9 @@ from click.testing import CliRunner
 
 from balancer_cli.cli import main
 from balancer_cli.errors import InputError, ManifestError
-from balancer_cli.lengths import make_lengths_table, read_lengths, write_lengths
+from balancer_cli.lengths import DEFAULT_SOURCE, make_lengths_table, read_lengths, write_lengths
 from balancer_cli.manifest import ManifestRows, open_manifest, read_dropped, write_manifest
+from balancer_cli.pack.inputs import prepare_inputs
 
 
 def test_import_and_help_do_not_import_torch():
@@ -79,6 +80,39 @@ def test_bad_lengths_tables_name_the_problem(tmp_path, bad, match):
         read_lengths(tmp_path / "bad.parquet")
 
 
+@pytest.mark.parametrize("content, match", [
+    (b"hello", r"neither a lengths Parquet file nor an OmniBal token-length JSON list \(it starts with b'hello'\)"),
+    (b"", r"neither a lengths Parquet file .* \(it starts with b''\)"),
+    (b'{"vit_num": 1, "token_num": 5}', "neither a lengths Parquet file"),
+    (b"  [1, 2", "cannot read token-length JSON"),
+    (b"PAR1 but cut short", "unreadable Parquet"),
+])
+def test_a_file_of_neither_format_is_named_with_its_start(tmp_path, content, match):
+    """Bytes that are neither format get an error naming the file and its first bytes."""
+    path = tmp_path / "lengths.parquet"
+    path.write_bytes(content)
+    with pytest.raises(InputError, match=match) as error:
+        read_lengths(path)
+    assert str(path) in error.value.message
+
+
+def test_null_sources_read_as_the_default_source(tmp_path):
+    """A null source is the default source (as a missing column is), never silently the first one."""
+    table = pa.table({"llm_tokens": pa.array([5, 6, 7, 8]), "source": pa.array(["b", None, "a", None])})
+    pq.write_table(table, tmp_path / "l.parquet")
+    lt = read_lengths(tmp_path / "l.parquet")
+    assert lt.sources().tolist() == ["b", DEFAULT_SOURCE, "a", DEFAULT_SOURCE]
+    inputs = prepare_inputs(lt)
+    assert [inputs.source_names[c] for c in inputs.source_codes_N] == ["b", DEFAULT_SOURCE, "a", DEFAULT_SOURCE]
+
+
+def test_omnibal_json_with_a_byte_order_mark_reads(tmp_path):
+    path = tmp_path / "l.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps([{"vit_num": 2, "token_num": 600}]).encode())
+    lt = read_lengths(path)
+    assert (lt.items("vision").tolist(), lt.llm_tokens().tolist()) == ([2], [600])
+
+
 def test_manifest_row_groups_hold_whole_steps_and_seek(tmp_path):
     steps, ranks, micros, per_group = 50, 4, 2, 3
     step, rank, micro = (a.ravel() for a in np.meshgrid(np.arange(steps), np.arange(ranks), np.arange(micros),
@@ -123,6 +157,31 @@ def test_atomic_outputs_respect_the_umask(tmp_path):
         os.umask(old)
     assert (tmp_path / "out.bin").stat().st_mode & 0o777 == 0o644
     assert [p.name for p in tmp_path.iterdir()] == ["out.bin"]
+
+
+def test_a_killed_writes_temporary_file_is_removed_by_the_next_write(tmp_path):
+    """A temporary of ``lengths.parquet`` whose run is gone (SIGKILL) goes with the next write of
+    it; a live run's, another name's and a folder are kept."""
+    import os
+    import subprocess
+
+    from balancer_cli._fsutil import atomic_path, temporary_prefix
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # its PID is free now
+    prefix = temporary_prefix(tmp_path / "lengths.parquet")
+    dead = tmp_path / f"{prefix}{child.pid}-a.tmp"
+    live = tmp_path / f"{prefix}{os.getppid()}-b.tmp"
+    other = tmp_path / f"{temporary_prefix(tmp_path / 'other.parquet')}{child.pid}-c.tmp"
+    folder = tmp_path / f"{prefix}{child.pid}-d"
+    for path in (dead, live, other):
+        path.write_bytes(b"half written")
+    folder.mkdir()
+    write_lengths(make_lengths_table(np.arange(10, 20)), tmp_path / "lengths.parquet")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["lengths.parquet", live.name, other.name, folder.name])
+    with atomic_path(tmp_path / "other.parquet") as tmp:
+        tmp.write_bytes(b"x")
+    assert not other.exists() and live.exists()
 
 
 def test_prefetch_is_only_a_hint():
