@@ -2,7 +2,8 @@
 and content fingerprints.
 
 Outputs appear only when complete: writers write to a temporary name in the same directory and
-rename it into place, so an interrupted run never leaves a half-written table behind. Before any
+rename it into place, so an interrupted run never leaves a half-written table behind (and the
+next write of the same output deletes a temporary a killed run left). Before any
 work, :func:`check_output` refuses an output that is (or holds, or lies inside) an input, or that is
 not a regular file or folder (a FIFO, a device node, a socket, or a link to one): such a path is
 never replaced. Work folders (the Ray ``OUT.parts/``) carry :data:`PARTS_MARKER`; a folder without
@@ -23,6 +24,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import socket
 import stat
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -31,7 +33,7 @@ from pathlib import Path
 from balancer_cli.errors import InputError
 
 __all__ = ["atomic_path", "file_fingerprint", "bytes_fingerprint", "check_output", "check_regular",
-           "PARTS_MARKER", "claim_parts_dir", "remove_parts_dir"]
+           "PARTS_MARKER", "claim_parts_dir", "remove_parts_dir", "temporary_prefix", "remove_dead_temporaries"]
 
 #: The file that marks a work folder as created by balancer (so it may be reused and deleted).
 PARTS_MARKER = ".balancer-parts"
@@ -44,12 +46,15 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; rename it onto ``path`` if the block succeeds.
 
     The parent directory is created if needed. On any exception the temporary file is removed and
-    ``path`` is left untouched.
+    ``path`` is left untouched; one that a killed run left is removed by the next write of ``path``
+    (:func:`remove_dead_temporaries`).
     """
     target = Path(path)
     check_regular(target, folder=False)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    remove_dead_temporaries(target, folder=False)
+    fd, tmp_name = tempfile.mkstemp(prefix=temporary_prefix(target) + f"{os.getpid()}-", suffix=".tmp",
+                                    dir=target.parent)
     os.close(fd)
     # mkstemp creates 0600 files; outputs are shared with training jobs that may run as another
     # user, so give them the permissions a plain open() would (0666 minus the umask).
@@ -63,6 +68,68 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def temporary_prefix(target: str | os.PathLike) -> str:
+    """``.NAME.tmp-HOST-``: how this host's runs name their temporaries of ``target`` (then the
+    run's PID, a dash and a random part; ``HOST`` is a hash of the host name)."""
+    host = hashlib.blake2b(socket.gethostname().encode(), digest_size=4).hexdigest()
+    return f".{Path(target).name}.tmp-{host}-"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists
+        return True
+    return True
+
+
+def remove_dead_temporaries(target: str | os.PathLike, *, folder: bool) -> list[Path]:
+    """Delete the temporaries of ``target`` that runs left when killed (SIGKILL, a power cut).
+
+    Only siblings named :func:`temporary_prefix` ``+ PID-...`` whose process ``PID`` no longer
+    exists are removed, and only when they are what that run made: a plain file (``folder``
+    False), or a folder holding plain files only. A live run's temporary, another host's (a shared
+    file system), an older version's (no PID in the name) and anything else are left alone.
+
+    Returns:
+        The paths removed.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> parent = pathlib.Path(tempfile.mkdtemp())
+        >>> dead = parent / (temporary_prefix(parent / "out") + "999999999-x")  # no such PID
+        >>> dead.mkdir(); _ = (dead / "manifest.parquet").write_bytes(b"half")
+        >>> [p.name == dead.name for p in remove_dead_temporaries(parent / "out", folder=True)], dead.exists()
+        ([True], False)
+    """
+    target = Path(target)
+    prefix = temporary_prefix(target)
+    removed = []
+    try:
+        siblings = list(os.scandir(target.parent))
+    except OSError:
+        return removed
+    for entry in siblings:
+        pid = entry.name[len(prefix):].split("-", 1)[0] if entry.name.startswith(prefix) else ""
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        try:
+            if folder and entry.is_dir(follow_symlinks=False) and all(
+                    e.is_file(follow_symlinks=False) for e in os.scandir(entry.path)):
+                shutil.rmtree(entry.path)
+            elif not folder and entry.is_file(follow_symlinks=False):
+                os.unlink(entry.path)
+            else:
+                continue
+        except OSError:  # gone meanwhile, or not ours to delete: leave it
+            continue
+        removed.append(Path(entry.path))
+    return removed
 
 
 def file_fingerprint(path: str | os.PathLike) -> str:

@@ -1,7 +1,7 @@
 """Commit records: an output folder is complete only when its ``_COMMIT.json`` says so.
 
 ``balancer pack`` builds its whole output folder under a temporary sibling name
-(``.OUT.tmp-XXXX``), writes ``_COMMIT.json`` last (every file's size and ``blake2b-128``
+(``.OUT.tmp-HOST-PID-XXXX``), writes ``_COMMIT.json`` last (every file's size and ``blake2b-128``
 checksum, plus the tool version), and only then renames the folder into place
 (:func:`committed_folder`). A folder of a run that died is never seen under the output name; a
 folder whose record is missing, or whose files differ from it, is refused by every reader
@@ -43,7 +43,13 @@ from pathlib import Path
 from typing import Any
 
 from balancer_cli import __version__
-from balancer_cli._fsutil import atomic_path, check_regular, file_fingerprint
+from balancer_cli._fsutil import (
+    atomic_path,
+    check_regular,
+    file_fingerprint,
+    remove_dead_temporaries,
+    temporary_prefix,
+)
 from balancer_cli.errors import InputError, ManifestError
 
 __all__ = ["COMMIT_FILE", "SMALL_BYTES", "write_commit", "read_commit", "verify_commit", "committed_folder",
@@ -152,6 +158,9 @@ def check_replaceable(out: str | os.PathLike) -> None:
 def committed_folder(out: str | os.PathLike) -> Iterator[Path]:
     """Yield a fresh temporary sibling of ``out``; on success write its record and move it to ``out``.
 
+    Temporary folders that killed runs into ``out`` left behind are removed first
+    (:func:`~balancer_cli._fsutil.remove_dead_temporaries`).
+
     An existing ``out`` must pass :func:`check_replaceable`; the two folders are swapped in one
     atomic step (Linux ``renameat2``; elsewhere the old one is renamed away, the new one renamed
     in, and a crash in between leaves the old one as ``.OUT.old-XXXX/OUT``, never a mix), then
@@ -163,7 +172,8 @@ def committed_folder(out: str | os.PathLike) -> Iterator[Path]:
         out = Path(os.path.realpath(out))
     check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    remove_dead_temporaries(out, folder=True)
+    tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(out) + f"{os.getpid()}-", dir=out.parent))
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; outputs are read by training jobs as other users

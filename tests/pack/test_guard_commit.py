@@ -87,3 +87,79 @@ def test_a_folder_with_the_replays_plans_is_ours_to_replace(tmp_path):
     (out / PLANS_DIR / "notes.txt").write_text("mine")
     with pytest.raises(InputError, match="did not write"):
         check_replaceable(out)
+
+
+def _dead_pid():
+    """A PID no process has any more (a child that has exited and been reaped)."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_killed_runs_temporary_folder_is_removed_by_the_next_run(tmp_path):
+    """Only folders named for this host by a process that is gone, holding plain files, are deleted."""
+    from balancer_cli._fsutil import remove_dead_temporaries, temporary_prefix
+
+    out = tmp_path / "out"
+    prefix = temporary_prefix(out)
+
+    def folder(name, *, subfolder=False):
+        path = tmp_path / name
+        path.mkdir()
+        (path / "manifest.parquet").write_bytes(b"half written")
+        if subfolder:
+            (path / "mine").mkdir()
+        return path
+
+    dead = folder(f"{prefix}{_dead_pid()}-x1")
+    live = folder(f"{prefix}{os.getppid()}-x2")  # pytest's parent: alive
+    holding = folder(f"{prefix}{_dead_pid()}-x3", subfolder=True)
+    host = prefix.split("-")[-2]
+    other_host = folder(f".out.tmp-{'0' * 8 if host != '0' * 8 else 'f' * 8}-{_dead_pid()}-x4")
+    older = folder(".out.tmp-abcdefgh")  # an older version's name: no PID to check
+    other_out = folder(f"{temporary_prefix(tmp_path / 'other')}{_dead_pid()}-x5")
+    with committed_folder(out) as tmp:
+        (tmp / "manifest.parquet").write_text("v1")
+    assert not dead.exists()
+    assert all(p.exists() for p in (live, holding, other_host, older, other_out))
+    assert remove_dead_temporaries(out, folder=True) == []
+
+
+def test_pack_after_a_sigkill_leaves_only_the_output(tmp_path):
+    """A pack killed (SIGKILL) while writing its folder leaves the temporary folder; the next pack
+    into the same output removes it and writes the same files as an uninterrupted run."""
+    import subprocess
+    import sys
+
+    from balancer_cli.lengths import make_lengths_table, write_lengths
+
+    rng = np.random.default_rng(0)
+    items = rng.integers(0, 6, 300)
+    lengths = tmp_path / "lengths.parquet"
+    write_lengths(make_lengths_table(items * 256 + rng.integers(30, 400, 300), {"vision": (items * 256, items)}),
+                  lengths)
+    args = ["pack", str(lengths), "--dp", "2", "--baselines", "none"]
+    stalled = ("import sys, time, balancer_cli.report.build as b\n"
+               "b.write_report = lambda *a, **k: time.sleep(600)\n"  # stall once the folder exists
+               "from balancer_cli.cli import main\nsys.exit(main())")
+    proc = subprocess.Popen([sys.executable, "-c", stalled, *args, "-o", str(tmp_path / "out")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob(".out.tmp-*/manifest.parquet")):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before writing"
+            time.sleep(0.02)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert len(list(tmp_path.glob(".out.tmp-*"))) == 1 and not (tmp_path / "out").exists()
+    for out in ("out", "ref"):
+        done = subprocess.run([sys.executable, "-m", "balancer_cli", *args, "-o", str(tmp_path / out)],
+                              capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr
+    assert _names(tmp_path) == ["lengths.parquet", "out", "ref"]
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir() if p.suffix == ".parquet"} == \
+        {p.name: p.read_bytes() for p in (tmp_path / "ref").iterdir() if p.suffix == ".parquet"}
