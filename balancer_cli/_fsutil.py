@@ -71,10 +71,19 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
 
 def temporary_prefix(target: str | os.PathLike) -> str:
-    """``.NAME.tmp-HOST-``: how this host's runs name their temporaries of ``target`` (then the
-    run's PID, a dash and a random part; ``HOST`` is a hash of the host name)."""
-    host = hashlib.blake2b(socket.gethostname().encode(), digest_size=4).hexdigest()
-    return f".{Path(target).name}.tmp-{host}-"
+    """``.NAME.tmp-HOST-``: how runs that share this host's PIDs name their temporaries of ``target``
+    (then the run's PID, a dash and a random part)."""
+    return f".{Path(target).name}.tmp-{_host_tag()}-"
+
+
+def _host_tag() -> str:
+    """A hash of the host name and the PID namespace: two containers on one machine (even of one
+    host name) see different PIDs, so neither may judge the other's temporaries by PID."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:  # not Linux: the host name alone
+        namespace = ""
+    return hashlib.blake2b(f"{socket.gethostname()}|{namespace}".encode(), digest_size=4).hexdigest()
 
 
 def _alive(pid: int) -> bool:
@@ -93,8 +102,9 @@ def remove_dead_temporaries(target: str | os.PathLike, *, folder: bool) -> list[
 
     Only siblings named :func:`temporary_prefix` ``+ PID-...`` whose process ``PID`` no longer
     exists are removed, and only when they are what that run made: a plain file (``folder``
-    False), or a folder holding plain files only. A live run's temporary, another host's (a shared
-    file system), an older version's (no PID in the name) and anything else are left alone.
+    False), or a folder holding plain files only. A live run's temporary, another host's or
+    container's (a shared file system), an older version's (no PID in the name) and anything else
+    are left alone.
 
     Returns:
         The paths removed.
