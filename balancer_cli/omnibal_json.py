@@ -50,7 +50,8 @@ def read_omnibal_json(path: str | os.PathLike) -> pa.Table:
         if not head.startswith(b"["):  # neither format: say what it starts with, not where a parser failed
             raise InputError(f"{path}: neither a lengths Parquet file nor an OmniBal token-length JSON list "
                              f"(it starts with {head[:16]!r})",
-                             fix="pass the Parquet file `balancer scan` wrote, or a JSON list of {'vit_num', 'token_num'}")
+                             fix="pass the Parquet file `balancer scan` wrote, or a JSON list of "
+                                 "{'vit_num', 'token_num'}")
         records = json.loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"{path}: cannot read token-length JSON ({exc})", fix=_FIX) from None
@@ -60,8 +61,8 @@ def read_omnibal_json(path: str | os.PathLike) -> pa.Table:
         items = np.fromiter((r["vit_num"] for r in records), dtype=np.int64, count=len(records))
         llm = np.fromiter((r["token_num"] for r in records), dtype=np.int64, count=len(records))
     except (KeyError, TypeError, ValueError):
-        bad = next(i for i, r in enumerate(records)
-                   if not (isinstance(r, dict) and isinstance(r.get("vit_num"), int) and isinstance(r.get("token_num"), int)))
+        bad = next(i for i, r in enumerate(records) if not (
+            isinstance(r, dict) and isinstance(r.get("vit_num"), int) and isinstance(r.get("token_num"), int)))
         raise InputError(f"{path}: record {bad} is not {{'vit_num': int, 'token_num': int}}: {str(records[bad])[:80]}",
                          fix="fix or remove that record") from None
     return pa.table({
