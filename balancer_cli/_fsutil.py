@@ -33,7 +33,8 @@ from pathlib import Path
 from balancer_cli.errors import InputError
 
 __all__ = ["atomic_path", "file_fingerprint", "bytes_fingerprint", "check_output", "check_regular",
-           "PARTS_MARKER", "claim_parts_dir", "remove_parts_dir", "temporary_prefix", "remove_dead_temporaries"]
+           "PARTS_MARKER", "claim_parts_dir", "remove_parts_dir", "temporary_prefix", "dead_temporary_of",
+           "remove_dead_temporaries"]
 
 #: The file that marks a work folder as created by balancer (so it may be reused and deleted).
 PARTS_MARKER = ".balancer-parts"
@@ -97,6 +98,24 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def dead_temporary_of(entry: os.DirEntry | Path, target: str | os.PathLike, *, folder: bool) -> bool:
+    """Whether ``entry`` is a temporary of ``target`` that a killed run left (see
+    :func:`remove_dead_temporaries`): named for this host by a process that is gone, and a plain
+    file (``folder`` False) or a folder of plain files only."""
+    prefix = temporary_prefix(target)
+    name = entry.name
+    pid = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
+    if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+        return False
+    path = os.fspath(entry.path if isinstance(entry, os.DirEntry) else entry)
+    try:
+        if not folder:
+            return stat.S_ISREG(os.lstat(path).st_mode)
+        return stat.S_ISDIR(os.lstat(path).st_mode) and all(e.is_file(follow_symlinks=False) for e in os.scandir(path))
+    except OSError:
+        return False
+
+
 def remove_dead_temporaries(target: str | os.PathLike, *, folder: bool) -> list[Path]:
     """Delete the temporaries of ``target`` that runs left when killed (SIGKILL, a power cut).
 
@@ -118,24 +137,19 @@ def remove_dead_temporaries(target: str | os.PathLike, *, folder: bool) -> list[
         ([True], False)
     """
     target = Path(target)
-    prefix = temporary_prefix(target)
     removed = []
     try:
         siblings = list(os.scandir(target.parent))
     except OSError:
         return removed
     for entry in siblings:
-        pid = entry.name[len(prefix):].split("-", 1)[0] if entry.name.startswith(prefix) else ""
-        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+        if not dead_temporary_of(entry, target, folder=folder):
             continue
         try:
-            if folder and entry.is_dir(follow_symlinks=False) and all(
-                    e.is_file(follow_symlinks=False) for e in os.scandir(entry.path)):
+            if folder:
                 shutil.rmtree(entry.path)
-            elif not folder and entry.is_file(follow_symlinks=False):
-                os.unlink(entry.path)
             else:
-                continue
+                os.unlink(entry.path)
         except OSError:  # gone meanwhile, or not ours to delete: leave it
             continue
         removed.append(Path(entry.path))

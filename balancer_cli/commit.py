@@ -46,6 +46,7 @@ from balancer_cli import __version__
 from balancer_cli._fsutil import (
     atomic_path,
     check_regular,
+    dead_temporary_of,
     file_fingerprint,
     remove_dead_temporaries,
     temporary_prefix,
@@ -134,7 +135,8 @@ def _is_plans_dir(path: Path) -> bool:
 
 def check_replaceable(out: str | os.PathLike) -> None:
     """Raise :class:`InputError` unless ``out`` is absent, an empty folder, or a committed folder
-    holding only the files its record lists (so replacing it deletes nothing we did not write)."""
+    holding only the files its record lists, the replay's plans and temporaries of those files that
+    a killed run left (so replacing it deletes nothing we did not write)."""
     out = Path(out)
     check_regular(out, folder=True)
     if not out.exists():
@@ -147,8 +149,11 @@ def check_replaceable(out: str | os.PathLike) -> None:
     if record is None:
         raise InputError(f"output folder {out} is not empty and was not written by balancer (no {COMMIT_FILE})",
                          fix=fix)
-    foreign = sorted(name for name in present - set(record["files"]) - {COMMIT_FILE}
-                     if not _is_plans_dir(out / name))
+    listed = set(record["files"]) | {COMMIT_FILE}
+    # A killed `balancer report OUT` leaves its file's temporary inside: ours, replaced with the folder.
+    foreign = sorted(name for name in present - listed
+                     if not _is_plans_dir(out / name)
+                     and not any(dead_temporary_of(out / name, out / f, folder=False) for f in listed))
     if foreign:
         raise InputError(f"output folder {out} holds files balancer did not write ({', '.join(foreign[:3])})",
                          fix=fix)

@@ -163,3 +163,25 @@ def test_pack_after_a_sigkill_leaves_only_the_output(tmp_path):
     assert _names(tmp_path) == ["lengths.parquet", "out", "ref"]
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir() if p.suffix == ".parquet"} == \
         {p.name: p.read_bytes() for p in (tmp_path / "ref").iterdir() if p.suffix == ".parquet"}
+
+
+def test_a_killed_reports_temporary_inside_the_folder_does_not_block_replacing_it(tmp_path):
+    """``balancer report OUT`` killed mid-write leaves ``.report.json.tmp-...`` inside OUT: the next
+    pack into OUT replaces the folder with it; a live run's or another name's is still foreign."""
+    from balancer_cli._fsutil import temporary_prefix
+
+    out = tmp_path / "out"
+    with committed_folder(out) as tmp:
+        (tmp / "report.json").write_text("{}")
+    dead = out / f"{temporary_prefix(out / 'report.json')}{_dead_pid()}-a.tmp"
+    dead.write_text("half")
+    check_replaceable(out)
+    for name in (f"{temporary_prefix(out / 'report.json')}{os.getppid()}-b.tmp",
+                 f"{temporary_prefix(out / 'notes.txt')}{_dead_pid()}-c.tmp"):
+        (out / name).write_text("x")
+        with pytest.raises(InputError, match="did not write"):
+            check_replaceable(out)
+        (out / name).unlink()
+    with committed_folder(out) as tmp:
+        (tmp / "report.json").write_text("{1}")
+    assert _names(out) == [COMMIT_FILE, "report.json"] and _names(tmp_path) == ["out"]
