@@ -142,8 +142,9 @@ def remove_dead_temporaries(target: str | os.PathLike, *, folder: bool) -> list[
         siblings = list(os.scandir(target.parent))
     except OSError:
         return removed
+    prefix = temporary_prefix(target)  # once: a folder may hold many siblings that are not ours
     for entry in siblings:
-        if not dead_temporary_of(entry, target, folder=folder):
+        if not entry.name.startswith(prefix) or not dead_temporary_of(entry, target, folder=folder):
             continue
         try:
             if folder:
