@@ -6,11 +6,12 @@ groups, and optional per-source columns that make groups equal source mixes; the
 passes. All randomness comes from the caller's generator, in a fixed order, so results are
 reproducible.
 
-Large inputs (at least :data:`SPLIT_MIN_GROUPS` groups) run each random-partner pass as two
-independent halves: the pass's random order is cut in two and every group takes its partners
-within its own half, so the halves touch disjoint groups and two threads run them side by side
-(the kernels release the GIL). The halves are the same whatever the core count, so the result
-is too.
+Large inputs (at least twice :data:`BLOCK_GROUPS` groups) run each random-partner pass in
+blocks: the groups are renumbered in a seeded random order once, so that a block of consecutive
+numbers is a random subset of groups whose tables lie side by side in memory, small enough for
+the cache, and every group takes its partners within its block. Odd passes shift the blocks by
+half a block, so groups meet other partners. Blocks share no group: two threads run them side by
+side where two cores are free (the kernels release the GIL), and the result does not depend on it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from balancer_cli.pack.packers._table_kernels import compact_rows, expand_rows
 from balancer_cli.pack.types import dense_ids, top_codes
 
 __all__ = ["refine", "PARTNERS", "CELL_WIDTH", "SCAN", "MIX_WEIGHT", "TARGETED_MIN_SHARE", "TARGETED_MAX_ROWS",
-           "SPLIT_MIN_GROUPS"]
+           "BLOCK_GROUPS"]
 
 #: Candidate partner groups per group and random-partner pass (half random, half opposite).
 PARTNERS = 3
@@ -44,9 +45,11 @@ TARGETED_MIN_SHARE = 0.01
 #: table, so past ~1M rows every lookup misses the cache (3M rows: 6 s a pass against 1.8 s for
 #: a random-partner pass), for the same Dist Ratio and steps (docs/packing.md).
 TARGETED_MAX_ROWS = 1_000_000
-#: From this many groups a random-partner pass runs as two halves, in two threads where two cores
-#: are free (1.2M rows, 211k groups: 1.65x faster a pass; step mix 0.67x -> 0.72x, Dist alike).
-SPLIT_MIN_GROUPS = 65_536
+#: Groups per block of a random-partner pass (module docstring), from twice this many groups on:
+#: ~6 MB of tables, which the cache holds, where a pass over all groups reads random groups of
+#: ~75 MB (1.2M rows, 211k groups: the passes 0.84-1.07 s -> 0.50-0.73 s on one core; Dist alike,
+#: step mix 0.72x -> 0.69x).
+BLOCK_GROUPS = 16_384
 #: A group whose objective term is at most this is on target (the passes skip it).
 _TOL = 1e-12
 
@@ -77,8 +80,8 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
         source_N: (N,) source of every row, or None (no source terms).
         max_sources: sources tracked (the ``max_sources - 1`` most frequent, the rest as one).
         rng: draws the visiting orders and the partner groups.
-        threads: threads for the two halves of a large pass (None: two where two cores are
-            usable); the result does not depend on it.
+        threads: threads for the blocks of a large pass (None: two where two cores are usable);
+            the result does not depend on it.
 
     Example:
         >>> import numpy as np
@@ -96,60 +99,76 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
     # The kernels read each visited group's rows many times: on rows renumbered in group order
     # (compact copies of their weights and loads) a group's rows are neighbours in memory, which
     # halves a pass at 1M rows (random reads of (N, K) tables were its cost, not the arithmetic).
+    # In blocks, the groups are renumbered too (new group n is group order_G[n]).
+    blocks = G >= 2 * BLOCK_GROUPS
+    order_G = rng.permutation(G) if blocks else np.arange(G)
     rows_F, local_GX, weight_FK, load_FK, source_F = compact_rows(
         members_GX, count_G, np.ascontiguousarray(weight_NK, dtype=np.float64), np.ascontiguousarray(load_NK),
-        np.zeros(0, np.int8) if source_N is None else dense_ids(np.asarray(source_N).reshape(-1)))
-    target_K = wsum_GK.sum(axis=0) / G
+        np.zeros(0, np.int8) if source_N is None else dense_ids(np.asarray(source_N).reshape(-1)), order_G)
+    count_n, wsum_n, lsum_n = (take_rows(t, order_G) for t in (count_G, wsum_GK, lsum_GK)) if blocks else (
+        count_G, wsum_GK, lsum_GK)
+    target_K = wsum_n.sum(axis=0) / G
     inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
     inv_t2 = inv_t**2
     targeted = len(rows_F) <= TARGETED_MAX_ROWS
     grid = _weight_grid(weight_FK, inv_t, CELL_WIDTH) if targeted else None
-    wsum, code = wsum_GK, np.zeros(0, np.int8)
+    wsum, code = wsum_n, np.zeros(0, np.int8)
     if source_N is not None:
         # Per-source sample counts join the objective with a small weight: groups become
         # equal mixes of sources too, so whatever class of groups the assigner puts in a step
         # (e.g. equal item counts), the step stays a random-like mix.
-        code, wsum, target_K, inv_t, inv_t2 = _with_sources(source_F, count_G, wsum_GK, max_sources)
-    for _ in range(passes):
+        code, wsum, target_K, inv_t, inv_t2 = _with_sources(source_F, count_n, wsum_n, max_sources)
+    for index in range(passes):
         changed = 0
         if targeted:
-            group_of, pos = _membership(local_GX, count_G)
-            changed = targeted_pass(rng.permutation(G), local_GX, count_G, group_of, pos, wsum, lsum_GK, weight_FK,
+            group_of, pos = _membership(local_GX, count_n)
+            changed = targeted_pass(rng.permutation(G), local_GX, count_n, group_of, pos, wsum, lsum_n, weight_FK,
                                     code, load_FK, caps_K, target_K, inv_t, inv_t2, *grid, SCAN, _TOL)
             # Under tight caps (full groups) targeted swaps find no room in either group: once a pass
             # improves fewer than TARGETED_MIN_SHARE of the groups, later passes skip it (~45% of a pass).
             targeted = changed >= TARGETED_MIN_SHARE * G
-        tables = (local_GX, count_G, wsum, lsum_GK, weight_FK, code, load_FK, caps_K, target_K, inv_t2, _TOL)
-        changed += _partner_pass(wsum[:, :K], target_K[:K], inv_t[:K], tables, rng, threads)
+        tables = (local_GX, count_n, wsum, lsum_n, weight_FK, code, load_FK, caps_K, target_K, inv_t2, _TOL)
+        changed += _partner_pass(wsum[:, :K], target_K[:K], inv_t[:K], tables, rng, threads, shifted=index % 2 == 1)
         if changed == 0:
             break
-    expand_rows(local_GX, count_G, rows_F, members_GX)
-    return wsum
+    expand_rows(local_GX, count_n, rows_F, members_GX, order_G)
+    if not blocks:
+        return wsum
+    count_G[order_G], lsum_GK[order_G], wsum_GK[order_G] = count_n, lsum_n, wsum[:, :K]
+    sums = np.empty_like(wsum)
+    sums[order_G] = wsum
+    return sums
 
 
-def _partner_pass(wsum_GK, target_K, inv_t_K, tables, rng, threads):
+def _partner_pass(wsum_GK, target_K, inv_t_K, tables, rng, threads, shifted):
     """One random-partner pass over all groups (``tables``: :func:`refine_pass`'s arguments after
-    the partners); past :data:`SPLIT_MIN_GROUPS` groups, as two halves (module docstring)."""
+    the partners); from twice :data:`BLOCK_GROUPS` groups, in blocks (shifted by half a block
+    with ``shifted``; module docstring)."""
     G = len(wsum_GK)
-    if G < SPLIT_MIN_GROUPS:
+    if G < 2 * BLOCK_GROUPS:
         cand = _partners(wsum_GK, target_K, inv_t_K, rng)
         return refine_pass(rng.permutation(G), cand, *tables)
-    order = rng.permutation(G)
-    halves = (order[: G // 2], order[G // 2:])
+    blocks = -(-G // BLOCK_GROUPS)
+    size = -(-G // blocks)
+    starts = np.arange(size // 2 if shifted else 0, G, size)
+    edges = np.unique(np.concatenate([[0], starts, [G]]))
     cand = np.empty((G, PARTNERS), np.int64)
-    for half in halves:  # partners within the half: the halves share no group
-        cand[half] = half[_partners(take_rows(wsum_GK, half), target_K, inv_t_K, rng)]
-    def run(half):
-        return refine_pass(half, cand, *tables)
+    visits = []
+    for lo, hi in zip(edges[:-1].tolist(), edges[1:].tolist()):  # partners within the block
+        cand[lo:hi] = lo + _partners(wsum_GK[lo:hi], target_K, inv_t_K, rng)
+        visits.append(lo + rng.permutation(hi - lo))
+
+    def run(visit):
+        return refine_pass(visit, cand, *tables)
 
     if threads is None:
         threads = 2 if HAVE_NUMBA and usable_cores() > 1 else 1
     if threads < 2:
-        return sum(map(run, halves))
+        return sum(map(run, visits))
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(2, thread_name_prefix="balancer-refine") as pool:
-        return sum(pool.map(run, halves))
+        return sum(pool.map(run, visits))
 
 
 def _with_sources(source_F, count_G, wsum_GK, max_sources):

@@ -119,9 +119,9 @@ def suffix_min(rows, load_NK):  # pragma: no cover - compiled
 
 
 @njit
-def compact_rows(members_GX, count_G, weight_NK, load_NK, source_N):  # pragma: no cover
-    """The groups' rows renumbered in group order (group 0's first), with compact copies of their
-    tables: the passes then read a group's rows as neighbours in memory.
+def compact_rows(members_GX, count_G, weight_NK, load_NK, source_N, order_G):  # pragma: no cover
+    """The groups' rows renumbered in group order (group ``order_G[0]``'s first), with compact
+    copies of their tables: the passes then read a group's rows as neighbours in memory.
 
     Args:
         members_GX: (G, X) member rows of each group, the first ``count_G[g]`` valid.
@@ -129,19 +129,20 @@ def compact_rows(members_GX, count_G, weight_NK, load_NK, source_N):  # pragma: 
         weight_NK: (N, K) balanced weight of every row.
         load_NK: (N, KL) load of every row.
         source_N: (N,) source of every row, or an empty array (none).
+        order_G: (G,) the groups in their new numbering: new group n is group ``order_G[n]``.
 
     Returns:
         (rows_F, local_GX, weight_FK, load_FK, source_F): the original row of each new number;
-        the member table in new numbers (int32, -1 padded); the rows' weights, loads and
-        sources (empty without sources).
+        the member table of the new groups in new row numbers (int32, -1 padded); the rows'
+        weights, loads and sources (empty without sources).
 
     Example:
         >>> import numpy as np
         >>> w = np.array([[1.0], [2.0], [3.0]])
         >>> rows, local, wf, lf, sf = compact_rows(np.array([[2, -1], [0, 1]]), np.array([1, 2]), w,
-        ...                                        w.astype(np.int64), np.zeros(0, np.int8))
+        ...                                        w.astype(np.int64), np.zeros(0, np.int8), np.array([1, 0]))
         >>> rows.tolist(), local.tolist(), wf.ravel().tolist()
-        ([2, 0, 1], [[0, -1], [1, 2]], [3.0, 1.0, 2.0])
+        ([0, 1, 2], [[0, 1], [2, -1]], [1.0, 2.0, 3.0])
     """
     G, X = members_GX.shape
     K = weight_NK.shape[1]
@@ -155,16 +156,18 @@ def compact_rows(members_GX, count_G, weight_NK, load_NK, source_N):  # pragma: 
     load_FK = np.empty((F, KL), load_NK.dtype)
     source_F = np.empty(F if len(source_N) > 0 else 0, source_N.dtype)
     f = 0
-    for g in range(G):
-        if g + _AHEAD_GROUPS < G:  # members are in dealing order: random rows of the tables
-            for a in range(count_G[g + _AHEAD_GROUPS]):
-                i = members_GX[g + _AHEAD_GROUPS, a]
+    for n in range(G):
+        if n + _AHEAD_GROUPS < G:  # members are in dealing order: random rows of the tables
+            ahead = order_G[n + _AHEAD_GROUPS]
+            for a in range(count_G[ahead]):
+                i = members_GX[ahead, a]
                 prefetch(weight_NK, i * K)
                 prefetch(load_NK, i * KL)
+        g = order_G[n]
         for a in range(count_G[g]):
             i = members_GX[g, a]
             rows_F[f] = i
-            local_GX[g, a] = f
+            local_GX[n, a] = f
             for k in range(K):
                 weight_FK[f, k] = weight_NK[i, k]
             for k in range(KL):
@@ -176,21 +179,23 @@ def compact_rows(members_GX, count_G, weight_NK, load_NK, source_N):  # pragma: 
 
 
 @njit
-def expand_rows(local_GX, count_G, rows_F, members_GX):  # pragma: no cover
-    """Write the member table back in original rows: ``members_GX[g, a] = rows_F[local_GX[g, a]]``
-    for the first ``count_G[g]`` members, -1 after them.
+def expand_rows(local_GX, count_G, rows_F, members_GX, order_G):  # pragma: no cover
+    """Write the member table back in original groups and rows: ``members_GX[order_G[n], a] =
+    rows_F[local_GX[n, a]]`` for the first ``count_G[n]`` members of new group n, -1 after them.
 
     Example:
         >>> import numpy as np
         >>> members = np.zeros((2, 2), np.int64)
-        >>> expand_rows(np.array([[1, 0], [2, 7]], np.int32), np.array([2, 1]), np.array([5, 6, 9]), members)
+        >>> expand_rows(np.array([[1, 0], [2, 7]], np.int32), np.array([2, 1]), np.array([5, 6, 9]), members,
+        ...             np.array([1, 0]))
         >>> members.tolist()
-        [[6, 5], [9, -1]]
+        [[9, -1], [6, 5]]
     """
     G, X = local_GX.shape
-    for g in range(G):
+    for n in range(G):
+        g = order_G[n]
         for a in range(X):
-            members_GX[g, a] = rows_F[local_GX[g, a]] if a < count_G[g] else -1
+            members_GX[g, a] = rows_F[local_GX[n, a]] if a < count_G[n] else -1
 
 
 @njit
