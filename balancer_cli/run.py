@@ -182,6 +182,13 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
 
         def write(folder: Path) -> dict[str, Any]:
             nonlocal result
+            if plotter is not None:
+                from balancer_cli.report.build import early_figure
+
+                # Without a baseline in it the figure is known now: the child draws it meanwhile.
+                figure = early_figure(result.evaluation.loads, config.algorithm, baselines)
+                if figure is not None:
+                    plotter.submit(figure[0], figure[1], **figure[2])
             write_manifest(folder, result.rows, dropped_sample=result.dropped_sample,
                            dropped_reason=result.dropped_reason,
                            # `balancer report OUT` compares with the same baselines by default

@@ -55,7 +55,7 @@ from balancer_cli.pack.pipeline import place_packer
 from balancer_cli.replay.integrity import check_manifest
 from balancer_cli.report.markdown import render_markdown
 
-__all__ = ["Report", "build_report", "write_report"]
+__all__ = ["Report", "build_report", "write_report", "report_figure", "early_figure"]
 
 #: Baseline drawn next to the manifest in report.png, first available wins.
 PLOT_BASELINE_PREFERENCE = ("dataloader", "isf", "llm-ffd", "random")
@@ -166,9 +166,34 @@ def write_report(out_dir: str | os.PathLike, report: Report, *, plotter: Any = N
         tmp.write_text(json.dumps(report.data, indent=2, sort_keys=True) + "\n")
     with atomic_path(paths["md"]) as tmp:
         tmp.write_text(render_markdown(report.data))
-    baseline = next((b for b in PLOT_BASELINE_PREFERENCE if b in report.loads), None)
     with atomic_path(paths["png"]) as tmp:
         plot = plot_report if plotter is None else plotter.plot
-        plot(tmp, report.loads["ours"], report.loads.get(baseline) if baseline else None,
-             ours_label=f"ours ({report.data['manifest']['algorithm']})", baseline_label=baseline)
+        ours, baseline, labels = report_figure(report.loads, report.data["manifest"]["algorithm"])
+        plot(tmp, ours, baseline, **labels)
     return paths
+
+
+def report_figure(loads: Mapping[str, Any], algorithm: str) -> tuple[Any, Any, dict[str, Any]]:
+    """What report.png draws from a report's ``loads``: ``(ours, baseline or None, labels)`` for
+    :func:`~balancer_cli.report.plot.plot_report`.
+
+    Example:
+        >>> report_figure({"ours": {}, "isf": {}, "random": {}}, "balanced")[2]
+        {'ours_label': 'ours (balanced)', 'baseline_label': 'isf'}
+    """
+    baseline = next((b for b in PLOT_BASELINE_PREFERENCE if b in loads), None)
+    return (loads["ours"], loads[baseline] if baseline else None,
+            {"ours_label": f"ours ({algorithm})", "baseline_label": baseline})
+
+
+def early_figure(ours: Any, algorithm: str, baselines: Sequence[str]) -> tuple[Any, Any, dict[str, Any]] | None:
+    """report.png's figure before the report exists, when none of ``baselines`` can join it
+    (``--baselines none``): :func:`report_figure` of the manifest's loads alone; else None.
+
+    Example:
+        >>> early_figure({}, "balanced", ["isf"]) is None, early_figure({}, "isf", ["isf"])[1]
+        (True, None)
+    """
+    if any(b in PLOT_BASELINE_PREFERENCE and b != algorithm for b in baselines):
+        return None
+    return report_figure({"ours": ours}, algorithm)

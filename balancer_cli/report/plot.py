@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import BinaryIO
 
 import numpy as np
 
@@ -46,12 +47,13 @@ def preload() -> None:
     fig.savefig(io.BytesIO(), format="png", dpi=10)
 
 
-def plot_report(path: str | os.PathLike, ours: Mapping[str, np.ndarray], baseline: Mapping[str, np.ndarray] | None,
-                *, ours_label: str = "ours", baseline_label: str | None = None) -> None:
+def plot_report(path: str | os.PathLike | BinaryIO, ours: Mapping[str, np.ndarray],
+                baseline: Mapping[str, np.ndarray] | None, *, ours_label: str = "ours",
+                baseline_label: str | None = None) -> None:
     """Draw the per-module panels into a PNG at ``path``.
 
     Args:
-        path: output file (written as PNG whatever its suffix).
+        path: output file (written as PNG whatever its suffix), or a binary file object.
         ours: ``{module: (S, R)}`` summed cost per step and rank of the manifest.
         baseline: the same for one baseline, or None.
         ours_label, baseline_label: legend names.

@@ -25,6 +25,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -59,14 +60,20 @@ class PlotWorker:
     """A child process that has matplotlib imported and draws one report figure.
 
     Use as a context manager: leaving it stops a child that was never used (an error in the run).
+    :meth:`submit` sends the figure as soon as its data is known, before the folder it goes to
+    is written (``balancer pack --baselines none``: the child draws while the manifest is
+    written); :meth:`plot` then only collects the PNG bytes.
     """
 
     def __init__(self, command: Sequence[str] | None = None) -> None:
         """Start the child: ``command`` (default: this module's :func:`_main` under this interpreter)."""
         command = [sys.executable, "-m", "balancer_cli.report.plot_worker"] if command is None else list(command)
+        self._job: tuple | None = None  # the figure sent, as plot() is called with it
+        self._exchange: threading.Thread | None = None  # sends the job, reads the PNG back
+        self._png: bytes | None = None
         try:
             self._proc: subprocess.Popen | None = subprocess.Popen(
-                command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         except OSError:  # no interpreter to start: plot() draws in this process
             self._proc = None
 
@@ -77,43 +84,95 @@ class PlotWorker:
         self.close()
 
     def close(self) -> None:
-        """Stop the child if it still runs (it was never sent a figure)."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
+        """Stop the child if it still runs (it was never sent a figure, or its figure is not wanted)."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if self._exchange is not None:  # ends with the child
+            self._exchange.join()
+            self._exchange = None
+        if proc is not None:
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None and not pipe.closed:
+                    pipe.close()
         self._proc = None
+
+    def submit(self, ours: Mapping[str, np.ndarray], baseline: Mapping[str, np.ndarray] | None,
+               **labels: Any) -> None:
+        """Send :func:`~balancer_cli.report.plot.plot_report`'s figure to the child now (once, in a
+        thread: a child that reads nothing cannot block the caller); :meth:`plot` collects it."""
+        if self._proc is None or self._job is not None:
+            return
+        job = {"ours": {m: np.asarray(v) for m, v in ours.items()},
+               "baseline": None if baseline is None else {m: np.asarray(v) for m, v in baseline.items()},
+               "labels": labels}
+        self._job = (job["ours"], job["baseline"], labels)
+        data = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+        self._exchange = threading.Thread(target=self._run, args=(self._proc, data), daemon=True,
+                                          name="balancer-plot")
+        self._exchange.start()
+
+    def _run(self, proc: subprocess.Popen, data: bytes) -> None:
+        try:
+            png, _ = proc.communicate(data, timeout=TIMEOUT_S)
+        except (OSError, ValueError, subprocess.TimeoutExpired):  # close() stops the child
+            return
+        if proc.returncode == 0 and png.startswith(_PNG_SIGNATURE):
+            self._png = png
 
     def plot(self, path: str | os.PathLike, ours: Mapping[str, np.ndarray], baseline: Mapping[str, np.ndarray] | None,
              **labels: Any) -> None:
-        """Draw :func:`~balancer_cli.report.plot.plot_report`'s figure into ``path``: in the child,
-        or here when the child fails (the same PNG either way)."""
-        proc = self._proc
-        if proc is not None:
-            job = {"path": os.fspath(path), "ours": {m: np.asarray(v) for m, v in ours.items()},
-                   "baseline": None if baseline is None else {m: np.asarray(v) for m, v in baseline.items()},
-                   "labels": labels}
-            try:
-                proc.communicate(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL), timeout=TIMEOUT_S)
-                if proc.returncode == 0 and os.path.isfile(path):
-                    return
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-            finally:  # an interrupt included: no child outlives the call
-                self.close()
+        """Draw :func:`~balancer_cli.report.plot.plot_report`'s figure into ``path``: in the child
+        (the one :meth:`submit` sent, if it is this one), or here when the child fails or drew
+        another figure (the same PNG either way)."""
+        self.submit(ours, baseline, **labels)
+        png = None
+        if self._exchange is not None and _same_figure(self._job, (ours, baseline, labels)):
+            self._exchange.join()  # communicate's timeout bounds the wait
+            png = self._png
+        self.close()  # an interrupt included: no child outlives the call
+        if png is not None:
+            with open(path, "wb") as file:
+                file.write(png)
+            return
         from balancer_cli.report.plot import plot_report
 
         plot_report(path, ours, baseline, **labels)
 
 
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _same_figure(sent: tuple, asked: tuple) -> bool:
+    """Whether :meth:`PlotWorker.plot`'s figure is the one already sent: equal labels and loads."""
+
+    def same_loads(a, b) -> bool:
+        if a is None or b is None:
+            return a is None and b is None
+        return list(a) == list(b) and all(np.array_equal(a[m], np.asarray(b[m])) for m in a)
+
+    return sent[2] == asked[2] and same_loads(sent[0], asked[0]) and same_loads(sent[1], asked[1])
+
+
 def _main() -> int:
-    """The child: import the plotting code, then draw the one figure read from stdin."""
+    """The child: import the plotting code, then draw the one figure read from stdin and write
+    its PNG bytes to stdout."""
+    import io
+
     from balancer_cli.report.plot import plot_report, preload  # the import is the point: before the job arrives
 
     preload()
     job = pickle.loads(sys.stdin.buffer.read())
-    plot_report(job["path"], job["ours"], job["baseline"], **job["labels"])
+    png = io.BytesIO()
+    plot_report(png, job["ours"], job["baseline"], **job["labels"])
+    sys.stdout.buffer.write(png.getvalue())
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_main())
+    code = _main()
+    # The parent waits for this process to end, and the interpreter's teardown (matplotlib's
+    # and numpy's modules) took 0.1-0.15 s of that wait.
+    sys.stdout.flush()
+    os._exit(code)

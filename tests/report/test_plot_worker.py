@@ -30,6 +30,31 @@ def test_the_child_draws_the_same_png_as_this_process(tmp_path):
     assert (tmp_path / "child.png").read_bytes() == (tmp_path / "here.png").read_bytes()
 
 
+def test_a_figure_submitted_early_is_collected_from_the_child(tmp_path, monkeypatch):
+    ours = _loads(4)
+    labels = {"ours_label": "ours (balanced)", "baseline_label": None}
+    plot_report(tmp_path / "here.png", ours, None, **labels)
+    import balancer_cli.report.plot as plot
+
+    with PlotWorker() as worker:
+        worker.submit(ours, None, **labels)
+        worker.submit(_loads(5), None)  # only the first figure is sent
+        monkeypatch.setattr(plot, "plot_report", lambda *a, **k: pytest.fail("drawn here, not in the child"))
+        worker.plot(tmp_path / "child.png", {m: v.copy() for m, v in ours.items()}, None, **labels)
+    assert (tmp_path / "child.png").read_bytes() == (tmp_path / "here.png").read_bytes()
+
+
+def test_a_figure_other_than_the_submitted_one_is_drawn_here(tmp_path):
+    ours, other = _loads(6), _loads(7)
+    plot_report(tmp_path / "here.png", other, None, ours_label="x")
+    with PlotWorker() as worker:
+        worker.submit(ours, None, ours_label="x")
+        proc = worker._proc
+        worker.plot(tmp_path / "asked.png", other, None, ours_label="x")
+    assert (tmp_path / "asked.png").read_bytes() == (tmp_path / "here.png").read_bytes()
+    assert proc.poll() is not None  # the child drawing the unwanted figure was stopped
+
+
 @pytest.mark.parametrize("failure", ["killed", "no interpreter", "exits 3", "hangs"])
 def test_a_failing_child_falls_back_to_drawing_here(tmp_path, monkeypatch, failure):
     ours = _loads(2)
@@ -73,7 +98,9 @@ def test_want_worker_only_for_large_runs_in_a_fresh_process(monkeypatch):
     assert not want_worker(plot_worker.WORKER_MIN_SAMPLES)
 
 
-def test_pack_to_dir_with_the_worker_writes_the_same_folder(tmp_path, monkeypatch):
+@pytest.mark.parametrize("baselines", [(), ("random",)])
+def test_pack_to_dir_with_the_worker_writes_the_same_folder(tmp_path, monkeypatch, baselines):
+    """Without a baseline the figure is sent before the manifest is written; with one, after the report."""
     rng = np.random.default_rng(3)
     n = 600
     items = rng.integers(0, 5, n)
@@ -84,7 +111,7 @@ def test_pack_to_dir_with_the_worker_writes_the_same_folder(tmp_path, monkeypatc
     for use in (False, True):
         monkeypatch.setattr(run, "want_worker", lambda num_samples, use=use: use)
         outs[use] = tmp_path / f"out-{use}"
-        run.pack_to_dir([tmp_path / "lengths.parquet"], outs[use], config, baselines=("random",))
+        run.pack_to_dir([tmp_path / "lengths.parquet"], outs[use], config, baselines=baselines)
     for name in ("manifest.parquet", "report.json", "report.md", "report.png", "_COMMIT.json"):
         assert (outs[True] / name).read_bytes() == (outs[False] / name).read_bytes(), name
 
