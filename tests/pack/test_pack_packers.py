@@ -251,7 +251,7 @@ def test_kernels_pure_python_fallback_gives_identical_packings(monkeypatch):
                                  (_class_mix, _class_mix, ("_swap_pairs",)),
                                  (sort, sort, ("fix_cut_ties",)),
                                  (balanced, _table_kernels, ("group_tables", "load_sums", "suffix_min")),
-                                 (_balanced_refine, _table_kernels, ("compact_rows", "expand_rows")),
+                                 (_balanced_refine, _table_kernels, ("compact_rows", "expand_rows", "grid_cells")),
                                  (baselines, _fill_kernels, ("first_fit_tree",)),
                                  (_balanced_refine, _refine_kernels, ("refine_pass", "targeted_pass")),
                                  (isf, _fill_kernels, ("greedy_close",))):

@@ -24,7 +24,7 @@ from balancer_cli._procs import usable_cores
 from balancer_cli._sort import stable_order
 from balancer_cli.errors import UsageError
 from balancer_cli.pack.packers._refine_kernels import refine_pass, targeted_pass
-from balancer_cli.pack.packers._table_kernels import compact_rows, expand_rows
+from balancer_cli.pack.packers._table_kernels import compact_rows, expand_rows, grid_cells
 from balancer_cli.pack.types import dense_ids, top_codes
 
 __all__ = ["refine", "PARTNERS", "CELL_WIDTH", "SCAN", "MIX_WEIGHT", "TARGETED_MIN_SHARE", "TARGETED_MAX_ROWS",
@@ -215,16 +215,12 @@ def _membership(members_GX, count_G):
 
 def _weight_grid(weight_FK, inv_t_K, width):
     """Bucket rows by normalized weight (cells of ``width`` per module, at most ~2M cells)."""
-    u = weight_FK * inv_t_K
-    top = u.max(axis=0)
+    top = weight_FK.max(axis=0) * inv_t_K  # the largest normalized weight (inv_t_K >= 0)
     while np.prod(np.floor(top / width) + 1) > 2**21:
         width *= 1.5
     dims = (np.floor(top / width) + 1).astype(np.int64)
-    cell_k = np.minimum(np.floor(u / width).astype(np.int64), dims - 1)
-    cell = np.ravel_multi_index(cell_k.T, dims)
-    order = np.argsort(cell, kind="stable")
-    cell_start = np.concatenate([[0], np.cumsum(np.bincount(cell, minlength=int(np.prod(dims))))]).astype(np.int64)
-    return cell.astype(np.int64), cell_start, order.astype(np.int64), float(width), dims
+    cell, cell_start, order = grid_cells(weight_FK, inv_t_K, float(width), dims)
+    return cell, cell_start, order, float(width), dims
 
 
 def _partners(wsum_GK, target_K, inv_t_K, rng):

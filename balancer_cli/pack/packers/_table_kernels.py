@@ -14,8 +14,8 @@ import numpy as np
 
 from balancer_cli._jit import njit, prefetch
 
-__all__ = ["group_tables", "load_sums", "suffix_min", "compact_rows", "expand_rows", "gather_rows", "prefetch_group",
-           "prefetch_rows", "ROWS_AHEAD"]
+__all__ = ["group_tables", "load_sums", "suffix_min", "compact_rows", "expand_rows", "grid_cells", "gather_rows",
+           "prefetch_group", "prefetch_rows", "ROWS_AHEAD"]
 
 #: Rows ahead whose table rows the kernels that gather rows in random order prefetch (here and
 #: in :mod:`~balancer_cli.pack.packers._fill_kernels`); groups ahead for the compaction.
@@ -196,6 +196,47 @@ def expand_rows(local_GX, count_G, rows_F, members_GX, order_G):  # pragma: no c
         g = order_G[n]
         for a in range(X):
             members_GX[g, a] = rows_F[local_GX[n, a]] if a < count_G[n] else -1
+
+
+@njit
+def grid_cells(weight_FK, inv_t_K, width, dims_K):  # pragma: no cover - compiled
+    """Rows bucketed by normalized weight: cell ``floor(w_k * inv_t_k / width)`` per module (at
+    most ``dims_k - 1``), cells numbered row-major; a counting sort, one pass where numpy's stable
+    argsort of the cells took half of it (770k rows: ~40 ms).
+
+    Returns:
+        (cell_F, cell_start, order_F): each row's cell; the offsets of each cell's rows in
+        ``order_F`` (cells + 1); the rows by cell, ascending within a cell.
+
+    Example:
+        >>> import numpy as np
+        >>> cell, start, order = grid_cells(np.array([[3.0], [0.5], [2.0]]), np.array([0.5]), 0.5, np.array([4]))
+        >>> cell.tolist(), start.tolist(), order.tolist()
+        ([3, 0, 2], [0, 1, 1, 2, 3], [1, 2, 0])
+    """
+    F, K = weight_FK.shape
+    cells = 1
+    for k in range(K):
+        cells *= dims_K[k]
+    cell_F = np.empty(F, np.int64)
+    cell_start = np.zeros(cells + 1, np.int64)
+    for f in range(F):
+        c = 0
+        for k in range(K):
+            ck = min(int(np.floor(weight_FK[f, k] * inv_t_K[k] / width)), dims_K[k] - 1)
+            if ck < 0:
+                raise ValueError("negative weights have no grid cell")
+            c = c * dims_K[k] + ck
+        cell_F[f] = c
+        cell_start[c + 1] += 1
+    for c in range(cells):
+        cell_start[c + 1] += cell_start[c]
+    fill = cell_start[:cells].copy()
+    order_F = np.empty(F, np.int64)
+    for f in range(F):
+        order_F[fill[cell_F[f]]] = f
+        fill[cell_F[f]] += 1
+    return cell_F, cell_start, order_F
 
 
 @njit
