@@ -4,8 +4,10 @@ Importing matplotlib and drawing the report's panels take ~1 s of a 1.2M-sample 
 pack`` (~6 s end to end on 2 cores), all of it after the packing, on the critical path. A
 :class:`PlotWorker` started right after the lengths are read imports matplotlib on the other
 core while the parent packs, then draws the figure it is sent with the same
-:func:`~balancer_cli.report.plot.plot_report` (byte-identical PNG). It is only worth it where
-the packing takes long enough to hide the import: :func:`want_worker` decides.
+:func:`~balancer_cli.report.plot.plot_report` and writes the PNG bytes back (byte-identical to
+drawing here); a figure known before the report is written (no baseline in it) is sent as soon
+as it is known (:meth:`PlotWorker.submit`). It is only worth it where the packing takes long
+enough to hide the import: :func:`want_worker` decides.
 
 Any failure of the child (no interpreter, killed, an exception, past :data:`TIMEOUT_S`) makes
 :meth:`PlotWorker.plot` draw in the parent instead: the worker can make a run faster, never fail it.
@@ -126,12 +128,14 @@ class PlotWorker:
         """Draw :func:`~balancer_cli.report.plot.plot_report`'s figure into ``path``: in the child
         (the one :meth:`submit` sent, if it is this one), or here when the child fails or drew
         another figure (the same PNG either way)."""
-        self.submit(ours, baseline, **labels)
         png = None
-        if self._exchange is not None and _same_figure(self._job, (ours, baseline, labels)):
-            self._exchange.join()  # communicate's timeout bounds the wait
-            png = self._png
-        self.close()  # an interrupt included: no child outlives the call
+        try:
+            self.submit(ours, baseline, **labels)
+            if self._exchange is not None and _same_figure(self._job, (ours, baseline, labels)):
+                self._exchange.join()  # communicate's timeout bounds the wait
+                png = self._png
+        finally:  # an interrupt included: no child outlives the call
+            self.close()
         if png is not None:
             with open(path, "wb") as file:
                 file.write(png)
