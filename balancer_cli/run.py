@@ -118,7 +118,8 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
                 baselines: Sequence[str] = registry.names(baseline=True),
                 on_phase: OnPhase | None = None, memory_gb: float | None = None, engine: str = "local",
                 ray_address: str | None = None, keep_parts: bool = False,
-                notify: Callable[[str], None] | None = None) -> dict[str, Any]:
+                notify: Callable[[str], None] | None = None,
+                on_window: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Pack lengths files into ``out/``: manifest, dropped list and the report against ``baselines``.
 
     Args:
@@ -134,6 +135,7 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
         keep_parts: ``ray``: keep ``OUT.parts/`` (the finished windows) afterwards; an interrupted
             run resumes from them when rerun.
         notify: called with one line when a ray run resumes.
+        on_window: called with ``(done, total)`` as each window of the manifest's packing is done.
 
     The whole folder is built under a temporary sibling name and renamed into place with its
     ``_COMMIT.json`` (:func:`balancer_cli.commit.committed_folder`): an interrupted run leaves
@@ -176,7 +178,8 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
         fingerprint = table.fingerprint
         del table
         release_freed_memory()
-        result = pack_inputs(inputs, config, lengths_fingerprint=fingerprint, engine=engine, engine_options=engine_options)
+        result = pack_inputs(inputs, config, lengths_fingerprint=fingerprint, engine=engine,
+                             engine_options=engine_options, on_window=on_window)
         done("pack")
         final = Path(out)
 

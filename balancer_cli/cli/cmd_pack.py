@@ -86,8 +86,13 @@ def command(lengths, out, world_size, micro_batches, algorithm, max_llm_tokens, 
         epochs=epochs, seed=seed, **cost_fields(cost_model, costs, vision=vision_model, audio=audio_model, llm=llm_model),
         target_group_size=target_group_size, post_balance=post_balance, window_samples=window_samples)
     with progress(len(PACK_PHASES), quiet, "pack") as bar:
+
+        def on_window(done: int, total: int) -> None:
+            if total > 1:  # a windowed run: long enough to follow window by window
+                bar.set_postfix_str(f"window {done}/{total}")
+
         summary = pack_to_dir(lengths, out, config, baselines=parse_baselines(baselines),
                               on_phase=lambda phase: bar.update(), memory_gb=memory_gb, engine=engine,
                               ray_address=ray_address, keep_parts=keep_parts,
-                              notify=None if quiet else lambda line: click.echo(line, err=True))
+                              notify=None if quiet else lambda line: click.echo(line, err=True), on_window=on_window)
     emit(summary, as_json, render_pack)

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -191,14 +192,15 @@ def sample_view(inputs: PackInputs) -> registry.SampleView:
 
 
 def place_packer(name: str, inputs: PackInputs, config: PackConfig, caps_K: np.ndarray,
-                 bounds_K: np.ndarray, *, engine: Any = "local", engine_options: Any = None) -> Placement:
+                 bounds_K: np.ndarray, *, engine: Any = "local", engine_options: Any = None,
+                 on_window: Callable[[int, int], None] | None = None) -> Placement:
     """Pack every epoch with the registered packer ``name``, window by window, and place its groups.
 
     The manifest's own packer and every baseline go through here, with the same step shape, seed
     streams, epochs and windows (:mod:`balancer_cli.pack.windows`), so their metrics compare like
     with like. ``engine`` (a name of :data:`~balancer_cli.pack.engines.ENGINES`, or a
     ``run_windows`` function of the same contract) runs the windows; every engine gives the same
-    placement.
+    placement. ``on_window(done, total)`` is called as each window (of every epoch) is done.
     """
     from balancer_cli.pack.engines import get_engine
 
@@ -223,7 +225,13 @@ def place_packer(name: str, inputs: PackInputs, config: PackConfig, caps_K: np.n
                                    modules=view.modules)
 
     run_windows = get_engine(engine) if isinstance(engine, str) else engine
-    results = run_windows(tasks, view_of, engine_options)
+    progress = None
+    if on_window is not None:
+        done = itertools.count(1)
+
+        def progress() -> None:
+            on_window(next(done), len(tasks))
+    results = run_windows(tasks, view_of, engine_options, progress=progress)
     members.clear()  # the window slices are no longer needed
     release_freed_memory()  # the windows' working arrays, before the merge builds the rows
     by_epoch = [[r for t, r in zip(tasks, results) if t.epoch == epoch] for epoch in range(config.epochs)]
@@ -256,10 +264,11 @@ def pack_manifest(lengths: LengthsTable, config: PackConfig) -> PackResult:
 
 
 def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: str, engine: str = "local",
-                engine_options: Any = None) -> PackResult:
+                engine_options: Any = None, on_window: Callable[[int, int], None] | None = None) -> PackResult:
     """:func:`pack_manifest` from already prepared inputs (:func:`prepare_inputs` of the lengths table).
 
-    ``engine`` and ``engine_options`` choose where the windows are packed (:func:`place_packer`).
+    ``engine`` and ``engine_options`` choose where the windows are packed, and ``on_window``
+    follows them (:func:`place_packer`; a run that checks more caps packs its windows again).
 
     Lets a caller drop the Arrow lengths table while packing (the inputs hold all packing needs),
     which lowers the peak memory of large runs. Same result as :func:`pack_manifest`.
@@ -273,7 +282,8 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
 
     def run(caps_K: np.ndarray, bounds_K: np.ndarray) -> _Trial:
         rows, dropped_sample, dropped_reason, epoch_num_steps = place_packer(
-            config.algorithm, inputs, config, caps_K, bounds_K, engine=engine, engine_options=engine_options)
+            config.algorithm, inputs, config, caps_K, bounds_K, engine=engine, engine_options=engine_options,
+            on_window=on_window)
         if config.post_balance:
             rows = with_phase_ranks(rows, inputs, config.world_size)
         evaluation = evaluate_rows(inputs, rows, dropped_sample, dropped_reason, caps_K=caps_K,

@@ -64,9 +64,10 @@ def test_a_rerun_resumes_from_the_kept_windows_and_repacks_a_corrupt_one(ray_ses
     assert len(shards) == 2 * 5  # 2 epochs x ceil(4999 / 1200) windows
     shards[0].write_bytes(b"not an npz")  # a shard cut short: packed again
     os.rename(parts, tmp_path / "second.parts")
-    lines = []
-    _pack(lengths, tmp_path / "second", engine="ray", notify=lines.append)
+    lines, done = [], []
+    _pack(lengths, tmp_path / "second", engine="ray", notify=lines.append, on_window=lambda d, t: done.append((d, t)))
     assert lines and "9 of 10 windows already packed" in lines[0]
+    assert done == [(i, 10) for i in range(1, 11)]  # the 9 kept windows, then the one packed again
     for name in FILES:
         assert (tmp_path / "first" / name).read_bytes() == (tmp_path / "second" / name).read_bytes(), name
     task = WindowTask(packer="balanced", config=CONFIG, caps_K=np.array([1]), bounds_K=np.array([1]), epoch=0, window=0)

@@ -94,6 +94,17 @@ def test_every_sample_is_placed_once_per_epoch_in_windows(packer):
     assert len(np.unique(slot)) == sum(epoch_steps) * 8
 
 
+def test_on_window_follows_every_window_of_every_epoch():
+    inputs = prepare_inputs(_inputs())
+    config = PackConfig(world_size=4, micro_batches=2, epochs=2, window_samples=1500,
+                        caps=(("vision", 24), ("llm", 7000)))
+    caps_K, bounds_K, _ = resolve_thresholds(inputs, config)
+    calls = []
+    place_packer("balanced", inputs, config, caps_K, bounds_K, on_window=lambda done, total: calls.append((done, total)))
+    total = 2 * num_windows(inputs.num_samples - 1, 1500)  # one sample has a scan error
+    assert total > 2 and calls == [(i, total) for i in range(1, total + 1)]
+
+
 def test_one_window_packs_exactly_as_no_windows_and_windows_are_deterministic():
     lengths = _inputs()
     plain = pack_manifest(lengths, PackConfig(world_size=4, seed=2))

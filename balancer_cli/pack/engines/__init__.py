@@ -1,9 +1,9 @@
 """Pack engines by name: where the windows of a pack run are packed and assigned.
 
-An engine is a module whose ``run_windows(tasks, view_of, options)`` returns one
+An engine is a module whose ``run_windows(tasks, view_of, options, progress=None)`` returns one
 :class:`~balancer_cli.pack.windows.WindowResult` per :class:`~balancer_cli.pack.windows.WindowTask`,
 in task order, each the result of :func:`~balancer_cli.pack.windows.place_window` on
-``view_of(i)``. Everything else (search, windows, merging, metrics) is shared, so every engine
+``view_of(i)``, and calls ``progress()`` once per window as it is done (a resumed one included). Everything else (search, windows, merging, metrics) is shared, so every engine
 writes a byte-identical manifest for the same ``window_samples``.
 
 Example:
@@ -18,15 +18,15 @@ Example:
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from balancer_cli.errors import UsageError
 
 __all__ = ["ENGINES", "RunWindows", "get_engine"]
 
-#: ``run_windows(tasks, view_of, options)``: one placed window per task, in task order.
-RunWindows = Callable[[Sequence[Any], Callable[[int], Any], Any], list]
+#: ``run_windows(tasks, view_of, options, progress=None)``: one placed window per task, in task order.
+RunWindows = Callable[..., list]
 
 #: engine name (``--engine``) -> the module that defines its ``run_windows`` (imported on use:
 #: the Ray engine's dependencies are an extra).

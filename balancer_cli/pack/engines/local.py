@@ -24,7 +24,13 @@ from balancer_cli.pack.windows import WindowResult, WindowTask, place_window
 __all__ = ["run_windows"]
 
 
-def run_windows(tasks: Sequence[WindowTask], view_of: Callable[[int], SampleView],
-                options: Any = None) -> list[WindowResult]:
-    """Place every window in order (``options`` is unused: the local engine has none)."""
-    return [place_window(task, view_of(i)) for i, task in enumerate(tasks)]
+def run_windows(tasks: Sequence[WindowTask], view_of: Callable[[int], SampleView], options: Any = None,
+                progress: Callable[[], None] | None = None) -> list[WindowResult]:
+    """Place every window in order (``options`` is unused: the local engine has none), calling
+    ``progress()`` after each."""
+    results = []
+    for i, task in enumerate(tasks):
+        results.append(place_window(task, view_of(i)))
+        if progress is not None:
+            progress()
+    return results

@@ -102,8 +102,11 @@ def _place_and_keep(task: WindowTask, view: SampleView, parts_dir: str | None, k
 
 
 def run_windows(tasks: Sequence[WindowTask], view_of: Callable[[int], SampleView],
-                options: RayPackOptions | None = None) -> list[WindowResult]:
+                options: RayPackOptions | None = None,
+                progress: Callable[[], None] | None = None) -> list[WindowResult]:
     """Place every window as a Ray task; results in task order (see the module docstring).
+    ``progress()`` is called once per window: at once for those reused from ``parts_dir``, then
+    as each finishes.
 
     Raises:
         BalancerError: a window's data or options are bad (as in the local engine).
@@ -119,6 +122,8 @@ def run_windows(tasks: Sequence[WindowTask], view_of: Callable[[int], SampleView
         for i, task in enumerate(tasks):
             results[i] = read_shard(shard_path(options.parts_dir, task), keys[i])
         reused = sum(r is not None for r in results)
+        for _ in range(reused if progress is not None else 0):
+            progress()
         if reused and options.notify:
             options.notify(f"resuming from {options.parts_dir}: {reused} of {len(tasks)} windows already packed")
     todo = [i for i, r in enumerate(results) if r is None]
@@ -132,6 +137,8 @@ def run_windows(tasks: Sequence[WindowTask], view_of: Callable[[int], SampleView
         for i, ref in refs.items():  # in task order: the driver merges as windows finish
             try:
                 results[i] = ray.get(ref)
+                if progress is not None:
+                    progress()
             except ray.exceptions.RayTaskError as exc:
                 cause = getattr(exc, "cause", None)
                 if isinstance(cause, BalancerError):
