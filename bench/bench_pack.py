@@ -10,7 +10,7 @@ Usage (from the repository root):
     python -m bench.bench_pack                       # all scenarios
     python -m bench.bench_pack --scenario internvl   # one of: internvl, synthetic, audio, speed
     python -m bench.bench_pack --scenario memory     # 10M samples (minutes)
-    python -m bench.bench_pack --scenario scale      # real 70k and 1.2M resampled, the pack pipeline
+    python -m bench.bench_pack --scenario scale      # real 70k and 1.2M resampled, the pack pipeline (and warm)
     python -m bench.bench_pack --scenario scale --scale-sizes 1200000,10000000
 """
 
@@ -229,6 +229,20 @@ def scale(sizes, M):
             print(f"| {'ours' if name == 'balanced' else name} | {dists} | {m['steps']['total']} "
                   f"({m['steps']['vs_lower_bound']:.2f}x) | {m['step_mix']['vs_random']:.2f}x | "
                   f"{dt:.2f} ({dt / t_isf:.2f}x) |")
+        # The table's CPU includes numba's first calls; the issue's 1.2M target (2 s) is warm.
+        warm, warm_isf = [], []
+        for _ in range(3):
+            t = time.process_time()
+            caps_K, bounds_K, _ = resolve_thresholds(inputs, config)
+            t_search = time.process_time() - t
+            place_packer("balanced", inputs, config, caps_K, bounds_K)
+            warm.append((time.process_time() - t, t_search))
+            t = time.process_time()
+            place_packer("isf", inputs, config, caps_K, bounds_K)
+            warm_isf.append(time.process_time() - t)
+        total, t_search = min(warm)
+        print(f"\nwarm, best of 3: ours search {t_search:.2f} + pack {total - t_search:.2f} = {total:.2f} s CPU, "
+              f"ISF {min(warm_isf):.2f} s ({total / min(warm_isf):.2f}x)")
 
 
 if __name__ == "__main__":
