@@ -55,7 +55,7 @@ from balancer_cli.pack.pipeline import place_packer
 from balancer_cli.replay.integrity import check_manifest
 from balancer_cli.report.markdown import render_markdown
 
-__all__ = ["Report", "build_report", "write_report", "report_figure", "early_figure"]
+__all__ = ["Report", "build_report", "early_figure", "report_figure", "write_report"]
 
 #: Baseline drawn next to the manifest in report.png, first available wins.
 PLOT_BASELINE_PREFERENCE = ("dataloader", "isf", "llm-ffd", "random")

@@ -34,7 +34,7 @@ def test_a_figure_submitted_early_is_collected_from_the_child(tmp_path, monkeypa
     ours = _loads(4)
     labels = {"ours_label": "ours (balanced)", "baseline_label": None}
     plot_report(tmp_path / "here.png", ours, None, **labels)
-    import balancer_cli.report.plot as plot
+    from balancer_cli.report import plot
 
     with PlotWorker() as worker:
         worker.submit(ours, None, **labels)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any
 
 from balancer_cli.errors import UsageError
 

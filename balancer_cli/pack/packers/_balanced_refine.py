@@ -24,7 +24,11 @@ from balancer_cli._procs import usable_cores
 from balancer_cli._sort import stable_order
 from balancer_cli.errors import UsageError
 from balancer_cli.pack.packers._refine_kernels import refine_pass, targeted_pass
-from balancer_cli.pack.packers._table_kernels import compact_rows, expand_rows, grid_cells
+from balancer_cli.pack.packers._table_kernels import (
+    compact_rows,
+    expand_rows,
+    grid_cells,
+)
 from balancer_cli.pack.types import dense_ids, top_codes
 
 __all__ = ["refine", "PARTNERS", "CELL_WIDTH", "SCAN", "MIX_WEIGHT", "TARGETED_MIN_SHARE", "TARGETED_MAX_ROWS",
