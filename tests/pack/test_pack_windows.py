@@ -100,7 +100,7 @@ def test_on_window_follows_every_window_of_every_epoch():
                         caps=(("vision", 24), ("llm", 7000)))
     caps_K, bounds_K, _ = resolve_thresholds(inputs, config)
     calls = []
-    place_packer("balanced", inputs, config, caps_K, bounds_K, on_window=lambda done, total: calls.append((done, total)))
+    place_packer("balanced", inputs, config, caps_K, bounds_K, on_window=lambda *call: calls.append(call))
     total = 2 * num_windows(inputs.num_samples - 1, 1500)  # one sample has a scan error
     assert total > 2 and calls == [(i, total) for i in range(1, total + 1)]
 
