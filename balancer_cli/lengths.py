@@ -277,10 +277,10 @@ def _normalize(table: pa.Table, origin: str) -> pa.Table:
         table = table.set_column(table.column_names.index(name), name, column.cast(pa.int32()))
     table = table.set_column(table.column_names.index("error"), "error", table.column("error").cast(pa.string()))
     source = table.column("source")
+    if source.null_count:  # no source is the default source, as when the column is absent (a null code would be 0)
+        source = source.cast(pa.string()).fill_null(DEFAULT_SOURCE)
     if not pa.types.is_dictionary(source.type):
         source = source.cast(pa.string()).dictionary_encode()
-    if source.null_count:  # no source is the default source, as when the column is absent (a null code would be 0)
-        source = source.cast(pa.string()).fill_null(DEFAULT_SOURCE).dictionary_encode()
     table = table.set_column(table.column_names.index("source"), "source", source)
     for name, kind in MEMBER_COLUMNS.items():
         if name in table.column_names:

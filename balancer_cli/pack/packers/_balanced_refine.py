@@ -16,6 +16,8 @@ side where two cores are free (the kernels release the GIL), and the result does
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from balancer_cli._index import take_rows
@@ -149,16 +151,15 @@ def _partner_pass(wsum_GK, target_K, inv_t_K, tables, rng, threads, shifted):
     the partners); from twice :data:`BLOCK_GROUPS` groups, in blocks (shifted by half a block
     with ``shifted``; module docstring)."""
     G = len(wsum_GK)
-    if G < 2 * BLOCK_GROUPS:
-        cand = _partners(wsum_GK, target_K, inv_t_K, rng)
-        return refine_pass(rng.permutation(G), cand, *tables)
-    blocks = -(-G // BLOCK_GROUPS)
-    size = -(-G // blocks)
-    starts = np.arange(size // 2 if shifted else 0, G, size)
-    edges = np.unique(np.concatenate([[0], starts, [G]]))
+    edges = [0, G]  # one block: every group
+    if G >= 2 * BLOCK_GROUPS:
+        blocks = -(-G // BLOCK_GROUPS)
+        size = -(-G // blocks)
+        starts = np.arange(size // 2 if shifted else 0, G, size)
+        edges = np.unique(np.concatenate([[0], starts, [G]])).tolist()
     cand = np.empty((G, PARTNERS), np.int64)
     visits = []
-    for lo, hi in zip(edges[:-1].tolist(), edges[1:].tolist()):  # partners within the block
+    for lo, hi in itertools.pairwise(edges):  # partners within the block
         cand[lo:hi] = lo + _partners(wsum_GK[lo:hi], target_K, inv_t_K, rng)
         visits.append(lo + rng.permutation(hi - lo))
 
@@ -167,7 +168,7 @@ def _partner_pass(wsum_GK, target_K, inv_t_K, tables, rng, threads, shifted):
 
     if threads is None:
         threads = 2 if HAVE_NUMBA and usable_cores() > 1 else 1
-    if threads < 2:
+    if threads < 2 or len(visits) < 2:
         return sum(map(run, visits))
     from concurrent.futures import ThreadPoolExecutor
 
