@@ -1,10 +1,18 @@
-"""Give freed memory back to the operating system between the phases of a large run.
+"""Freed memory: reused within a phase of a large run, given back to the OS between phases.
 
 Arrow's allocator keeps pages it freed (reading a 10M-sample lengths file leaves ~340 MiB of
 them), and glibc's malloc keeps freed heap blocks below its adaptive mmap threshold (up to 32 MiB
 each, so numpy's per-window arrays stay resident after a window). Both count towards a run's
-peak, so the pipeline hands them back once a phase's arrays are gone. Only memory already freed
-is returned; nothing changes the allocators' behaviour.
+peak, so the pipeline hands them back once a phase's arrays are gone
+(:func:`release_freed_memory`; only memory already freed is returned).
+
+Within a phase the opposite is what costs: by default malloc hands the top of its heap back
+whenever more than twice the mmap threshold lies free there, and every page handed back is
+zeroed by the kernel when the next array touches it. A 10M pack allocates and frees the same
+window-sized arrays for each of its 13 windows: 0.55M page faults, 12% of its CPU in the
+kernel's page clearing. :func:`keep_freed_memory` (the command line calls it once; a library
+leaves its host's allocator alone) makes malloc keep such blocks for reuse: 0.16M faults and
+2.6 s less CPU at the same peak, since the phases' explicit release still returns them.
 
 Example:
     >>> release_freed_memory()
@@ -15,19 +23,44 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 
-__all__ = ["release_freed_memory"]
+__all__ = ["keep_freed_memory", "release_freed_memory"]
+
+# glibc's mallopt parameters (malloc.h) and its largest mmap threshold on 64-bit platforms
+# (DEFAULT_MMAP_THRESHOLD_MAX): blocks above it are always mapped and unmapped on their own.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD_MAX = 32 * 2**20
+_INT_MAX = 2**31 - 1
 
 
-def _libc_trim():
-    """glibc's ``malloc_trim`` (None elsewhere: musl, macOS, Windows)."""
-    name = ctypes.util.find_library("c")
+def _libc_function(name: str):
+    """A glibc function by name (None elsewhere: musl, macOS, Windows)."""
+    lib = ctypes.util.find_library("c")
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None
+        return getattr(ctypes.CDLL(lib), name) if lib else None
     except (OSError, AttributeError):
         return None
 
 
-_MALLOC_TRIM = _libc_trim()
+_MALLOC_TRIM = _libc_function("malloc_trim")
+_MALLOPT = _libc_function("mallopt")
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc keep freed blocks of up to 32 MiB for reuse instead of handing them
+    to the kernel (which zeroes them again on the next touch); for a process that runs one job.
+
+    Returns:
+        Whether the allocator took the settings (False off glibc).
+
+    Example:
+        >>> isinstance(keep_freed_memory(), bool)
+        True
+    """
+    if _MALLOPT is None:
+        return False
+    # A fixed threshold at glibc's maximum: the adaptive one starts at 128 KiB and only rises
+    # as mapped blocks are freed. An explicit value also stops the adaptive trim threshold.
+    return bool(_MALLOPT(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(_MALLOPT(_M_TRIM_THRESHOLD, _INT_MAX))
 
 
 def release_freed_memory() -> None:

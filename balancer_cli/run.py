@@ -161,6 +161,7 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
     if not config.lengths_files:
         config = dataclasses.replace(config, lengths_files=tuple(os.path.abspath(p) for p in paths))
     table = read_lengths(paths)
+    release_freed_memory()  # the files' read buffers (10M: ~170 MB), before the matrices are built
     done("read")
     # Large runs draw report.png in a child that imports matplotlib while this process packs; not
     # under a memory budget, which the child's ~100 MB would not be counted in.

@@ -24,6 +24,7 @@ from typing import Any
 import click
 
 from balancer_cli import __version__
+from balancer_cli._memory import keep_freed_memory
 from balancer_cli.errors import BalancerError
 
 __all__ = ["DEBUG_ENV", "main"]
@@ -51,6 +52,7 @@ class _LazyGroup(click.Group):
         """Run the subcommand; an exception outside the package's error family (a bug, never the
         user's input) ends as one ``Error:`` line and exit 1, its traceback only with
         ``BALANCER_DEBUG=1``."""
+        keep_freed_memory()  # a command is one job: its freed arrays are reused, not zeroed again
         try:
             return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort,

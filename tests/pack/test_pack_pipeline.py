@@ -188,6 +188,17 @@ def test_unknown_column_is_named():
         prepare_inputs(lt)
 
 
+
+def test_loads_are_exact_int32_and_errors_count_zero():
+    """Loads in int32 up to the largest value a lengths table holds; errors' null lengths count 0."""
+    top = 2**31 - 1
+    lt = make_lengths_table(np.array([top, 5, 0]), {"vision": (np.array([256, 0, 0]), np.array([1, 0, 0]))},
+                            error=[None, None, "unreadable"])
+    inputs = prepare_inputs(lt)
+    assert inputs.load_NK.dtype == np.int32
+    assert inputs.load_NK.tolist() == [[1, top], [0, 5], [0, 0]]
+    assert inputs.cost_NK.tolist() == [[256.0, float(np.float32(top))], [0.0, 5.0], [0.0, 0.0]]
+
 @settings(max_examples=40, deadline=None)
 @given(tokens=st.lists(st.integers(0, 300), min_size=1, max_size=200), cap=st.integers(50, 400),
        oversize=st.sampled_from(["isolate", "drop"]), seed=st.integers(0, 99))

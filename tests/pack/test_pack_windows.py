@@ -155,3 +155,32 @@ def test_conservation_for_any_mixture_and_window_count(n, R, M, windows, sources
         assert not set(placed.tolist()) & {int(s) for s, r in zip(dropped, reasons) if "epoch" not in r}
         assert set(placed.tolist()) | set(dropped.tolist()) == set(range(n))
         first += steps
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 3), st.booleans(), st.integers(0, 2**31 - 1))
+def test_merged_rows_are_the_row_level_sort(windows, R, M, shared, seed):
+    """Windows' groups expand straight into rows sorted by (step, rank, micro, position in group),
+    also when groups share a slot (not produced by our assigners: the general row sort)."""
+    from balancer_cli.pack.placement import merge_windows
+    from balancer_cli.pack.windows import WindowResult
+
+    rng = np.random.default_rng(seed)
+    inputs = prepare_inputs(make_lengths_table(np.ones(1, np.int64)))
+    results, ref, offset, first = [], [], 0, 0
+    for _ in range(windows):
+        S = int(rng.integers(1, 4))
+        sizes = rng.integers(1, 4, S * R * M)
+        order = first + rng.permutation(int(sizes.sum()))
+        first += len(order)
+        slot = rng.integers(0, S * R * M, S * R * M) if shared else rng.permutation(S * R * M)
+        step, rank, micro = slot // (R * M), slot // M % R, slot % M
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        results.append(WindowResult(order, offsets, step, rank, micro, S, np.zeros(0, np.int64), ()))
+        ref += [(offset + s, r, m, p, order[offsets[g] + p]) for g, (s, r, m) in enumerate(zip(step, rank, micro))
+                for p in range(sizes[g])]
+        offset += S
+    rows = merge_windows(inputs, [results], epochs=1).rows
+    ref.sort(key=lambda t: t[:4])  # stable: groups of one slot interleave by position, in window order
+    assert [(int(a), int(b), int(c), int(d)) for a, b, c, d in zip(rows.step, rows.rank, rows.micro, rows.sample)] == \
+        [(s, r, m, x) for s, r, m, _, x in ref]
