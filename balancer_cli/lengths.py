@@ -217,15 +217,22 @@ def make_lengths_table(
     columns: dict[str, pa.Array] = {
         "sample": pa.array(np.arange(n, dtype=np.int64)),
         "source": pa.array([source] * n if isinstance(source, str) else list(source), pa.string()).dictionary_encode(),
-        "llm_tokens": pa.array(np.asarray(llm_tokens, dtype=np.int32)),
+        "llm_tokens": _int_array(llm_tokens),
     }
     for module, (tokens, items) in (modules or {}).items():
-        columns[f"{module}_tokens"] = pa.array(np.asarray(tokens, dtype=np.int32))
-        columns[f"{module}_items"] = pa.array(np.asarray(items, dtype=np.int32))
+        columns[f"{module}_tokens"] = _int_array(tokens)
+        columns[f"{module}_items"] = _int_array(items)
         if seqlens and module in seqlens:
             columns[f"{module}_seqlens"] = pa.array(list(seqlens[module]), pa.list_(pa.int32()))
     columns["error"] = pa.array([None] * n if error is None else list(error), pa.string())
     return _finish(pa.table(columns), dict(metadata or {}), origin="<arrays>")
+
+
+def _int_array(values) -> pa.Array:
+    """Integer values as they are (the table's checks then name a value past int32 instead of
+    seeing it wrapped); anything else as int64, truncated as before."""
+    array = np.asarray(values)
+    return pa.array(array if array.dtype.kind in "iu" else array.astype(np.int64))
 
 
 def _finish(table: pa.Table, metadata: dict, origin: str) -> LengthsTable:
@@ -271,7 +278,9 @@ def _normalize(table: pa.Table, origin: str) -> pa.Table:
                 raise InputError(f"{origin}: sample {row} has negative '{name}' = {values[row]}",
                                  fix="lengths must be >= 0; re-run `balancer scan`")
         if high is not None and high > np.iinfo(np.int32).max:
-            raise InputError(f"{origin}: '{name}' exceeds int32 ({high})", fix="check the length column")
+            row = pc.index(column, high).as_py()
+            raise InputError(f"{origin}: sample {row} has '{name}' = {high}, past int32 ({np.iinfo(np.int32).max})",
+                             fix="check the length column; no real sample has that many tokens or items")
         if low is not None and low < np.iinfo(np.int32).min:
             column = pa.array(np.maximum(_as_int64(column), np.iinfo(np.int32).min).astype(np.int32))
         table = table.set_column(table.column_names.index(name), name, column.cast(pa.int32()))

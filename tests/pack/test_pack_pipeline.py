@@ -233,3 +233,13 @@ def test_config_literal_types_name_exactly_the_registered_choices():
     from balancer_cli.pack.packers.registry import Algorithm
 
     assert set(get_args(Algorithm)) == set(PACKERS) and set(get_args(CostModelName)) == set(COST_MODELS)
+
+
+@pytest.mark.parametrize("values, message", [
+    ([5, 3_000_000_000, 7], "sample 1 has 'llm_tokens' = 3000000000, past int32"),
+    ([5, -3, 7], "sample 1 has negative 'llm_tokens' = -3"),
+])
+def test_arrays_out_of_range_are_named_not_wrapped(values, message):
+    """An array past int32 is refused with its value (it was wrapped to a negative one before)."""
+    with pytest.raises(InputError, match=message):
+        make_lengths_table(np.array(values))
