@@ -15,7 +15,7 @@ from balancer_cli.metrics import dist_ratio, pad_ratio, step_loads, step_utiliza
 from balancer_cli.pack.config import PackConfig
 from balancer_cli.pack.inputs import prepare_inputs
 from balancer_cli.pack.pipeline import pack_manifest
-from balancer_cli.report.build import build_report, write_report
+from balancer_cli.report.build import build_report, report_figure, write_report
 from balancer_cli.report.markdown import render_markdown, summary_table
 
 
@@ -100,6 +100,19 @@ def test_report_from_written_manifest_matches_the_pack_summary(tmp_path):
     assert data["baselines"]["random"]["groups"]["over_cap"] >= 0
     assert data["steps"]["per_epoch"] == result.epoch_num_steps
 
+
+
+@pytest.mark.parametrize("baselines, drawn", [(("random", "llm-ffd", "isf", "dataloader"), "dataloader"),
+                                              (("random", "isf", "llm-ffd"), "isf"), (("random",), "random"), ((), None)])
+def test_report_keeps_the_loads_of_the_drawn_baseline_only(tmp_path, baselines, drawn):
+    """Every baseline's metrics, but (S, R) loads only for the manifest and the figure's baseline,
+    in any order the baselines run: the figure is the one all their loads would give."""
+    lt = _lengths()
+    _write(tmp_path, lt, PackConfig(world_size=4, micro_batches=2, caps=(("llm", 3000), ("vision", 10))))
+    report = build_report(open_manifest(tmp_path), lt, baselines=baselines)
+    assert set(report.data["baselines"]) == set(baselines)
+    assert set(report.loads) == {"ours"} | ({drawn} if drawn else set())
+    assert report_figure(report.loads, "balanced")[2]["baseline_label"] == drawn
 
 def test_report_reusing_the_pack_evaluation_is_the_report_of_the_read_rows(tmp_path):
     """``balancer pack`` hands its evaluation of the rows it wrote to the report: the same data and
