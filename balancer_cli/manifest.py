@@ -60,6 +60,7 @@ __all__ = [
     "ManifestFile",
     "write_manifest",
     "is_slot_sorted",
+    "slot_runs",
     "open_manifest",
     "read_dropped",
 ]
@@ -183,19 +184,40 @@ class ManifestRows:
 _CHECK_BLOCK = 1 << 20
 
 
+def slot_runs(step: np.ndarray, rank: np.ndarray, micro: np.ndarray, slot_key=StepShape.slot_key) -> int | None:
+    """How many runs of one slot (groups) rows sorted by (step, rank, micro) hold; None when they
+    are not sorted. Checked a block of rows at a time, one row of overlap so that the order across
+    blocks is checked too (no (P,) int64 keys: at 10M rows those were 0.3 GB of temporaries).
+
+    Args:
+        step, rank, micro: (P,) the rows' slots.
+        slot_key: ``slot_key(step, rank, micro)``, int64 keys that sort like the slots (default
+            :meth:`StepShape.slot_key`, for ranks and micro-batches within its field width).
+
+    Example:
+        >>> slot_runs(np.array([0, 0, 0, 1]), np.array([0, 1, 1, 0]), np.zeros(4, int))
+        3
+        >>> slot_runs(np.array([1, 0]), np.zeros(2, int), np.zeros(2, int)) is None
+        True
+    """
+    runs = int(len(step) > 0)
+    for lo in range(0, len(step), _CHECK_BLOCK):
+        hi = lo + _CHECK_BLOCK + 1
+        key = slot_key(step[lo:hi], rank[lo:hi], micro[lo:hi])
+        if (key[1:] < key[:-1]).any():
+            return None
+        runs += int(np.count_nonzero(key[1:] != key[:-1]))
+    return runs
+
+
 def is_slot_sorted(rows: ManifestRows) -> bool:
-    """Whether ``rows`` are sorted by (step, rank, micro), checked a block at a time.
+    """Whether ``rows`` are sorted by (step, rank, micro) (:func:`slot_runs`).
 
     Example:
         >>> is_slot_sorted(ManifestRows(np.array([0, 0, 1]), np.array([0, 1, 0]), np.zeros(3, int), np.arange(3)))
         True
     """
-    for lo in range(0, len(rows), _CHECK_BLOCK):
-        hi = lo + _CHECK_BLOCK + 1  # one row of overlap: the order across blocks is checked too
-        key = StepShape.slot_key(rows.step[lo:hi], rows.rank[lo:hi], rows.micro[lo:hi])
-        if (key[1:] < key[:-1]).any():
-            return False
-    return True
+    return slot_runs(rows.step, rows.rank, rows.micro) is not None
 
 
 def _check_sorted(rows: ManifestRows) -> None:

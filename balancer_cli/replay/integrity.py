@@ -34,13 +34,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from balancer_cli.errors import ManifestError
-from balancer_cli.manifest import ManifestFile, ManifestRows, read_dropped
+from balancer_cli.manifest import ManifestFile, ManifestRows, read_dropped, slot_runs
 
 __all__ = ["check_manifest", "check_rows"]
 
 _FIX = "re-run `balancer pack`; the manifest was edited or written by another tool"
-#: Rows whose slot numbers are checked at a time (~8 MB of int64 keys whatever the size).
-_CHECK_ROWS = 1 << 20
 
 
 def check_manifest(manifest: ManifestFile) -> ManifestRows:
@@ -95,18 +93,15 @@ def check_rows(where: str, step: np.ndarray, rank: np.ndarray, micro: np.ndarray
             raise ManifestError(f"{where}: {name} {values[bad]} at step {step[bad]} is outside 0..{bound - 1} "
                                 f"(metadata: {R} ranks, {M} micro-batches, {num_samples} samples)", fix=_FIX)
     if len(step):
-        # A block of rows at a time (one row of overlap, so the order across blocks is checked
-        # too): a 10M manifest's whole-array check held ~5 (P,) int64 temporaries at once,
-        # +300 MB over the rows and the peak of a 10M pack.
-        groups = 1
-        for lo in range(0, len(step), _CHECK_ROWS):
-            key = _slot_keys(step, rank, micro, R, M, lo, lo + _CHECK_ROWS + 1)
-            if (key[1:] < key[:-1]).any():
-                raise ManifestError(f"{where}: rows are not sorted by (step, rank, micro)", fix=_FIX)
-            groups += int(np.count_nonzero(key[1:] != key[:-1]))
-        if groups != num_steps * R * M or int(_slot_keys(step, rank, micro, R, M, 0, 1)[0]) != 0:
-            firsts = np.concatenate([[0], np.flatnonzero(np.diff(_slot_keys(step, rank, micro, R, M, 0, len(step))))
-                                     + 1])  # first row of each group
+
+        def dense_key(step, rank, micro):  # slot numbers: R and M come from the metadata, unbounded
+            return (np.asarray(step, np.int64) * R + rank) * M + micro
+
+        groups = slot_runs(step, rank, micro, dense_key)  # a block at a time: no (P,) int64 temporaries
+        if groups is None:
+            raise ManifestError(f"{where}: rows are not sorted by (step, rank, micro)", fix=_FIX)
+        if groups != num_steps * R * M or int(dense_key(step[:1], rank[:1], micro[:1])[0]) != 0:
+            firsts = np.concatenate([[0], np.flatnonzero(np.diff(dense_key(step, rank, micro))) + 1])  # group starts
             groups_S = np.bincount(np.asarray(step)[firsts], minlength=num_steps)
             s = int(np.flatnonzero(groups_S != R * M)[0])
             raise ManifestError(f"{where}: step {s} has {groups_S[s]} groups, expected {R} ranks x {M} micro-batches",
@@ -132,8 +127,3 @@ def check_rows(where: str, step: np.ndarray, rank: np.ndarray, micro: np.ndarray
                      "placed and also dropped" if dropped_N[s] else f"placed {placed} times")
             raise ManifestError(f"{where}: sample {s} is {state} in epoch {epoch} ({len(bad)} samples differ; "
                                 "each must be placed once per epoch or dropped with a reason)", fix=_FIX)
-
-
-def _slot_keys(step, rank, micro, R, M, lo, hi) -> np.ndarray:
-    """Slot numbers ``(step * R + rank) * M + micro`` of rows ``lo:hi``."""
-    return (np.asarray(step[lo:hi], np.int64) * R + rank[lo:hi]) * M + micro[lo:hi]
