@@ -75,9 +75,9 @@ class Report:
     loads: dict
 
 
-def _preference(baseline: str) -> int:
-    """Rank of ``baseline`` in :data:`PLOT_BASELINE_PREFERENCE` (0: drawn first)."""
-    return PLOT_BASELINE_PREFERENCE.index(baseline)
+def _drawn_baseline(loads: Mapping[str, Any]) -> str | None:
+    """The baseline of ``loads`` that report.png draws: the first of :data:`PLOT_BASELINE_PREFERENCE`."""
+    return next((b for b in PLOT_BASELINE_PREFERENCE if b in loads), None)
 
 
 def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInputs, str], *,
@@ -152,10 +152,10 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInput
             data["baselines"][name]["batch_size"] = base_config.batch_size
         # Only the figure's baseline keeps its (S, R) loads (28 MB per 10M-sample baseline): with
         # every baseline's kept, the last one packed 0.1 GB over the first.
-        drawn = next((b for b in PLOT_BASELINE_PREFERENCE if b in loads), None)
-        if name in PLOT_BASELINE_PREFERENCE and (drawn is None or _preference(name) < _preference(drawn)):
-            loads.pop(drawn, None)
-            loads[name] = evaluation.loads
+        loads[name] = evaluation.loads
+        drawn = _drawn_baseline(loads)
+        for other in [b for b in loads if b not in ("ours", drawn)]:
+            del loads[other]
         # One baseline's rows at a time: free them before the next baseline packs.
         del b_rows, b_dropped, b_reasons, evaluation
     return Report(data, loads)
@@ -192,7 +192,7 @@ def report_figure(loads: Mapping[str, Any], algorithm: str) -> tuple[Any, Any, d
         >>> report_figure({"ours": {}, "isf": {}, "random": {}}, "balanced")[2]
         {'ours_label': 'ours (balanced)', 'baseline_label': 'isf'}
     """
-    baseline = next((b for b in PLOT_BASELINE_PREFERENCE if b in loads), None)
+    baseline = _drawn_baseline(loads)
     return (loads["ours"], loads[baseline] if baseline else None,
             {"ours_label": f"ours ({algorithm})", "baseline_label": baseline})
 
