@@ -17,9 +17,14 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-__all__ = ["concat_ranges", "sum_rows", "take_column", "take_rows"]
+__all__ = ["RUNS_BLOCK", "concat_ranges", "sorted_runs", "sum_rows", "take_column", "take_rows"]
+
+#: Rows whose keys :func:`sorted_runs` computes at a time (~8 MB of int64 keys at any size).
+RUNS_BLOCK = 1 << 20
 
 
 def concat_ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -75,3 +80,23 @@ def sum_rows(index_N: np.ndarray, values_NK: np.ndarray, num_rows: int) -> np.nd
     for k in range(values.shape[1]):
         out[:, k] = np.bincount(index, weights=values[:, k], minlength=num_rows)
     return out
+
+
+def sorted_runs(key_of: Callable[[int, int], np.ndarray], num_rows: int) -> int | None:
+    """How many runs of equal keys rows ``0..num_rows`` hold when their keys never decrease, else
+    None; ``key_of(lo, hi)`` gives the keys of rows ``lo:hi``. A block of :data:`RUNS_BLOCK` rows
+    at a time, one row of overlap so that the order across blocks is checked too: no (P,) int64
+    keys next to the rows (0.3 GB of temporaries for a 10M-row manifest).
+
+    Example:
+        >>> key = np.array([0, 1, 1, 4])
+        >>> sorted_runs(lambda lo, hi: key[lo:hi], 4), sorted_runs(lambda lo, hi: key[::-1][lo:hi], 4)
+        (3, None)
+    """
+    runs = int(num_rows > 0)
+    for lo in range(0, num_rows, RUNS_BLOCK):
+        key = key_of(lo, lo + RUNS_BLOCK + 1)
+        if (key[1:] < key[:-1]).any():
+            return None
+        runs += int(np.count_nonzero(key[1:] != key[:-1]))
+    return runs

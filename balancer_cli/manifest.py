@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 
 from balancer_cli import __version__
 from balancer_cli._fsutil import atomic_path
+from balancer_cli._index import sorted_runs
 from balancer_cli._memory import release_freed_memory
 from balancer_cli.commit import verify_commit, write_commit
 from balancer_cli.errors import ManifestError, check_int
@@ -60,7 +61,6 @@ __all__ = [
     "ManifestFile",
     "write_manifest",
     "is_slot_sorted",
-    "slot_runs",
     "open_manifest",
     "read_dropped",
 ]
@@ -180,44 +180,18 @@ class ManifestRows:
         return cls(columns["step"], columns["rank"], columns["micro"], columns["sample"], extra)
 
 
-#: Rows whose slot keys are checked at a time (the check's int64 keys stay ~30 MB at any size).
-_CHECK_BLOCK = 1 << 20
-
-
-def slot_runs(step: np.ndarray, rank: np.ndarray, micro: np.ndarray, slot_key=StepShape.slot_key) -> int | None:
-    """How many runs of one slot (groups) rows sorted by (step, rank, micro) hold; None when they
-    are not sorted. Checked a block of rows at a time, one row of overlap so that the order across
-    blocks is checked too (no (P,) int64 keys: at 10M rows those were 0.3 GB of temporaries).
-
-    Args:
-        step, rank, micro: (P,) the rows' slots.
-        slot_key: ``slot_key(step, rank, micro)``, int64 keys that sort like the slots (default
-            :meth:`StepShape.slot_key`, for ranks and micro-batches within its field width).
-
-    Example:
-        >>> slot_runs(np.array([0, 0, 0, 1]), np.array([0, 1, 1, 0]), np.zeros(4, int))
-        3
-        >>> slot_runs(np.array([1, 0]), np.zeros(2, int), np.zeros(2, int)) is None
-        True
-    """
-    runs = int(len(step) > 0)
-    for lo in range(0, len(step), _CHECK_BLOCK):
-        hi = lo + _CHECK_BLOCK + 1
-        key = slot_key(step[lo:hi], rank[lo:hi], micro[lo:hi])
-        if (key[1:] < key[:-1]).any():
-            return None
-        runs += int(np.count_nonzero(key[1:] != key[:-1]))
-    return runs
-
-
 def is_slot_sorted(rows: ManifestRows) -> bool:
-    """Whether ``rows`` are sorted by (step, rank, micro) (:func:`slot_runs`).
+    """Whether ``rows`` are sorted by (step, rank, micro), checked a block at a time (:func:`sorted_runs`).
 
     Example:
         >>> is_slot_sorted(ManifestRows(np.array([0, 0, 1]), np.array([0, 1, 0]), np.zeros(3, int), np.arange(3)))
         True
     """
-    return slot_runs(rows.step, rows.rank, rows.micro) is not None
+
+    def key_of(lo: int, hi: int) -> np.ndarray:
+        return StepShape.slot_key(rows.step[lo:hi], rows.rank[lo:hi], rows.micro[lo:hi])
+
+    return sorted_runs(key_of, len(rows)) is not None
 
 
 def _check_sorted(rows: ManifestRows) -> None:

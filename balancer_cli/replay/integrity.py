@@ -33,8 +33,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from balancer_cli._index import sorted_runs
 from balancer_cli.errors import ManifestError
-from balancer_cli.manifest import ManifestFile, ManifestRows, read_dropped, slot_runs
+from balancer_cli.manifest import ManifestFile, ManifestRows, read_dropped
 
 __all__ = ["check_manifest", "check_rows"]
 
@@ -94,14 +95,14 @@ def check_rows(where: str, step: np.ndarray, rank: np.ndarray, micro: np.ndarray
                                 f"(metadata: {R} ranks, {M} micro-batches, {num_samples} samples)", fix=_FIX)
     if len(step):
 
-        def dense_key(step, rank, micro):  # slot numbers: R and M come from the metadata, unbounded
-            return (np.asarray(step, np.int64) * R + rank) * M + micro
+        def slots(lo: int, hi: int) -> np.ndarray:  # slot numbers: R and M come from the metadata, unbounded
+            return (np.asarray(step[lo:hi], np.int64) * R + rank[lo:hi]) * M + micro[lo:hi]
 
-        groups = slot_runs(step, rank, micro, dense_key)  # a block at a time: no (P,) int64 temporaries
+        groups = sorted_runs(slots, len(step))  # a block at a time: no (P,) int64 temporaries
         if groups is None:
             raise ManifestError(f"{where}: rows are not sorted by (step, rank, micro)", fix=_FIX)
-        if groups != num_steps * R * M or int(dense_key(step[:1], rank[:1], micro[:1])[0]) != 0:
-            firsts = np.concatenate([[0], np.flatnonzero(np.diff(dense_key(step, rank, micro))) + 1])  # group starts
+        if groups != num_steps * R * M or int(slots(0, 1)[0]) != 0:
+            firsts = np.concatenate([[0], np.flatnonzero(np.diff(slots(0, len(step)))) + 1])  # group starts
             groups_S = np.bincount(np.asarray(step)[firsts], minlength=num_steps)
             s = int(np.flatnonzero(groups_S != R * M)[0])
             raise ManifestError(f"{where}: step {s} has {groups_S[s]} groups, expected {R} ranks x {M} micro-batches",

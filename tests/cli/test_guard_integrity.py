@@ -177,10 +177,10 @@ def test_a_phase_rank_column_out_of_range_is_refused(packed, tmp_path):
 def test_row_checks_in_blocks_judge_like_one_block(packed, monkeypatch, block):
     """The slot checks run a block of rows at a time: every block size gives the same verdicts,
     across block edges too."""
-    from balancer_cli import manifest as manifest_module
+    from balancer_cli import _index
     from balancer_cli.replay import integrity
 
-    monkeypatch.setattr(manifest_module, "_CHECK_BLOCK", block)
+    monkeypatch.setattr(_index, "RUNS_BLOCK", block)
     manifest = open_manifest(packed)
     rows, (dropped, reasons) = manifest.read_all(), read_dropped(packed)
     meta = manifest.meta
