@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from balancer_cli._columns import column_sums
 from balancer_cli._index import take_rows
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.manifest import StepShape
@@ -125,7 +126,7 @@ def source_deviation(mix_GO: np.ndarray | None, G: int) -> np.ndarray:
     if mix.shape[0] != G:
         raise UsageError(f"mix_GO has {mix.shape[0]} rows for {G} groups", fix="pass one row of source counts per group")
     total = mix.sum()
-    share_O = mix.sum(axis=0) / total if total > 0 else np.zeros(mix.shape[1])
+    share_O = column_sums(mix) / total if total > 0 else np.zeros(mix.shape[1])
     return mix - mix.sum(axis=1, keepdims=True) * share_O
 
 

@@ -251,6 +251,28 @@ def test_index_helpers_are_numpys_indexing_and_add_at(n, k, m, rows, dtype, seed
         sum_rows(np.array([rows]), np.ones((1, k)), rows)
 
 
+@SETTINGS
+@given(n=st.integers(0, 300), k=st.integers(1, 20), dtype=st.sampled_from(["float64", "float32", "int64", "int8"]),
+       fortran=st.booleans(), seed=st.integers(0, 10**6))
+def test_column_helpers_are_numpys_axis_0_reductions(n, k, dtype, fortran, seed):
+    """column_sums adds the rows in order, as numpy's axis-0 sum of a C-ordered float64 table, bit
+    for bit (a tall table too: numpy may not block it differently); column_max is numpy's max."""
+    from balancer_cli._columns import column_max, column_sums
+
+    rng = np.random.default_rng(seed)
+    for rows in (n, 70_000 if seed % 10 == 0 else 0):
+        a = (rng.standard_normal((rows, k)) * 10.0 ** rng.integers(-6, 6, (rows, 1))).astype(dtype)
+        a = np.asfortranarray(a) if fortran else a
+        assert np.array_equal(column_sums(a), np.ascontiguousarray(a, dtype=np.float64).sum(axis=0))
+        if rows:
+            assert np.array_equal(column_max(a), a.max(axis=0)) and column_max(a).dtype == a.dtype
+        else:
+            with pytest.raises(ValueError):
+                column_max(a)
+    with pytest.raises(ValueError):
+        column_sums(np.zeros(3))
+
+
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 10**6), R=st.sampled_from([2, 4, 8]), M=st.integers(1, 2), sources=st.integers(1, 4),
        text_share=st.floats(0.0, 0.6), whole=st.booleans())

@@ -234,6 +234,7 @@ def test_kernels_pure_python_fallback_gives_identical_packings(monkeypatch):
     if not HAVE_NUMBA:
         pytest.skip("numba absent: the pure-Python kernels are what every other test runs")
     monkeypatch.setattr(_balanced_refine, "BLOCK_GROUPS", 8)  # renumbered groups, passes in blocks
+    monkeypatch.setattr(_balanced_refine, "BLOCKS_FROM", 16)
     rng = np.random.default_rng(5)
     load = np.stack([rng.integers(0, 6, 300), rng.integers(20, 900, 300)], 1)
     caps = np.array([12, 3000])
@@ -396,12 +397,13 @@ def test_class_mix_swaps_keep_rows_encoder_sums_and_caps_and_even_the_classes(se
 
 @pytest.mark.parametrize("seed", [0, 3])
 def test_block_partner_passes_give_the_same_groups_on_one_or_two_threads(monkeypatch, seed):
-    """From twice BLOCK_GROUPS groups a random-partner pass runs in blocks that share no group:
+    """From BLOCKS_FROM groups a random-partner pass runs in blocks that share no group:
     one thread or two give byte-identical groups, every row is placed once, caps hold, and the
     passes still even the groups out."""
     from balancer_cli.pack.packers import _balanced_refine, balanced
 
     monkeypatch.setattr(_balanced_refine, "BLOCK_GROUPS", 64)
+    monkeypatch.setattr(_balanced_refine, "BLOCKS_FROM", 128)
     rng = np.random.default_rng(seed)
     n = 4000
     load = np.stack([rng.integers(0, 6, n), rng.integers(20, 900, n)], 1)

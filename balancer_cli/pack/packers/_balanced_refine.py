@@ -6,8 +6,8 @@ groups, and optional per-source columns that make groups equal source mixes; the
 passes. All randomness comes from the caller's generator, in a fixed order, so results are
 reproducible.
 
-Large inputs (at least twice :data:`BLOCK_GROUPS` groups) run each random-partner pass in
-blocks: the groups are renumbered in a seeded random order once, so that a block of consecutive
+Large inputs (at least :data:`BLOCKS_FROM` groups) run each random-partner pass in blocks of
+:data:`BLOCK_GROUPS`: the groups are renumbered in a seeded random order once, so that a block of consecutive
 numbers is a random subset of groups whose tables lie side by side in memory, small enough for
 the cache, and every group takes its partners within its block. Odd passes shift the blocks by
 half a block, so groups meet other partners. Blocks share no group: two threads run them side by
@@ -20,6 +20,7 @@ import itertools
 
 import numpy as np
 
+from balancer_cli._columns import column_max, column_sums
 from balancer_cli._index import take_rows
 from balancer_cli._jit import HAVE_NUMBA
 from balancer_cli._procs import usable_cores
@@ -34,7 +35,7 @@ from balancer_cli.pack.packers._table_kernels import (
 from balancer_cli.pack.types import dense_ids, top_codes
 
 __all__ = ["refine", "PARTNERS", "CELL_WIDTH", "SCAN", "MIX_WEIGHT", "TARGETED_MIN_SHARE", "TARGETED_MAX_ROWS",
-           "BLOCK_GROUPS"]
+           "BLOCK_GROUPS", "BLOCKS_FROM"]
 
 #: Candidate partner groups per group and random-partner pass (half random, half opposite).
 PARTNERS = 3
@@ -51,11 +52,14 @@ TARGETED_MIN_SHARE = 0.01
 #: table, so past ~1M rows every lookup misses the cache (3M rows: 6 s a pass against 1.8 s for
 #: a random-partner pass), for the same Dist Ratio and steps (docs/packing.md).
 TARGETED_MAX_ROWS = 1_000_000
-#: Groups per block of a random-partner pass (module docstring), from twice this many groups on:
-#: ~6 MB of tables, which the cache holds, where a pass over all groups reads random groups of
-#: ~75 MB (1.2M rows, 211k groups: the passes 0.84-1.07 s -> 0.50-0.73 s on one core; Dist alike,
-#: step mix 0.72x -> 0.69x).
-BLOCK_GROUPS = 16_384
+#: Groups per block of a random-partner pass (module docstring): ~1.7 MB of tables, about what a
+#: core's own (L2) cache holds, where a pass over all groups reads random groups of ~75 MB (1.2M
+#: rows, 211k groups). 770k rows, three passes, CPU time: 0.73-0.80 s with blocks of 16,384
+#: (~7 MB, the shared cache), 0.56-0.66 s; on two threads 0.81 s -> 0.60 s (docs/packing.md).
+BLOCK_GROUPS = 4_096
+#: Passes run in blocks from this many groups on (~190k samples): below, every table fits the
+#: shared cache and a group's partners come from all groups.
+BLOCKS_FROM = 32_768
 #: A group whose objective term is at most this is on target (the passes skip it).
 _TOL = 1e-12
 
@@ -106,14 +110,14 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
     # (compact copies of their weights and loads) a group's rows are neighbours in memory, which
     # halves a pass at 1M rows (random reads of (N, K) tables were its cost, not the arithmetic).
     # In blocks, the groups are renumbered too (new group n is group order_G[n]).
-    blocks = G >= 2 * BLOCK_GROUPS
+    blocks = G >= max(BLOCKS_FROM, 2 * BLOCK_GROUPS)
     order_G = rng.permutation(G) if blocks else np.arange(G)
     rows_F, local_GX, weight_FK, load_FK, source_F = compact_rows(
         members_GX, count_G, np.ascontiguousarray(weight_NK, dtype=np.float64), np.ascontiguousarray(load_NK),
         np.zeros(0, np.int8) if source_N is None else dense_ids(np.asarray(source_N).reshape(-1)), order_G)
     count_n, wsum_n, lsum_n = (take_rows(t, order_G) for t in (count_G, wsum_GK, lsum_GK)) if blocks else (
         count_G, wsum_GK, lsum_GK)
-    target_K = wsum_n.sum(axis=0) / G
+    target_K = column_sums(wsum_n) / G
     inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
     inv_t2 = inv_t**2
     targeted = len(rows_F) <= TARGETED_MAX_ROWS
@@ -148,11 +152,11 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
 
 def _partner_pass(wsum_GK, target_K, inv_t_K, tables, rng, threads, shifted):
     """One random-partner pass over all groups (``tables``: :func:`refine_pass`'s arguments after
-    the partners); from twice :data:`BLOCK_GROUPS` groups, in blocks (shifted by half a block
-    with ``shifted``; module docstring)."""
+    the partners); from :data:`BLOCKS_FROM` groups, in blocks of :data:`BLOCK_GROUPS` (shifted
+    by half a block with ``shifted``; module docstring)."""
     G = len(wsum_GK)
     edges = [0, G]  # one block: every group
-    if G >= 2 * BLOCK_GROUPS:
+    if G >= max(BLOCKS_FROM, 2 * BLOCK_GROUPS):
         blocks = -(-G // BLOCK_GROUPS)
         size = -(-G // blocks)
         starts = np.arange(size // 2 if shifted else 0, G, size)
@@ -199,7 +203,7 @@ def _with_sources(source_F, count_G, wsum_GK, max_sources):
     G, K = wsum_GK.shape
     msum_GO = np.bincount(np.repeat(np.arange(G), count_G) * O + code_F, minlength=G * O).reshape(G, O)
     wsum = np.ascontiguousarray(np.hstack([wsum_GK, msum_GO.astype(np.float64)]))
-    target_K = wsum.sum(axis=0) / G
+    target_K = column_sums(wsum) / G
     inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
     inv_t2 = inv_t**2
     inv_t2[K:] *= MIX_WEIGHT
@@ -220,7 +224,7 @@ def _membership(members_GX, count_G):
 
 def _weight_grid(weight_FK, inv_t_K, width):
     """Bucket rows by normalized weight (cells of ``width`` per module, at most ~2M cells)."""
-    top = weight_FK.max(axis=0) * inv_t_K  # the largest normalized weight (inv_t_K >= 0)
+    top = column_max(weight_FK) * inv_t_K  # the largest normalized weight (inv_t_K >= 0)
     while np.prod(np.floor(top / width) + 1) > 2**21:
         width *= 1.5
     dims = (np.floor(top / width) + 1).astype(np.int64)

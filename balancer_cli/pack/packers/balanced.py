@@ -58,6 +58,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from balancer_cli._columns import column_sums
 from balancer_cli._index import take_rows
 from balancer_cli._sort import stable_order
 from balancer_cli.errors import InputError, UsageError, is_int
@@ -349,19 +350,15 @@ def _by_size(rows, load, caps, rng):
 
 
 def _deal(rows, load, weight, caps, G, rng, fill_share):
-    """Step 2: deal the bigger rows in rounds of G, the rest by first fit into the room left.
-
-    Dealing gives every group one row per size stratum (balanced, random mixes) but spreads
-    room evenly, so under tight caps the last rows would find only fragments of it: the smallest
-    rows (``fill_share`` of the volume) and any row dealing strands fill the room by first fit,
-    in new groups when none has room.
+    """Step 2 (module docstring): deal the bigger rows in rounds of G; the smallest rows
+    (``fill_share`` of the volume) and any row dealing strands fill the room left by first fit.
 
     Returns:
         (queue, gid): rows in placement order and their group ids (G or more groups).
     """
     # Every row (``rows`` is sorted) of a C-ordered table: the same sum, without a copy (1.2M: 20-60 ms).
     whole = len(rows) == len(weight) and weight.flags.c_contiguous
-    target_K = (weight if whole else take_rows(weight, rows)).sum(axis=0) / G
+    target_K = column_sums(weight if whole else take_rows(weight, rows)) / G
     inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
     shuffled = rows[rng.permutation(len(rows))]
     # Rows over half a cap first (no two share a group, and late they find no room), then by
