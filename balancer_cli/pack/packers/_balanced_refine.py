@@ -7,9 +7,9 @@ passes. All randomness comes from the caller's generator, in a fixed order, so r
 reproducible.
 
 Large inputs (at least :data:`BLOCKS_FROM` groups) run each random-partner pass in blocks of
-:data:`BLOCK_GROUPS`: the groups are renumbered in a seeded random order once, so that a block of consecutive
-numbers is a random subset of groups whose tables lie side by side in memory, small enough for
-the cache, and every group takes its partners within its block. Odd passes shift the blocks by
+:data:`BLOCK_GROUPS`: the groups are renumbered in a seeded random order once, so that a block
+of consecutive numbers is a random subset of groups whose tables lie side by side in memory,
+small enough for the cache, and every group takes its partners within its block. Odd passes shift the blocks by
 half a block, so groups meet other partners. Blocks share no group: two threads run them side by
 side where two cores are free (the kernels release the GIL), and the result does not depend on it.
 """
@@ -138,7 +138,8 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
             # improves fewer than TARGETED_MIN_SHARE of the groups, later passes skip it (~45% of a pass).
             targeted = changed >= TARGETED_MIN_SHARE * G
         tables = (local_GX, count_n, wsum, lsum_n, weight_FK, code, load_FK, caps_K, target_K, inv_t2, _TOL)
-        changed += _partner_pass(wsum[:, :K], target_K[:K], inv_t[:K], tables, rng, threads, shifted=index % 2 == 1)
+        changed += _partner_pass(wsum[:, :K], target_K[:K], inv_t[:K], tables, rng, threads, blocks=blocks,
+                                 shifted=index % 2 == 1)
         if changed == 0:
             break
     expand_rows(local_GX, count_n, rows_F, members_GX, order_G)
@@ -150,15 +151,15 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
     return sums
 
 
-def _partner_pass(wsum_GK, target_K, inv_t_K, tables, rng, threads, shifted):
+def _partner_pass(wsum_GK, target_K, inv_t_K, tables, rng, threads, blocks, shifted):
     """One random-partner pass over all groups (``tables``: :func:`refine_pass`'s arguments after
-    the partners); from :data:`BLOCKS_FROM` groups, in blocks of :data:`BLOCK_GROUPS` (shifted
-    by half a block with ``shifted``; module docstring)."""
+    the partners); with ``blocks`` (:func:`refine` renumbered the groups), in blocks of
+    :data:`BLOCK_GROUPS` (shifted by half a block with ``shifted``; module docstring)."""
     G = len(wsum_GK)
     edges = [0, G]  # one block: every group
-    if G >= max(BLOCKS_FROM, 2 * BLOCK_GROUPS):
-        blocks = -(-G // BLOCK_GROUPS)
-        size = -(-G // blocks)
+    if blocks:
+        count = -(-G // BLOCK_GROUPS)
+        size = -(-G // count)
         starts = np.arange(size // 2 if shifted else 0, G, size)
         edges = np.unique(np.concatenate([[0], starts, [G]])).tolist()
     cand = np.empty((G, PARTNERS), np.int64)
