@@ -40,7 +40,7 @@ CostModelName = Literal["tokens", "flops", "measured"]
 __all__ = ["PackConfig", "CostModelName", "Stream", "STREAMS", "rng", "stream_seed"]
 
 
-Stream = Literal["pack", "assign", "search", "window", "polish"]
+Stream = Literal["pack", "assign", "search", "window", "polish", "trade"]
 #: The named random streams of a pack run; a stream's index is part of its seed.
 STREAMS: tuple[str, ...] = get_args(Stream)
 

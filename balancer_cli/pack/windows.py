@@ -219,9 +219,10 @@ def place_window(task: WindowTask, view: registry.SampleView) -> WindowResult:
     """Pack ``view`` (one window's samples) with ``task.packer`` and assign its groups to slots.
 
     A packer registered with ``polish`` then has its steps' source mix evened out
-    (:func:`~balancer_cli.pack.step_mix.even_step_mix`: groups and samples of equal loads trade steps) and
+    (:func:`~balancer_cli.pack.step_mix.even_step_mix`: groups and samples of equal loads trade steps),
     each slot's groups (:func:`~balancer_cli.pack.polish.polish_steps`: samples trade ranks
-    within their step).
+    within their step) and, where steps stay uneven, their groups' spread
+    (:func:`~balancer_cli.pack.step_trade.trade_across_steps`: samples of one kind trade steps).
 
     Raises:
         UsageError: fewer groups than one step needs, or no way to reach a multiple of R x M.
@@ -259,11 +260,16 @@ def place_window(task: WindowTask, view: registry.SampleView) -> WindowResult:
     if spec.polish:
         from balancer_cli.pack.polish import polish_passes, polish_steps  # compiled kernels: import late
         from balancer_cli.pack.step_mix import even_step_mix
+        from balancer_cli.pack.step_trade import trade_across_steps
 
         packing, assignment = even_step_mix(packing, assignment, view.cost_nK, view.load_nK, task.caps_K,
                                             view.source_n, mix_GO=mix_GO)
+        passes = polish_passes(len(view.ids_n))
         packing = polish_steps(packing, assignment, view.cost_nK, view.load_nK, task.caps_K,
-                               seed=config.epoch_seed(task.epoch, "polish"), passes=polish_passes(len(view.ids_n)))
+                               seed=config.epoch_seed(task.epoch, "polish"), passes=passes)
+        packing = trade_across_steps(packing, assignment, view.cost_nK, view.load_nK, task.caps_K, view.source_n,
+                                     seed=config.epoch_seed(task.epoch, "trade"), polish_passes=passes,
+                                     polish_seed=config.epoch_seed(task.epoch, "polish"))
     ids = np.asarray(view.ids_n)
     # Held for every window until the merge: sample ids in the ids' own type, slots in int32.
     return WindowResult(

@@ -35,7 +35,7 @@ from balancer_cli.pack.packers._table_kernels import (
 from balancer_cli.pack.types import dense_ids, top_codes
 
 __all__ = ["refine", "PARTNERS", "CELL_WIDTH", "SCAN", "MIX_WEIGHT", "TARGETED_MIN_SHARE", "TARGETED_MAX_ROWS",
-           "BLOCK_GROUPS", "BLOCKS_FROM"]
+           "BLOCK_GROUPS", "BLOCKS_FROM", "HOLD_WEIGHT"]
 
 #: Candidate partner groups per group and random-partner pass (half random, half opposite).
 PARTNERS = 3
@@ -60,6 +60,9 @@ BLOCK_GROUPS = 4_096
 #: Passes run in blocks from this many groups on (~190k samples): below, every table fits the
 #: shared cache and a group's partners come from all groups.
 BLOCKS_FROM = 32_768
+#: Weight of a ``hold_N`` column's squared term: a changed code count costs this much, far more
+#: than a module term ``((sum - t) / t)^2`` can gain (the caller checks the counts anyway).
+HOLD_WEIGHT = 1e9
 #: A group whose objective term is at most this is on target (the passes skip it).
 _TOL = 1e-12
 
@@ -67,7 +70,7 @@ _TOL = 1e-12
 def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsum_GK: np.ndarray,
            weight_NK: np.ndarray, load_NK: np.ndarray, caps_K: np.ndarray, rows: np.ndarray, *, passes: int,
            source_N: np.ndarray | None, max_sources: int, rng: np.random.Generator,
-           threads: int | None = None) -> np.ndarray:
+           threads: int | None = None, hold_N: np.ndarray | None = None) -> np.ndarray:
     """Even out the groups in place: ``passes`` rounds of targeted, then random-partner swaps.
 
     Stops early when a round changes nothing. ``members_GX`` and ``count_G`` hold the result;
@@ -92,6 +95,10 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
         rng: draws the visiting orders and the partner groups.
         threads: threads for the blocks of a large pass (None: two where two cores are usable);
             the result does not depend on it.
+        hold_N: (N,) instead of ``source_N``: a code per row; every group keeps its count of
+            each code, so rows only trade places with rows of their own code and none moves
+            alone (:mod:`balancer_cli.pack.step_trade`). The returned sums then end with one
+            constant column per code.
 
     Example:
         >>> import numpy as np
@@ -104,8 +111,11 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
         ([4.0, 4.0], [[0, 3], [1, 2]])
     """
     G, K = wsum_GK.shape
-    if source_N is not None and len(source_N) != len(load_NK):
-        raise UsageError(f"source_N has {len(source_N)} rows, loads {len(load_NK)}", fix="pass one source per sample")
+    if source_N is not None and hold_N is not None:
+        raise UsageError("refine takes source_N or hold_N, not both", fix="pass one of them")
+    codes_N = source_N if hold_N is None else hold_N
+    if codes_N is not None and len(codes_N) != len(load_NK):
+        raise UsageError(f"source_N has {len(codes_N)} rows, loads {len(load_NK)}", fix="pass one source per sample")
     # The kernels read each visited group's rows many times: on rows renumbered in group order
     # (compact copies of their weights and loads) a group's rows are neighbours in memory, which
     # halves a pass at 1M rows (random reads of (N, K) tables were its cost, not the arithmetic).
@@ -114,7 +124,7 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
     order_G = rng.permutation(G) if blocks else np.arange(G)
     rows_F, local_GX, weight_FK, load_FK, source_F = compact_rows(
         members_GX, count_G, np.ascontiguousarray(weight_NK, dtype=np.float64), np.ascontiguousarray(load_NK),
-        np.zeros(0, np.int8) if source_N is None else dense_ids(np.asarray(source_N).reshape(-1)), order_G)
+        np.zeros(0, np.int8) if codes_N is None else dense_ids(np.asarray(codes_N).reshape(-1)), order_G)
     count_n, wsum_n, lsum_n = (take_rows(t, order_G) for t in (count_G, wsum_GK, lsum_GK)) if blocks else (
         count_G, wsum_GK, lsum_GK)
     target_K = column_sums(wsum_n) / G
@@ -128,6 +138,8 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
         # equal mixes of sources too, so whatever class of groups the assigner puts in a step
         # (e.g. equal item counts), the step stays a random-like mix.
         code, wsum, target_K, inv_t, inv_t2 = _with_sources(source_F, count_n, wsum_n, max_sources)
+    elif hold_N is not None:
+        code, wsum, target_K, inv_t, inv_t2 = _held(source_F, wsum_n)
     for index in range(passes):
         changed = 0
         if targeted:
@@ -209,6 +221,21 @@ def _with_sources(source_F, count_G, wsum_GK, max_sources):
     inv_t2 = inv_t**2
     inv_t2[K:] *= MIX_WEIGHT
     return code_F, wsum, target_K, inv_t, inv_t2
+
+
+def _held(code_F, wsum_GK):
+    """Like :func:`_with_sources`, for ``hold_N``: one column per code, the same value (1) in every
+    group and a weight of :data:`HOLD_WEIGHT`. An exchange of two rows of one code leaves the
+    columns as they are (the kernels add no term for it); any other exchange or move changes a
+    column by one, which costs more than any module term can gain."""
+    O = int(code_F.max()) + 1 if len(code_F) else 0
+    G, K = wsum_GK.shape
+    wsum = np.ascontiguousarray(np.hstack([wsum_GK, np.ones((G, O))]))
+    target_K = np.concatenate([column_sums(wsum_GK) / G, np.ones(O)])
+    inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
+    inv_t2 = inv_t**2
+    inv_t2[K:] = HOLD_WEIGHT
+    return code_F.astype(np.int8 if O <= 127 else np.int32), wsum, target_K, inv_t, inv_t2
 
 
 def _membership(members_GX, count_G):

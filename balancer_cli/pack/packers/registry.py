@@ -81,8 +81,9 @@ class PackerSpec:
         sequential: its groups are placed in packing order (a plain data loader), not by the assigner.
         polish: after assignment, samples of equal loads trade steps to even out the steps'
             source mix (:mod:`balancer_cli.pack.step_mix`), then the groups of each slot trade
-            samples to even out (:mod:`balancer_cli.pack.polish`); ours only, so the baselines
-            stay as published.
+            samples to even out (:mod:`balancer_cli.pack.polish`), and where steps stay uneven
+            samples of one kind trade steps (:mod:`balancer_cli.pack.step_trade`); ours only, so
+            the baselines stay as published.
     """
 
     name: str
