@@ -145,6 +145,10 @@ def test_refine_takes_sources_or_held_codes_not_both():
         refine(members, count, np.array([[7.0], [1.0]]), np.array([[7], [1]]), w, w.astype(np.int64),
                np.array([9]), np.arange(4), passes=1, source_N=np.zeros(4), max_sources=16,
                rng=np.random.default_rng(0), hold_N=np.zeros(4))
+    with pytest.raises(UsageError, match="hold_N has 3 rows"):
+        refine(members, count, np.array([[7.0], [1.0]]), np.array([[7], [1]]), w, w.astype(np.int64),
+               np.array([9]), np.arange(4), passes=1, source_N=None, max_sources=16,
+               rng=np.random.default_rng(0), hold_N=np.zeros(3))
 
 
 def test_held_codes_only_swap_rows_of_one_code():

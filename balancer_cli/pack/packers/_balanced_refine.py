@@ -115,7 +115,8 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
         raise UsageError("refine takes source_N or hold_N, not both", fix="pass one of them")
     codes_N = source_N if hold_N is None else hold_N
     if codes_N is not None and len(codes_N) != len(load_NK):
-        raise UsageError(f"source_N has {len(codes_N)} rows, loads {len(load_NK)}", fix="pass one source per sample")
+        name = "source_N" if hold_N is None else "hold_N"
+        raise UsageError(f"{name} has {len(codes_N)} rows, loads {len(load_NK)}", fix="pass one value per sample")
     # The kernels read each visited group's rows many times: on rows renumbered in group order
     # (compact copies of their weights and loads) a group's rows are neighbours in memory, which
     # halves a pass at 1M rows (random reads of (N, K) tables were its cost, not the arithmetic).
