@@ -18,8 +18,8 @@ alone, so the group sizes stay too. The step means move as rows cross steps: the
 computed again every round.
 
 It runs after the polish, for one micro-batch (a rank's load is its one group), on windows of
-at most :data:`TRADE_MAX_ROWS` rows, where a dense module's steps are still uneven: its mean idle
-share ``(max - mean) / max`` over the ranks above :data:`TRADE_ABOVE`. The search lowers squared
+at most 500k rows (one round within :data:`TRADE_ROWS`), where a dense module's steps are still
+uneven: its mean idle share ``(max - mean) / max`` over the ranks above :data:`TRADE_ABOVE`. The search lowers squared
 deviations, while the Dist Ratio and utilization are set by each step's *largest* group; with
 many ranks the squares can fall while a few groups a step grow. So the traded groups are polished
 again and kept only where they are better by those measures (:func:`_better`); the search stops
