@@ -46,10 +46,11 @@ from __future__ import annotations
 import numpy as np
 
 from balancer_cli._index import concat_ranges, sum_rows
+from balancer_cli.metrics import dist_ratio, step_loads
 from balancer_cli.pack._blocks import sparse_modules
 from balancer_cli.pack.packers._balanced_refine import refine
 from balancer_cli.pack.packers._table_kernels import group_tables
-from balancer_cli.pack.polish import POLISH_MAX_ROWS, polish_steps
+from balancer_cli.pack.polish import polish_steps
 from balancer_cli.pack.types import (
     Assignment,
     Packing,
@@ -62,7 +63,6 @@ from balancer_cli.pack.types import (
 __all__ = [
     "TRADE_ABOVE",
     "TRADE_MAX_KINDS",
-    "TRADE_MAX_ROWS",
     "TRADE_PASSES",
     "TRADE_ROUNDS",
     "TRADE_ROWS",
@@ -81,8 +81,6 @@ TRADE_ROWS = 1_000_000
 #: A window's polished steps are traded when a dense module's mean idle share over the ranks
 #: exceeds this (60% of the Dist Ratio bound; below, they keep the bound with a margin).
 TRADE_ABOVE = 0.003
-#: Windows above this many rows are not traded (as they are not polished).
-TRADE_MAX_ROWS = POLISH_MAX_ROWS
 #: More kinds than this: no trade (the kernels tally every kind per group and exchange).
 TRADE_MAX_KINDS = 256
 #: A module whose group sums take at most this many values is discrete (the assigner's default).
@@ -121,9 +119,10 @@ def trade_across_steps(packing: Packing, assignment: Assignment, cost_NK: np.nda
     order = np.asarray(packing.order, dtype=np.int64)
     offsets = np.asarray(packing.group_offsets, dtype=np.int64)
     step = np.asarray(assignment.step, dtype=np.int64)
+    rank = np.asarray(assignment.rank, dtype=np.int64)
     count = np.diff(offsets)
     rounds = min(rounds, TRADE_ROWS // (TRADE_PASSES * max(len(order), 1)))
-    if (rounds < 1 or len(order) < 2 or len(order) > TRADE_MAX_ROWS or assignment.num_steps < 2
+    if (rounds < 1 or len(order) < 2 or assignment.num_steps < 2
             or np.asarray(assignment.micro).max(initial=0) > 0):
         return packing
     cost = np.ascontiguousarray(cost_NK, dtype=np.float64)
@@ -131,7 +130,7 @@ def trade_across_steps(packing: Packing, assignment: Assignment, cost_NK: np.nda
     placed = step >= 0
     traded_G = placed & ~np.asarray(packing.isolated, dtype=bool) & (count > 0)
     dense_K = ~sparse_modules(csum_GK[traded_G])
-    before_K = _idle_share(csum_GK[placed], step[placed], assignment.num_steps)
+    before_K = _idle_share(csum_GK[placed], step[placed], rank[placed], assignment.num_steps)
     if not traded_G.any() or before_K[dense_K].max(initial=0.0) <= TRADE_ABOVE:
         return packing
     kind_N = row_kinds(cost, source_N, csum_GK[traded_G])
@@ -165,7 +164,7 @@ def trade_across_steps(packing: Packing, assignment: Assignment, cost_NK: np.nda
         # Unpolished, a round's groups are judged against the last round's, not against the
         # polished input (the polish would favour the input: speech 81k at --dp 16 is kept after
         # 4 rounds, LLM Dist 0.0034 -> 0.0020, but its first round looks worse than the input).
-        round_K = _idle_share(csum_GK[placed], step[placed], assignment.num_steps)
+        round_K = _idle_share(csum_GK[placed], step[placed], rank[placed], assignment.num_steps)
         if index > 0 and not _better(last_K, round_K, dense_K):
             break  # the largest groups stopped shrinking (see _better)
         last_K = round_K
@@ -178,7 +177,7 @@ def trade_across_steps(packing: Packing, assignment: Assignment, cost_NK: np.nda
                      dropped_reason=packing.dropped_reason)
     if polish_passes > 0:
         traded = polish_steps(traded, assignment, cost, load, caps, seed=polish_seed, passes=polish_passes)
-    after_K = _idle_share(group_sums(traded, cost)[placed], step[placed], assignment.num_steps)
+    after_K = _idle_share(group_sums(traded, cost)[placed], step[placed], rank[placed], assignment.num_steps)
     return traded if _better(before_K, after_K, dense_K) else packing
 
 
@@ -221,12 +220,12 @@ def _step_means(cost_GK, step_G, num_steps):
     return sum_rows(step_G, cost_GK, num_steps) / np.maximum(n, 1)[:, None]
 
 
-def _idle_share(cost_GK, step_G, num_steps):
-    """(K,) the mean over steps of ``(max - mean) / max`` over a step's groups (one per rank)."""
-    peak = np.zeros((num_steps, cost_GK.shape[1]))
-    np.maximum.at(peak, step_G, cost_GK)
-    mean = _step_means(cost_GK, step_G, num_steps)
-    return np.divide(peak - mean, peak, out=np.zeros_like(peak), where=peak > 0).mean(axis=0)
+def _idle_share(cost_GK, step_G, rank_G, num_steps):
+    """(K,) each module's Dist Ratio (:func:`~balancer_cli.metrics.dist_ratio`: the mean over
+    steps of ``(max - mean) / max`` over the ranks) of groups placed one per (step, rank)."""
+    R = int(rank_G.max(initial=0)) + 1
+    return np.array([dist_ratio(step_loads(step_G, rank_G, cost_GK[:, k], num_steps=num_steps, world_size=R))
+                     for k in range(cost_GK.shape[1])])
 
 
 def _kind_counts(members_JX, count_J, kind_N):
