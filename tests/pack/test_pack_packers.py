@@ -424,3 +424,37 @@ def test_block_partner_passes_give_the_same_groups_on_one_or_two_threads(monkeyp
                               options=BalancedOptions(passes=0, class_mix=False))
     cv = [group_sums(p, load)[:, 1].std() / group_sums(p, load)[:, 1].mean() for p in (unrefined, two)]
     assert cv[1] < 0.5 * cv[0]
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_large_inputs_stop_refining_after_two_passes_once_groups_are_settled(monkeypatch, seed):
+    """Above ``_SETTLE_ABOVE`` rows the refinement stops after its second pass when every dense
+    module's group sums vary by at most ``_SETTLED_CV`` (exactly the two-pass packing), and runs
+    its passes on while they vary more; either way every row is placed once within the caps."""
+    from balancer_cli.pack.packers import _balanced_refine, balanced
+
+    rng = np.random.default_rng(seed)
+    n = 3000
+    load = np.stack([rng.integers(0, 6, n), rng.integers(20, 900, n)], 1)
+    caps = np.array([12, 3000])
+    source = rng.integers(0, 4, n)
+    passes_run = []
+    partner_pass = _balanced_refine._partner_pass
+    monkeypatch.setattr(_balanced_refine, "_partner_pass",
+                        lambda *a, **k: passes_run.append(1) or partner_pass(*a, **k))
+    monkeypatch.setattr(balanced, "_SETTLE_ABOVE", 0)
+
+    def pack(cv, passes=None):
+        passes_run.clear()
+        monkeypatch.setattr(balanced, "_SETTLED_CV", cv)
+        packing = pack_balanced(load, caps, group_multiple=4, seed=seed, source_N=source,
+                                options=BalancedOptions(passes=passes))
+        check_packing(packing, n, load, caps)
+        return packing, len(passes_run)
+
+    settled, count = pack(1.0)  # 3,000 rows: 8 passes unless settled
+    two, _ = pack(1.0, passes=2)
+    assert count == 2 and np.array_equal(settled.order, two.order)
+    assert np.array_equal(settled.group_offsets, two.group_offsets)
+    unsettled, count = pack(1e-9)
+    assert count > 2 and not np.array_equal(unsettled.order, two.order)

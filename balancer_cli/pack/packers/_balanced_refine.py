@@ -26,6 +26,7 @@ from balancer_cli._jit import HAVE_NUMBA
 from balancer_cli._procs import usable_cores
 from balancer_cli._sort import stable_order
 from balancer_cli.errors import UsageError
+from balancer_cli.pack._blocks import sparse_modules
 from balancer_cli.pack.packers._refine_kernels import refine_pass, targeted_pass
 from balancer_cli.pack.packers._table_kernels import (
     compact_rows,
@@ -70,7 +71,7 @@ _TOL = 1e-12
 def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsum_GK: np.ndarray,
            weight_NK: np.ndarray, load_NK: np.ndarray, caps_K: np.ndarray, rows: np.ndarray, *, passes: int,
            source_N: np.ndarray | None, max_sources: int, rng: np.random.Generator,
-           threads: int | None = None, hold_N: np.ndarray | None = None) -> np.ndarray:
+           threads: int | None = None, hold_N: np.ndarray | None = None, settled_cv: float = 0.0) -> np.ndarray:
     """Even out the groups in place: ``passes`` rounds of targeted, then random-partner swaps.
 
     Stops early when a round changes nothing. ``members_GX`` and ``count_G`` hold the result;
@@ -99,6 +100,8 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
             each code, so rows only trade places with rows of their own code and none moves
             alone (:mod:`balancer_cli.pack.step_trade`). The returned sums then end with one
             constant column per code.
+        settled_cv: stop after the second pass once every module that most groups hold has a
+            coefficient of variation of its group sums of at most this (0: run every pass).
 
     Example:
         >>> import numpy as np
@@ -153,7 +156,8 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
         tables = (local_GX, count_n, wsum, lsum_n, weight_FK, code, load_FK, caps_K, target_K, inv_t2, _TOL)
         changed += _partner_pass(wsum[:, :K], target_K[:K], inv_t[:K], tables, rng, threads, blocks=blocks,
                                  shifted=index % 2 == 1)
-        if changed == 0:
+        if changed == 0 or (settled_cv > 0 and 1 <= index < passes - 1
+                            and _settled(wsum[:, :K], target_K[:K], settled_cv)):
             break
     expand_rows(local_GX, count_n, rows_F, members_GX, order_G)
     if not blocks:
@@ -192,6 +196,14 @@ def _partner_pass(wsum_GK, target_K, inv_t_K, tables, rng, threads, blocks, shif
 
     with ThreadPoolExecutor(2, thread_name_prefix="balancer-refine") as pool:
         return sum(pool.map(run, visits))
+
+
+def _settled(wsum_GK, target_K, max_cv):
+    """Whether every dense module's group sums (held by most groups; :func:`sparse_modules`) have a
+    coefficient of variation ``sqrt(mean((sum - target)^2)) / target`` of at most ``max_cv``."""
+    dense_K = ~sparse_modules(wsum_GK) & (target_K > 0)
+    cv_K = np.sqrt(((wsum_GK[:, dense_K] - target_K[dense_K]) ** 2).mean(axis=0)) / target_K[dense_K]
+    return bool((cv_K <= max_cv).all())
 
 
 def _with_sources(source_F, count_G, wsum_GK, max_sources):

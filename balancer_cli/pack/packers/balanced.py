@@ -89,9 +89,11 @@ MAX_STEP_EXCESS = 1.03
 #: Shares of the rows' normalized volume, smallest rows, that fill the dealt groups by first fit,
 #: tried in turn until the groups number at most ``MAX_STEP_EXCESS`` x the lower bound.
 _FILL_SHARES = (0.15, 0.5)
-#: Above this many rows the fill share is picked on a subsample of ``_PROBE_SIZE`` rows.
-_PROBE_ABOVE = 300_000
-_PROBE_SIZE = 100_000
+_PROBE_ABOVE, _PROBE_SIZE = 300_000, 100_000  # above it the fill share is picked on a subsample of this size
+#: Above this many rows the refinement stops after 2 passes once the dense modules' group sums vary by
+#: at most ``_SETTLED_CV`` (10M in windows of 770k: LLM 0.023 after 2, Dist 0.003 after 2 or 8; one
+#: pass less cuts a quarter of the CPU. A three-module 700k: 0.12, Dist 0.0073 after 2, 0.0052 after 4).
+_SETTLE_ABOVE, _SETTLED_CV = 600_000, 0.05
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -273,7 +275,8 @@ class DealtGroups:
         sums = None  # the groups' weight sums, then their per-source counts (from the refinement)
         if passes > 0:
             sums = refine(members, count, wsum, lsum, self.weight, self.load, self.caps, self.split.fit,
-                          passes=passes, source_N=source_N, max_sources=options.max_sources, rng=rng)
+                          passes=passes, source_N=source_N, max_sources=options.max_sources, rng=rng,
+                          settled_cv=_SETTLED_CV if len(self.split.fit) > _SETTLE_ABOVE else 0.0)
         offsets = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
         mask = np.arange(members.shape[1])[None, :] < count[:, None]
         order_rows = members[mask]  # row-major: group by group
