@@ -288,7 +288,10 @@ def _steps(inputs, rows: ManifestRows, caps_K: np.ndarray, per_step: int, epoch_
     bounds, first = [], 0
     for steps in epoch_num_steps:
         lo, hi = np.searchsorted(rows.step, [first, first + steps])
-        groups = groups_lower_bound(inputs.load_NK, np.asarray(caps_K), rows=rows.sample[lo:hi]) if hi > lo else 0
+        # Every sample placed (each once an epoch): the bound of all rows, without a mask of them.
+        every = hi - lo == inputs.num_samples
+        groups = groups_lower_bound(inputs.load_NK, np.asarray(caps_K), rows=None if every else rows.sample[lo:hi]
+                                    ) if hi > lo else 0
         bounds.append(math.ceil(groups / per_step))
         first += steps
     total, bound = int(sum(epoch_num_steps)), int(sum(bounds))

@@ -29,6 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from balancer_cli.errors import InputError, UsageError
+from balancer_cli.pack._window_kernels import deal_to_windows
 from balancer_cli.pack.assign import (
     assign_groups,
     group_source_counts,
@@ -37,7 +38,7 @@ from balancer_cli.pack.assign import (
 from balancer_cli.pack.bounds import groups_lower_bound
 from balancer_cli.pack.config import PackConfig, stream_seed
 from balancer_cli.pack.packers import registry
-from balancer_cli.pack.types import Assignment, group_sums, index_dtype
+from balancer_cli.pack.types import Assignment, dense_ids, group_sums, index_dtype
 
 __all__ = [
     "BYTES_PER_SAMPLE",
@@ -148,22 +149,16 @@ def window_members(source_n: np.ndarray, windows: int, *, seed: int, epoch: int)
         return [np.arange(n)]
     rng = np.random.default_rng(stream_seed(seed, epoch, "window"))
     # Source by source, shuffled within the source: a random permutation, then a stable sort by
-    # source (a radix sort of small integers: 0.3 s at 10M where a lexsort of a float key took 2 s).
+    # source and one by window, both counting sorts in one compiled call (10M: 1.15 -> 0.9 s,
+    # most of it the permutation).
     order = rng.permutation(n).astype(index_dtype(n))
-    order = order[np.argsort(_small_ints(np.asarray(source_n)[order]), kind="stable")]
-    window_of = np.empty(n, dtype=np.int16 if windows < 2**15 else index_dtype(windows))
-    window_of[order] = np.arange(n) % windows
-    del order
-    by_window = np.argsort(window_of, kind="stable").astype(index_dtype(n))  # positions ascending in each window
-    bounds = np.searchsorted(window_of[by_window], np.arange(windows + 1))
+    codes = np.asarray(source_n).reshape(-1)
+    if codes.dtype.kind not in "iu" or int(codes.max()) - int(codes.min()) >= n:
+        codes = dense_ids(codes)  # names, or codes spread wider than the samples: 0..S-1, same order
+    lowest, highest = int(codes.min()), int(codes.max())
+    by_window = np.empty(n, dtype=index_dtype(n))
+    bounds = deal_to_windows(order, codes, lowest, highest - lowest + 1, int(windows), by_window)
     return [by_window[bounds[w]:bounds[w + 1]] for w in range(windows)]
-
-
-def _small_ints(codes: np.ndarray) -> np.ndarray:
-    """``codes`` as int16 when they fit (numpy's stable sort is a radix sort up to 16 bits)."""
-    if codes.dtype.itemsize <= 2 or (len(codes) and -(2**15) <= codes.min() and codes.max() < 2**15):
-        return codes.astype(np.int16, copy=False)
-    return codes
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,23 @@ def test_windows_partition_the_samples_and_are_stratified(n, windows, sources, s
     assert all(np.array_equal(a, b) for a, b in zip(members, again))
 
 
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(2, 300), windows=st.integers(2, 9), sources=st.integers(1, 6),
+       spread=st.sampled_from([1, 10**6]), seed=st.integers(0, 5), names=st.booleans())
+def test_window_members_are_the_two_stable_sorts_they_stand_for(n, windows, sources, spread, seed, names):
+    """The compiled deal equals its definition: a seeded permutation stably sorted by source,
+    dealt ``i % windows``, then each window's positions in order (any source codes, or names)."""
+    codes = np.random.default_rng(seed).integers(0, sources, n) * spread - 3
+    source = np.array([f"s{c}" for c in codes]) if names else codes
+    order = np.random.default_rng(stream_seed(seed, 1, "window")).permutation(n)
+    order = order[np.argsort(np.unique(source, return_inverse=True)[1][order], kind="stable")]
+    window_of = np.empty(n, np.int64)
+    window_of[order] = np.arange(n) % windows
+    expected = [np.flatnonzero(window_of == w) for w in range(windows)]
+    members = window_members(source, windows, seed=seed, epoch=1)
+    assert [m.tolist() for m in members] == [e.tolist() for e in expected]
+
+
 def test_window_counts_and_budget():
     assert num_windows(100, None) == 1 and num_windows(100, 30) == 4 and num_windows(100, 30, min_samples=40) == 2
     assert num_windows(10, 30) == 1
