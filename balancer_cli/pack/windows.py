@@ -145,15 +145,15 @@ def window_members(source_n: np.ndarray, windows: int, *, seed: int, epoch: int)
     by at most one sample and each window's count of every source by at most one.
     """
     n = len(source_n)
-    if windows <= 1:
-        return [np.arange(n)]
+    if windows <= 1 or n == 0:
+        return [np.arange(n)] + [np.arange(0)] * (max(1, windows) - 1)
     rng = np.random.default_rng(stream_seed(seed, epoch, "window"))
     # Source by source, shuffled within the source: a random permutation, then a stable sort by
     # source and one by window, both counting sorts in one compiled call (10M: 1.15 -> 0.9 s,
     # most of it the permutation).
     order = rng.permutation(n).astype(index_dtype(n))
     codes = np.asarray(source_n).reshape(-1)
-    if codes.dtype.kind not in "iu" or int(codes.max()) - int(codes.min()) >= n:
+    if codes.dtype.kind not in "iu" or codes.dtype == np.uint64 or int(codes.max()) - int(codes.min()) >= n:
         codes = dense_ids(codes)  # names, or codes spread wider than the samples: 0..S-1, same order
     lowest, highest = int(codes.min()), int(codes.max())
     by_window = np.empty(n, dtype=index_dtype(n))
