@@ -57,6 +57,14 @@ def test_window_members_are_the_two_stable_sorts_they_stand_for(n, windows, sour
     assert [m.tolist() for m in members] == [e.tolist() for e in expected]
 
 
+def test_window_members_of_unsigned_or_no_samples():
+    codes = np.array([5, 1, 5, 9, 1, 1])
+    expected = [m.tolist() for m in window_members(codes, 2, seed=3, epoch=0)]
+    for dtype in (np.uint8, np.uint64):
+        assert [m.tolist() for m in window_members(codes.astype(dtype), 2, seed=3, epoch=0)] == expected
+    assert [len(m) for m in window_members(np.zeros(0, np.int64), 3, seed=0, epoch=0)] == [0, 0, 0]
+
+
 def test_window_counts_and_budget():
     assert num_windows(100, None) == 1 and num_windows(100, 30) == 4 and num_windows(100, 30, min_samples=40) == 2
     assert num_windows(10, 30) == 1
