@@ -153,9 +153,12 @@ def window_members(source_n: np.ndarray, windows: int, *, seed: int, epoch: int)
     # most of it the permutation).
     order = rng.permutation(n).astype(index_dtype(n))
     codes = np.asarray(source_n).reshape(-1)
-    if codes.dtype.kind not in "iu" or codes.dtype == np.uint64 or int(codes.max()) - int(codes.min()) >= n:
-        codes = dense_ids(codes)  # names, or codes spread wider than the samples: 0..S-1, same order
+    if codes.dtype.kind not in "iu" or codes.dtype == np.uint64:
+        codes = dense_ids(codes)  # names (or uint64, whose arithmetic numba does in floats): 0..S-1, same order
     lowest, highest = int(codes.min()), int(codes.max())
+    if highest - lowest >= n:  # codes spread wider than the samples: 0..S-1, same order
+        codes = dense_ids(codes)
+        lowest, highest = 0, int(codes.max())
     by_window = np.empty(n, dtype=index_dtype(n))
     bounds = deal_to_windows(order, codes, lowest, highest - lowest + 1, int(windows), by_window)
     return [by_window[bounds[w]:bounds[w + 1]] for w in range(windows)]
