@@ -8,11 +8,18 @@ Example:
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from balancer_cli._jit import njit
 
 __all__ = ["groups_lower_bound"]
+
+#: ``(weakref to the loads, caps, bound)`` of the last bound over every row of a read-only
+#: array: a pack asks it of the same loads and caps several times (the windows' size and each
+#: packer's evaluation; 0.15 s each at 10M). Read-only, so a remembered bound is never stale.
+_last_whole: tuple = (None, b"", 0)
 
 
 def groups_lower_bound(load_NK: np.ndarray, caps_K: np.ndarray, rows: np.ndarray | None = None) -> int:
@@ -44,7 +51,19 @@ def groups_lower_bound(load_NK: np.ndarray, caps_K: np.ndarray, rows: np.ndarray
     if rows is not None:
         mask = np.zeros(len(load), np.bool_)
         mask[np.asarray(rows)] = True
+    elif not load.flags.writeable:
+        return _whole_bound(load, caps)
     return int(_bound_kernel(load, caps, mask))
+
+
+def _whole_bound(load: np.ndarray, caps: np.ndarray) -> int:
+    """The bound over every row of the read-only ``load``, remembered for the next call."""
+    global _last_whole
+    ref, key, bound = _last_whole
+    if ref is None or ref() is not load or key != caps.tobytes():
+        bound = int(_bound_kernel(load, caps, np.ones(0, np.bool_)))
+        _last_whole = (weakref.ref(load), caps.tobytes(), bound)
+    return bound
 
 
 @njit

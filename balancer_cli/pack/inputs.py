@@ -112,6 +112,7 @@ def prepare_inputs(lengths: LengthsTable, cost_model: str = "tokens",
     source = lengths.table.column("source").combine_chunks()
     names = tuple(str(x) for x in source.dictionary.to_pylist())
     codes = np.asarray(source.indices.to_numpy(zero_copy_only=False), dtype=np.min_scalar_type(-max(len(names), 1)))
+    load_NK.setflags(write=False)  # shared by every packer and metric of a run; lets bounds be remembered
     return PackInputs(modules, load_NK, cost_NK, lengths.ok_mask(), _error_texts(lengths), codes, names)
 
 

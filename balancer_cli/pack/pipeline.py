@@ -26,7 +26,7 @@ import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -54,6 +54,8 @@ __all__ = [
     "resolve_thresholds",
     "run_search",
     "sample_view",
+    "WindowPlan",
+    "plan_windows",
     "place_packer",
     "with_phase_ranks",
     "pack_manifest",
@@ -191,9 +193,38 @@ def sample_view(inputs: PackInputs) -> registry.SampleView:
                                source_n=_ok_rows(inputs, inputs.source_codes_N), modules=inputs.modules)
 
 
+class WindowPlan(NamedTuple):
+    """Which samples each window of each epoch packs (:func:`plan_windows`).
+
+    ``members[e][w]`` holds the (n_w,) sorted positions, in :func:`sample_view`'s rows, of window
+    ``w`` of epoch ``e``. Every packer of a run packs the same windows (the same seed, W and caps),
+    so the report's baselines plan them once (10M: ~1 s per packer, most of it the permutation).
+    """
+
+    windows: int
+    members: tuple[tuple[np.ndarray, ...], ...]
+
+
+def plan_windows(view: registry.SampleView, config: PackConfig, caps_K: np.ndarray) -> WindowPlan:
+    """The windows of every epoch for ``view`` (:func:`sample_view`) under ``config`` and ``caps_K``.
+
+    Example:
+        >>> import numpy as np
+        >>> from balancer_cli.lengths import make_lengths_table
+        >>> view = sample_view(prepare_inputs(make_lengths_table(np.full(40, 10))))
+        >>> plan = plan_windows(view, PackConfig(world_size=2, window_samples=20), np.array([20]))
+        >>> plan.windows, [len(m) for m in plan.members[0]]
+        (2, [20, 20])
+    """
+    windows = num_windows(len(view.ids_n), config.window_samples,
+                          min_window_samples(view.load_nK, caps_K, config.shape.groups_per_step))
+    return WindowPlan(windows, tuple(tuple(window_members(view.source_n, windows, seed=config.seed, epoch=epoch))
+                                     for epoch in range(config.epochs)))
+
+
 def place_packer(name: str, inputs: PackInputs, config: PackConfig, caps_K: np.ndarray,
                  bounds_K: np.ndarray, *, engine: Any = "local", engine_options: Any = None,
-                 on_window: Callable[[int, int], None] | None = None) -> Placement:
+                 on_window: Callable[[int, int], None] | None = None, plan: WindowPlan | None = None) -> Placement:
     """Pack every epoch with the registered packer ``name``, window by window, and place its groups.
 
     The manifest's own packer and every baseline go through here, with the same step shape, seed
@@ -201,17 +232,16 @@ def place_packer(name: str, inputs: PackInputs, config: PackConfig, caps_K: np.n
     with like. ``engine`` (a name of :data:`~balancer_cli.pack.engines.ENGINES`, or a
     ``run_windows`` function of the same contract) runs the windows; every engine gives the same
     placement. ``on_window(done, total)`` is called as each window (of every epoch) is done.
+    ``plan`` is :func:`plan_windows` of the same inputs, config and caps, when the caller holds it.
     """
     from balancer_cli.pack.engines import get_engine
 
     spec = registry.get(name)
     view = sample_view(inputs)
     n = len(view.ids_n)
-    windows = num_windows(n, config.window_samples,
-                          min_window_samples(view.load_nK, caps_K, config.shape.groups_per_step))
     tasks, members = [], []
-    for epoch in range(config.epochs):
-        for window, positions in enumerate(window_members(view.source_n, windows, seed=config.seed, epoch=epoch)):
+    for epoch, by_window in enumerate((plan if plan is not None else plan_windows(view, config, caps_K)).members):
+        for window, positions in enumerate(by_window):
             tasks.append(WindowTask(packer=spec.name, config=config, caps_K=caps_K, bounds_K=bounds_K,
                                     epoch=epoch, window=window))
             members.append(positions)

@@ -51,7 +51,7 @@ from balancer_cli.pack.config import PackConfig
 from balancer_cli.pack.evaluate import Evaluation, evaluate_rows
 from balancer_cli.pack.inputs import PackInputs, prepare_inputs
 from balancer_cli.pack.packers import registry
-from balancer_cli.pack.pipeline import place_packer
+from balancer_cli.pack.pipeline import place_packer, plan_windows, sample_view
 from balancer_cli.replay.integrity import check_manifest
 from balancer_cli.report.markdown import render_markdown
 
@@ -138,11 +138,15 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInput
     del rows  # the baselines below pack from the lengths alone
     groups_per_epoch = max(manifest.num_steps * config.shape.groups_per_step / max(config.epochs, 1), 1)
     base_config = PackConfig.from_meta(meta, batch_size=max(1, round(placed_per_epoch / groups_per_epoch)), **cost)
+    plan = None
     for name in baselines:
         if name == config.algorithm:
             continue
         try:
-            b_rows, b_dropped, b_reasons, b_epochs = place_packer(name, inputs, base_config, caps_K, bounds_K)
+            # Every baseline packs the same windows: planned once (10M: ~1 s a baseline).
+            plan = plan or plan_windows(sample_view(inputs), base_config, caps_K)
+            b_rows, b_dropped, b_reasons, b_epochs = place_packer(name, inputs, base_config, caps_K, bounds_K,
+                                                                  plan=plan)
         except (BalancerError, ImportError) as error:
             data["baselines"][name] = {"error": str(error)}
             continue

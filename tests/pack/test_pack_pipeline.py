@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.lengths import make_lengths_table
+from balancer_cli.pack.bounds import groups_lower_bound
 from balancer_cli.pack.config import PackConfig
 from balancer_cli.pack.inputs import prepare_inputs
 from balancer_cli.pack.packers.baselines import (
@@ -243,3 +244,22 @@ def test_arrays_out_of_range_are_named_not_wrapped(values, message):
     """An array past int32 is refused with its value (it was wrapped to a negative one before)."""
     with pytest.raises(InputError, match=message):
         make_lengths_table(np.array(values))
+
+
+def test_lower_bound_of_read_only_loads_is_remembered_and_never_stale():
+    """Every row of a read-only array: computed once per (array, caps); writable arrays are never remembered."""
+    rng = np.random.default_rng(0)
+    load = np.stack([rng.integers(0, 12, 500), rng.integers(10, 3000, 500)], axis=1)
+    caps = np.array([18, 6400])
+    expect = groups_lower_bound(load, caps)
+    frozen = load.copy()
+    frozen.setflags(write=False)
+    assert groups_lower_bound(frozen, caps) == expect == groups_lower_bound(frozen, caps)
+    assert groups_lower_bound(frozen, caps * 2) == groups_lower_bound(load, caps * 2) < expect
+    assert groups_lower_bound(frozen, caps) == expect
+    load[:, 1] = 6000  # a writable array changed in place: its bound follows
+    assert groups_lower_bound(load, caps) == 500 != expect
+    other = load.copy()
+    other.setflags(write=False)
+    assert groups_lower_bound(other, caps) == 500 and groups_lower_bound(frozen, caps) == expect
+    assert prepare_inputs(make_lengths_table(np.arange(1, 5))).load_NK.flags.writeable is False

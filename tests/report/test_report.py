@@ -163,3 +163,15 @@ def test_report_records_a_baseline_that_cannot_run(tmp_path):
     assert "groups per step" in report.data["baselines"]["isf"]["error"]
     header, rows = summary_table(report.data)
     assert rows[2][:2] == ["isf", "not run: " + report.data["baselines"]["isf"]["error"]]
+
+
+def test_baselines_sharing_one_window_plan_report_as_each_alone(tmp_path):
+    """The report plans the baselines' windows once: every baseline's metrics equal its report alone."""
+    lt = _lengths(n=1500, seed=4)
+    _write(tmp_path, lt, PackConfig(world_size=4, micro_batches=2, epochs=2, window_samples=400,
+                                    caps=(("llm", 3000), ("vision", 10))))
+    names = ("dataloader", "random", "llm-ffd", "isf")
+    together = build_report(open_manifest(tmp_path), lt, baselines=names).data["baselines"]
+    for name in names:
+        alone = build_report(open_manifest(tmp_path), lt, baselines=(name,)).data["baselines"][name]
+        assert json.dumps(together[name], sort_keys=True) == json.dumps(alone, sort_keys=True), name
