@@ -52,6 +52,20 @@ def _searched(params: Mapping[str, Any]) -> str:
     return f" (searched; the subsample's pick broke {picked} in full, a later candidate kept)"
 
 
+def _windows_raised(params: Mapping[str, Any]) -> list[str]:
+    """A line when ``--window-samples`` (or ``--memory-gb``) asked for windows under the fewest
+    samples a window holds (smaller ones merge), else none."""
+    asked, least = params.get("window_samples"), params.get("min_window_samples")
+    if not asked or not least or asked >= least:
+        return []
+    from balancer_cli.pack.windows import MIN_WINDOW_STEPS
+
+    line = (f"windows: a window holds at least {least:,} samples ({MIN_WINDOW_STEPS} steps at these caps), not "
+            f"{asked:,}: {params.get('windows', 1):,} windows; windows of a few steps balance worse "
+            "(raise --window-samples or --memory-gb)")
+    return [line]
+
+
 def render_pack(summary: Mapping[str, Any]) -> str:
     """``pack`` / ``report``: what was written, the parameters, and ours vs baselines."""
     from balancer_cli.report.markdown import format_text_table, summary_table
@@ -59,12 +73,14 @@ def render_pack(summary: Mapping[str, Any]) -> str:
     params = summary["manifest"]["params"]
     caps = ", ".join(f"{m}={c}" for m, c in params["caps"].items())
     steps = summary["steps"]
+    windows = params.get("windows", 1)
     lines = [
         f"packed {summary['manifest']['num_samples']} samples into {steps['total']} steps "
         f"({summary['manifest']['world_size']} ranks x {summary['manifest']['micro_batches']} micro-batches, "
-        f"{summary['manifest']['epochs']} epoch(s)) -> {summary['out']}",
+        f"{summary['manifest']['epochs']} epoch(s){f', {windows} windows' if windows > 1 else ''}) -> {summary['out']}",
         f"caps {caps}" + (_searched(params) if params.get("searched") else "")
         + f"; dropped {summary['dropped']['count']} ({100 * summary['dropped']['share']:.2f}%)",
+        *_windows_raised(params),
         "",
         format_text_table(*summary_table(summary)),
     ]

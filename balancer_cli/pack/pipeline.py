@@ -26,7 +26,7 @@ import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -43,10 +43,11 @@ from balancer_cli.pack.packers._common import over_caps
 from balancer_cli.pack.placement import Placement, merge_windows
 from balancer_cli.pack.types import index_dtype
 from balancer_cli.pack.windows import (
+    WindowPlan,
     WindowTask,
     min_window_samples,
     num_windows,
-    window_members,
+    plan_windows,
 )
 
 __all__ = [
@@ -54,8 +55,6 @@ __all__ = [
     "resolve_thresholds",
     "run_search",
     "sample_view",
-    "WindowPlan",
-    "plan_windows",
     "place_packer",
     "with_phase_ranks",
     "pack_manifest",
@@ -193,35 +192,6 @@ def sample_view(inputs: PackInputs) -> registry.SampleView:
                                source_n=_ok_rows(inputs, inputs.source_codes_N), modules=inputs.modules)
 
 
-class WindowPlan(NamedTuple):
-    """Which samples each window of each epoch packs (:func:`plan_windows`).
-
-    ``members[e][w]`` holds the (n_w,) sorted positions, in :func:`sample_view`'s rows, of window
-    ``w`` of epoch ``e``. Every packer of a run packs the same windows (the same seed, W and caps),
-    so the report's baselines plan them once (10M: ~1 s per packer, most of it the permutation).
-    """
-
-    windows: int
-    members: tuple[tuple[np.ndarray, ...], ...]
-
-
-def plan_windows(view: registry.SampleView, config: PackConfig, caps_K: np.ndarray) -> WindowPlan:
-    """The windows of every epoch for ``view`` (:func:`sample_view`) under ``config`` and ``caps_K``.
-
-    Example:
-        >>> import numpy as np
-        >>> from balancer_cli.lengths import make_lengths_table
-        >>> view = sample_view(prepare_inputs(make_lengths_table(np.full(40, 10))))
-        >>> plan = plan_windows(view, PackConfig(world_size=2, window_samples=20), np.array([20]))
-        >>> plan.windows, [len(m) for m in plan.members[0]]
-        (2, [20, 20])
-    """
-    windows = num_windows(len(view.ids_n), config.window_samples,
-                          min_window_samples(view.load_nK, caps_K, config.shape.groups_per_step))
-    return WindowPlan(windows, tuple(tuple(window_members(view.source_n, windows, seed=config.seed, epoch=epoch))
-                                     for epoch in range(config.epochs)))
-
-
 def place_packer(name: str, inputs: PackInputs, config: PackConfig, caps_K: np.ndarray,
                  bounds_K: np.ndarray, *, engine: Any = "local", engine_options: Any = None,
                  on_window: Callable[[int, int], None] | None = None, plan: WindowPlan | None = None) -> Placement:
@@ -321,10 +291,21 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
                                    epoch_num_steps=epoch_num_steps)
         return _Trial(caps_K, bounds_K, Placement(rows, dropped_sample, dropped_reason, epoch_num_steps), evaluation)
 
+    def windows(caps_K: np.ndarray) -> dict[str, int]:
+        # What the windows are (the summary's first line): as many as place_packer packs. Before
+        # packing, while little memory is held (with scan errors the loads are copied).
+        if not config.window_samples:
+            return {}
+        load = _ok_rows(inputs, inputs.load_NK)
+        least = min_window_samples(load, caps_K, config.shape.groups_per_step)
+        return {"windows": num_windows(len(load), config.window_samples, least), "min_window_samples": least}
+
     caps_K, bounds_K, search = resolve_thresholds(inputs, config)
+    planned = windows(caps_K)
     trial, checked = run(caps_K, bounds_K), None
     if search is not None and config.algorithm == "balanced" and inputs.num_samples <= CHECK_MAX_SAMPLES:
         trial, checked = _checked_pick(inputs, config, search, trial, run)
+        planned = planned if np.array_equal(trial.caps_K, caps_K) else windows(trial.caps_K)
     caps_K, bounds_K, evaluation = trial.caps_K, trial.bounds_K, trial.evaluation
     rows, dropped_sample, dropped_reason, epoch_num_steps = trial.placement
     summary = evaluation.metrics
@@ -333,6 +314,7 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
         "caps": {m: int(c) for m, c in zip(inputs.modules, caps_K)},
         "bounds": {m: int(b) for m, b in zip(inputs.modules, bounds_K)},
         "cap_units": {m: inputs.load_unit(m) for m in inputs.modules},
+        **planned,
         "searched": search is not None,
         "search": None if search is None else {
             "algorithm": search.algorithm, "sample_size": int(search.sample_size),

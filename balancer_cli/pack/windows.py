@@ -52,6 +52,8 @@ __all__ = [
     "num_windows",
     "min_window_samples",
     "window_members",
+    "WindowPlan",
+    "plan_windows",
     "window_samples_for",
     "resolve_window_samples",
     "place_window",
@@ -162,6 +164,35 @@ def window_members(source_n: np.ndarray, windows: int, *, seed: int, epoch: int)
     by_window = np.empty(n, dtype=index_dtype(n))
     bounds = deal_to_windows(order, codes, lowest, highest - lowest + 1, int(windows), by_window)
     return [by_window[bounds[w]:bounds[w + 1]] for w in range(windows)]
+
+
+class WindowPlan(NamedTuple):
+    """Which samples each window of each epoch packs (:func:`plan_windows`).
+
+    ``members[e][w]`` holds the (n_w,) sorted positions, in the sample view's rows, of window
+    ``w`` of epoch ``e``. Every packer of a run packs the same windows (the same seed, W and caps),
+    so the report's baselines plan them once (10M: ~1 s per packer, most of it the permutation).
+    """
+
+    windows: int
+    members: tuple[tuple[np.ndarray, ...], ...]
+
+
+def plan_windows(view: registry.SampleView, config: PackConfig, caps_K: np.ndarray) -> WindowPlan:
+    """The windows of every epoch for ``view`` (the samples without a scan error) under ``config``
+    and ``caps_K``.
+
+    Example:
+        >>> view = registry.SampleView(ids_n=np.arange(40), load_nK=np.full((40, 1), 10), cost_nK=np.full((40, 1), 10.),
+        ...                            source_n=np.zeros(40, np.int8), modules=("llm",))
+        >>> plan = plan_windows(view, PackConfig(world_size=2, window_samples=20), np.array([20]))
+        >>> plan.windows, [len(m) for m in plan.members[0]]
+        (2, [20, 20])
+    """
+    windows = num_windows(len(view.ids_n), config.window_samples,
+                          min_window_samples(view.load_nK, caps_K, config.shape.groups_per_step))
+    return WindowPlan(windows, tuple(tuple(window_members(view.source_n, windows, seed=config.seed, epoch=epoch))
+                                     for epoch in range(config.epochs)))
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,8 @@ from balancer_cli.pack.config import PackConfig
 from balancer_cli.pack.evaluate import Evaluation, evaluate_rows
 from balancer_cli.pack.inputs import PackInputs, prepare_inputs
 from balancer_cli.pack.packers import registry
-from balancer_cli.pack.pipeline import place_packer, plan_windows, sample_view
+from balancer_cli.pack.pipeline import place_packer, sample_view
+from balancer_cli.pack.windows import plan_windows
 from balancer_cli.replay.integrity import check_manifest
 from balancer_cli.report.markdown import render_markdown
 

@@ -220,3 +220,18 @@ def test_flops_cost_model_is_recorded_and_replayed_by_report(tmp_path):
 def test_flops_without_llm_model_is_a_usage_error(tmp_path):
     result = _run("pack", _lengths_file(tmp_path), "-o", tmp_path / "out", "--cost-model", "flops", *CAPS)
     assert result.exit_code == 2 and "needs an LLM preset" in result.output and "--llm-model" in result.output
+
+
+@pytest.mark.parametrize("window, raised", [(1, True), (150, False)])
+def test_pack_prints_its_windows_and_when_they_merged(tmp_path, window, raised):
+    """A windowed run names its windows; windows asked under the minimum say so, with the fix."""
+    lengths = _lengths_file(tmp_path, n=600)
+    result = _run("pack", lengths, "-o", tmp_path / "out", "--dp", 4, "--window-samples", window,
+                  "--baselines", "none", *CAPS)
+    assert result.exit_code == 0, result.output
+    params = open_manifest(tmp_path / "out").meta["params"]
+    assert params["windows"] > 1 and f"{params['windows']} windows) ->" in result.output
+    assert (params["window_samples"] < params["min_window_samples"]) == raised
+    assert ("raise --window-samples or --memory-gb" in result.output) == raised
+    again = _run("report", tmp_path / "out", "--baselines", "none")
+    assert again.exit_code == 0 and result.output.splitlines()[2] == again.output.splitlines()[2]

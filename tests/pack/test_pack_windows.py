@@ -209,3 +209,20 @@ def test_merged_rows_are_the_row_level_sort(windows, R, M, shared, seed):
     ref.sort(key=lambda t: t[:4])  # stable: groups of one slot interleave by position, in window order
     assert [(int(a), int(b), int(c), int(d)) for a, b, c, d in zip(rows.step, rows.rank, rows.micro, rows.sample)] == \
         [(s, r, m, x) for s, r, m, _, x in ref]
+
+
+@pytest.mark.parametrize("window", [1, 700, 1500, 10**6])
+def test_the_manifest_records_the_windows_it_packed(window):
+    """``params.windows`` is the count place_packer packs (every epoch), and ``min_window_samples`` its floor."""
+    lengths = _inputs()
+    config = PackConfig(world_size=4, micro_batches=2, epochs=2, window_samples=window,
+                        caps=(("vision", 24), ("llm", 7000)))
+    inputs = prepare_inputs(lengths)
+    caps_K, bounds_K, _ = resolve_thresholds(inputs, config)
+    calls = []
+    place_packer("balanced", inputs, config, caps_K, bounds_K, on_window=lambda *call: calls.append(call))
+    params = pack_manifest(lengths, config).meta["params"]
+    assert calls[-1][1] == 2 * params["windows"]
+    n = inputs.num_samples - 1  # one scan error
+    assert params["windows"] == num_windows(n, window, params["min_window_samples"]) >= 1
+    assert "windows" not in pack_manifest(lengths, PackConfig(world_size=4, caps=config.caps)).meta["params"]
