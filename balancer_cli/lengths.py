@@ -111,10 +111,11 @@ def lengths_fingerprint(table: pa.Table) -> str:
         digest.update((len(column) * itemsize).to_bytes(8, "little"))
         for lo in range(0, len(column), _HASH_BLOCK):
             block = column.slice(lo, _HASH_BLOCK)
+            # The arrays' own buffers: the same bytes as ``tobytes()``, without its copy.
             if name == b"error":
-                digest.update(np.asarray(block.is_null().to_numpy(zero_copy_only=False), dtype=bool).tobytes())
+                digest.update(np.ascontiguousarray(block.is_null().to_numpy(zero_copy_only=False), dtype=bool))
             else:
-                digest.update(_as_int64(block).tobytes())
+                digest.update(np.ascontiguousarray(_as_int64(block)))
     return digest.hexdigest()
 
 
@@ -123,7 +124,9 @@ _HASH_BLOCK = 1 << 20
 
 
 def _as_int64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    return np.asarray(column.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    if column.null_count:  # else no fill (a copy of the column)
+        column = column.fill_null(0)
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,13 @@ from click.testing import CliRunner
 
 from balancer_cli.cli import main
 from balancer_cli.errors import InputError, ManifestError
-from balancer_cli.lengths import DEFAULT_SOURCE, make_lengths_table, read_lengths, write_lengths
+from balancer_cli.lengths import (
+    DEFAULT_SOURCE,
+    lengths_fingerprint,
+    make_lengths_table,
+    read_lengths,
+    write_lengths,
+)
 from balancer_cli.manifest import ManifestRows, open_manifest, read_dropped, write_manifest
 from balancer_cli.pack.inputs import prepare_inputs
 
@@ -45,6 +51,21 @@ def test_lengths_roundtrip_and_fingerprint(tmp_path):
     assert back.ok_mask().tolist() == [True, True, False]
     assert back.metadata["fingerprint"] == lt.fingerprint
     assert pa.types.is_dictionary(back.table.schema.field("source").type)
+
+
+def test_fingerprints_stay_those_older_manifests_recorded():
+    """The fingerprint is stored in every manifest: its bytes never change (nulls, chunks, blocks)."""
+    lt = make_lengths_table(np.array([300, 40, 7]), {"vision": (np.array([1024, 0, 0]), np.array([1, 0, 0]))},
+                            error=[None, None, "missing image"])
+    assert lt.fingerprint == "f941ff08359cb968e4413beb19c96f03"
+    n = (1 << 20) + 5  # past one hashed block
+    table = make_lengths_table(np.arange(n) % 997 + 1, {"audio": (np.arange(n) % 13 * 50, np.arange(n) % 13)},
+                               error=[None if i % 7 else "x" for i in range(n)]).table
+    chunked = pa.Table.from_batches(table.to_batches(max_chunksize=300_000))
+    tokens = pa.array(np.arange(n) % 997 + 1, pa.int32(), mask=np.arange(n) % 5 == 0)
+    nulls = table.set_column(table.column_names.index("llm_tokens"), "llm_tokens", tokens)
+    assert lengths_fingerprint(table) == lengths_fingerprint(chunked) == "c2b58d001f2dfe884c3a37b33ef51140"
+    assert lengths_fingerprint(nulls) == "1a12e47e56b3334ebf5538070f22e71a"
 
 
 def test_lengths_concatenation_fills_missing_modules(tmp_path):
