@@ -263,3 +263,30 @@ def test_lower_bound_of_read_only_loads_is_remembered_and_never_stale():
     other.setflags(write=False)
     assert groups_lower_bound(other, caps) == 500 and groups_lower_bound(frozen, caps) == expect
     assert prepare_inputs(make_lengths_table(np.arange(1, 5))).load_NK.flags.writeable is False
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 300), chunks=st.integers(1, 4), seed=st.integers(0, 2**31 - 1), wide=st.booleans())
+def test_inputs_read_the_columns_as_sample_costs_and_the_int64_accessors_do(n, chunks, seed, wide):
+    """The matrices come from the table's own columns (no int64/float64 copies): the same values as
+    ``sample_costs`` (tokens) and the int64 accessors, for chunked tables and errors with null lengths."""
+    import pyarrow as pa
+
+    from balancer_cli.cost.samples import sample_costs
+    from balancer_cli.lengths import LengthsTable
+
+    rng = np.random.default_rng(seed)
+    items = rng.integers(0, 9, n)
+    top = 2**31 - 1 if wide else 2**24  # past float32's exact integers, or within them
+    table = make_lengths_table(rng.integers(1, top, n), {"vision": (rng.integers(0, top, n), items)},
+                               error=[None if rng.random() > 0.2 else "bad" for _ in range(n)]).table
+    nulls = pa.array(np.asarray(table.column("llm_tokens")), mask=~np.asarray(table.column("error").is_null()))
+    table = table.set_column(table.column_names.index("llm_tokens"), "llm_tokens", nulls)
+    lengths = LengthsTable(pa.Table.from_batches(table.to_batches(max_chunksize=max(1, n // chunks))))
+    inputs = prepare_inputs(lengths)
+    costs = sample_costs(lengths)
+    for k, module in enumerate(inputs.modules):
+        assert np.array_equal(inputs.cost_NK[:, k], costs[module].astype(np.float32))
+    assert np.array_equal(inputs.load_NK[:, 0], lengths.items("vision"))
+    assert np.array_equal(inputs.load_NK[:, 1], lengths.llm_tokens())
+    assert lengths.llm_tokens().dtype == np.int64 and lengths.llm_tokens(stored=True).dtype == np.int32
