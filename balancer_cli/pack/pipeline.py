@@ -186,7 +186,10 @@ def _bounds_for(inputs: PackInputs, caps_K: np.ndarray, bounds: Mapping[str, int
 
 def sample_view(inputs: PackInputs) -> registry.SampleView:
     """The samples without a scan error, as the packers see them (no copy when every sample is fine)."""
-    ids_n = np.flatnonzero(inputs.ok_N).astype(index_dtype(inputs.num_samples))
+    n = inputs.num_samples
+    # Every sample fine (the common case): the ids without flatnonzero's (N,) int64 copy.
+    ids_n = np.arange(n, dtype=index_dtype(n)) if inputs.ok_N.all() else np.flatnonzero(inputs.ok_N).astype(
+        index_dtype(n))
     return registry.SampleView(ids_n=ids_n, load_nK=_ok_rows(inputs, inputs.load_NK),
                                cost_nK=_ok_rows(inputs, inputs.cost_NK),
                                source_n=_ok_rows(inputs, inputs.source_codes_N), modules=inputs.modules)
