@@ -49,7 +49,8 @@ __all__ = ["command"]
               help="Pack in windows of about W samples (stratified by source), each a run of whole steps; "
                    "default: from --memory-gb, at most 1.5M (larger windows run slower).")
 @click.option("--memory-gb", type=FiniteFloatRange(min=0, min_open=True), default=None, metavar="G",
-              help="Memory budget of one window, in GiB (default 8): runs larger than it are packed in windows.")
+              help="Peak memory of the whole run, in GiB (default 8): sets the window size; a budget too small "
+                   "for the samples is refused with the size needed.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="Where windows are packed: this process, or Ray tasks (needs the [ray] extra); same output.")
 @click.option("--ray-address", default=None, metavar="ADDR",

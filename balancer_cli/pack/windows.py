@@ -43,6 +43,8 @@ from balancer_cli.pack.types import Assignment, dense_ids, group_sums, index_dty
 __all__ = [
     "BYTES_PER_SAMPLE",
     "HELD_BYTES_PER_SAMPLE",
+    "TAIL_BYTES_PER_SAMPLE",
+    "MODULE_BYTES_PER_SAMPLE",
     "BASE_BYTES",
     "DEFAULT_MEMORY_GB",
     "MAX_WINDOW_SAMPLES",
@@ -62,11 +64,20 @@ __all__ = [
 #: Peak bytes per sample of packing one window (packer working arrays, the window's slices of the
 #: load/cost matrices, its placed groups; measured ~145 B at windows of 1M, rounded up).
 BYTES_PER_SAMPLE = 200
-#: Bytes every sample holds for the whole run whatever the window (loads, costs, sources, ids,
-#: window membership, the placed rows): measured 73 B between 10M and 100M samples, rounded up.
-HELD_BYTES_PER_SAMPLE = 75
-#: The libraries' own memory (numpy, Arrow, numba, the report's plotting), rounded up.
-BASE_BYTES = 160 * 2**20
+#: Bytes every sample holds while the windows pack (loads, costs, sources, ids, window
+#: membership, the windows placed so far): 45-52 B measured at 1.2M and 10M samples, rounded up.
+HELD_BYTES_PER_SAMPLE = 58
+#: Bytes every sample holds once packed (the merged rows beside the windows' results, then the
+#: metrics and the manifest written): the peak of a 100M run in windows of 1M, 66 B, rounded up.
+TAIL_BYTES_PER_SAMPLE = 68
+#: What each module past two adds per sample to a window and to the held and packed bytes: a
+#: window's working tables widen, and three-module windows of one micro-batch trade across steps
+#: (3M three-module samples in windows of 375k: 387 B per window sample; their costs and loads
+#: 8 B more per sample).
+MODULE_BYTES_PER_SAMPLE = (200, 8, 8)
+#: The libraries' own memory (numpy, Arrow, numba and its loaded kernels, matplotlib drawing
+#: report.png in the process): a run of 2,000 samples peaks at 304 MiB; rounded up.
+BASE_BYTES = 320 * 2**20
 #: Memory budget that sets the default window size when neither W nor a budget is given.
 DEFAULT_MEMORY_GB = 8.0
 #: Most samples a window holds unless ``--window-samples`` says otherwise: past ~1.5M rows the
@@ -89,32 +100,41 @@ def min_window_samples(load_nK: np.ndarray, caps_K: np.ndarray, groups_per_step:
     return int(np.ceil(MIN_WINDOW_STEPS * groups_per_step * n / groups))
 
 
-def window_samples_for(memory_gb: float, num_samples: int = 0) -> int:
-    """Samples per window so that a run over ``num_samples`` peaks within ``memory_gb`` GiB:
-    the budget less :data:`BASE_BYTES` and :data:`HELD_BYTES_PER_SAMPLE` per sample, over
-    :data:`BYTES_PER_SAMPLE`.
+def window_samples_for(memory_gb: float, num_samples: int = 0, num_modules: int = 2) -> int:
+    """Samples per window so that a run over ``num_samples`` of ``num_modules`` modules (the LLM
+    counted) peaks within ``memory_gb`` GiB: the budget less :data:`BASE_BYTES` and
+    :data:`HELD_BYTES_PER_SAMPLE` per sample, over :data:`BYTES_PER_SAMPLE`; and the packed run
+    (:data:`TAIL_BYTES_PER_SAMPLE`) must fit too. Modules past two add :data:`MODULE_BYTES_PER_SAMPLE`.
 
     Raises:
         UsageError: a budget that is not positive, or too small to hold the samples at all.
 
     Example:
         >>> window_samples_for(8.0), window_samples_for(8.0, 100_000_000)
-        (42110812, 4610812)
+        (41271951, 12271951)
+        >>> window_samples_for(8.0, 100_000_000, num_modules=3)  # vision, audio and the LLM
+        4135975
     """
     if not memory_gb > 0:
         raise UsageError(f"{{memory_gb}} must be > 0, not {memory_gb!r}", fix="pass the memory budget in GiB, e.g. 8")
-    held = BASE_BYTES + HELD_BYTES_PER_SAMPLE * int(num_samples)
-    free = int(memory_gb * 2**30) - held
-    if free < BYTES_PER_SAMPLE * min(int(num_samples), 100_000):
-        need = (held + BYTES_PER_SAMPLE * min(int(num_samples), 100_000)) / 2**30
-        raise UsageError(f"{{memory_gb}} {memory_gb:g} GiB cannot hold {int(num_samples):,} samples "
-                         f"(~{need:.1f} GiB at the least)", fix=f"raise {{memory_gb}} to {math.ceil(need)} or more")
-    return max(1, free // BYTES_PER_SAMPLE)
+    n, extra = int(num_samples), max(0, int(num_modules) - 2)
+    window, held, tail = (base + extra * more for base, more in zip(
+        (BYTES_PER_SAMPLE, HELD_BYTES_PER_SAMPLE, TAIL_BYTES_PER_SAMPLE), MODULE_BYTES_PER_SAMPLE))
+    budget = int(memory_gb * 2**30)
+    free = budget - BASE_BYTES - held * n
+    if free < window * min(n, 100_000) or BASE_BYTES + tail * n > budget:
+        need = max(BASE_BYTES + held * n + window * min(n, 100_000), BASE_BYTES + tail * n) / 2**30
+        raise UsageError(f"{{memory_gb}} {memory_gb:g} GiB cannot hold {n:,} samples of {int(num_modules)} modules "
+                         f"(~{need:.2f} GiB at the least)",
+                         fix=f"raise {{memory_gb}} to {math.ceil(need * 10) / 10:g} or more")
+    return max(1, free // window)
 
 
-def resolve_window_samples(num_samples: int, window_samples: int | None, memory_gb: float | None) -> int | None:
+def resolve_window_samples(num_samples: int, window_samples: int | None, memory_gb: float | None,
+                           num_modules: int = 2) -> int | None:
     """W for a run: the given one, else the one ``memory_gb`` (default :data:`DEFAULT_MEMORY_GB`)
-    allows, at most :data:`MAX_WINDOW_SAMPLES`; None (one window) when all ``num_samples`` fit in one.
+    allows for ``num_modules`` modules (:func:`window_samples_for`), at most
+    :data:`MAX_WINDOW_SAMPLES`; None (one window) when all ``num_samples`` fit in one.
 
     Example:
         >>> resolve_window_samples(10, 4, None), resolve_window_samples(10, None, None)
@@ -127,7 +147,7 @@ def resolve_window_samples(num_samples: int, window_samples: int | None, memory_
                          fix="give one of them")
     if window_samples is not None:
         return int(window_samples)
-    budget = min(window_samples_for(DEFAULT_MEMORY_GB if memory_gb is None else memory_gb, num_samples),
+    budget = min(window_samples_for(DEFAULT_MEMORY_GB if memory_gb is None else memory_gb, num_samples, num_modules),
                  MAX_WINDOW_SAMPLES)
     return budget if num_samples > budget else None
 

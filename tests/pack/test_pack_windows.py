@@ -13,6 +13,9 @@ from balancer_cli.pack.config import PackConfig, stream_seed
 from balancer_cli.pack.inputs import prepare_inputs
 from balancer_cli.pack.pipeline import pack_manifest, place_packer, resolve_thresholds
 from balancer_cli.pack.windows import (
+    BASE_BYTES,
+    BYTES_PER_SAMPLE,
+    HELD_BYTES_PER_SAMPLE,
     MAX_WINDOW_SAMPLES,
     num_windows,
     resolve_window_samples,
@@ -77,6 +80,16 @@ def test_window_counts_and_budget():
     assert window_samples_for(8.0, 10**8) < window_samples_for(8.0, 10**7) < window_samples_for(8.0)
     with pytest.raises(UsageError, match="cannot hold 100,000,000 samples"):
         window_samples_for(4.0, 10**8)
+    # a third module widens the windows (and the held bytes): smaller windows for the same budget
+    assert window_samples_for(1.0, 3 * 10**6, 3) < window_samples_for(1.0, 3 * 10**6, 2)
+    assert resolve_window_samples(3 * 10**6, None, 0.6, num_modules=3) == window_samples_for(0.6, 3 * 10**6, 3)
+    # the libraries alone take ~0.3 GiB (numba's kernels, matplotlib), and the packed run must fit too
+    with pytest.raises(UsageError, match=r"~0\.3\d GiB at the least.*raise .*memory.gb to 0\.4"):
+        window_samples_for(0.25, 2000)
+    with pytest.raises(UsageError, match="cannot hold 1,200,000 samples"):
+        window_samples_for(0.34, 1_200_000)
+    free = 0.6 * 2**30 - BASE_BYTES - HELD_BYTES_PER_SAMPLE * 10**6
+    assert window_samples_for(0.6, 10**6) == int(free // BYTES_PER_SAMPLE)
     with pytest.raises(UsageError, match="both set the window size"):
         resolve_window_samples(10, 5, 1.0)
     with pytest.raises(UsageError):
