@@ -167,3 +167,19 @@ def test_a_fallback_that_drops_more_samples_is_never_kept_and_the_tries_are_boun
     packed.clear()
     kept, record = pipeline._checked_pick(inputs, PackConfig(), search, runs[10], run)
     assert packed == [20] and kept is runs[10] and record["kept"] == "pick"
+
+
+@settings(max_examples=40, deadline=None)
+@given(steps=st.integers(1, 30), R=st.integers(1, 6), M=st.integers(1, 3), share=st.floats(0, 1),
+       seed=st.integers(0, 99))
+def test_sparse_modules_of_slot_sorted_rows_are_those_of_any_order(steps, R, M, share, seed):
+    """Slot-sorted rows (every manifest) find their groups as runs; any other order sorts keys: the same answer."""
+    rng = np.random.default_rng(seed)
+    size = rng.integers(1, 4, steps * R * M)
+    slot = np.repeat(np.arange(steps * R * M), size)
+    n = len(slot)
+    cost = np.column_stack([rng.random(n) * (rng.random(n) < share), rng.random(n) + 0.1])
+    rows = ManifestRows(slot // (R * M), slot // M % R, slot % M, rng.permutation(n))
+    shuffled = rng.permutation(n)
+    other = ManifestRows(rows.step[shuffled], rows.rank[shuffled], rows.micro[shuffled], rows.sample[shuffled])
+    assert placed_sparse_modules(cost, rows).tolist() == placed_sparse_modules(cost, other).tolist()
