@@ -303,8 +303,8 @@ def _normalize(table: pa.Table, origin: str) -> pa.Table:
             column = table.column(name)
             column = column.cast(pa.string()).dictionary_encode() if name == "shard" else column.cast(kind)
             table = table.set_column(table.column_names.index(name), name, column)
-    # Sample ids are positions: renumber so concatenations and filtered inputs stay 0..N-1.
-    sample = pa.array(np.arange(n, dtype=np.int64))
+    # Sample ids are positions 0..N-1: checked where given (and kept: the same values, without a
+    # new (N,) int64 column, 0.2 s of page faults at 10M), numbered where not.
     if "sample" in table.column_names:
         column = table.column("sample")
         if column.null_count or not all(  # a block at a time: no (N,) int64 copies next to the table
@@ -312,9 +312,10 @@ def _normalize(table: pa.Table, origin: str) -> pa.Table:
                 for lo in range(0, n, _HASH_BLOCK)):
             raise InputError(f"{origin}: column 'sample' is not 0..{n - 1} in order",
                              fix="keep rows in sample order, one per sample")
-        table = table.set_column(table.column_names.index("sample"), "sample", sample)
+        if column.type != pa.int64():
+            table = table.set_column(table.column_names.index("sample"), "sample", column.cast(pa.int64()))
     else:
-        table = table.add_column(0, "sample", sample)
+        table = table.add_column(0, "sample", pa.array(np.arange(n, dtype=np.int64)))
     return table.replace_schema_metadata(None)
 
 
