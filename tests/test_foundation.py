@@ -68,6 +68,24 @@ def test_fingerprints_stay_those_older_manifests_recorded():
     assert lengths_fingerprint(nulls) == "1a12e47e56b3334ebf5538070f22e71a"
 
 
+@pytest.mark.parametrize("kind", [pa.int64(), pa.int32(), None])
+def test_sample_ids_are_positions_kept_checked_or_numbered(tmp_path, kind):
+    """A ``sample`` column must be 0..N-1 in order (kept, as int64); without one, rows are numbered."""
+    n = (1 << 20) + 3  # past one checked block
+    table = make_lengths_table(np.arange(n) % 50 + 1).table.drop_columns(["sample"])
+    if kind is not None:
+        table = table.add_column(0, "sample", pa.array(np.arange(n), kind))
+    pq.write_table(table, tmp_path / "l.parquet")
+    back = read_lengths(tmp_path / "l.parquet").table.column("sample")
+    assert back.type == pa.int64() and np.array_equal(np.asarray(back), np.arange(n))
+    if kind is not None:
+        ids = np.arange(n)
+        ids[n - 2], ids[n - 1] = ids[n - 1], ids[n - 2]  # out of order in the last block
+        pq.write_table(table.set_column(0, "sample", pa.array(ids, kind)), tmp_path / "bad.parquet")
+        with pytest.raises(InputError, match="column 'sample' is not 0"):
+            read_lengths(tmp_path / "bad.parquet")
+
+
 def test_lengths_concatenation_fills_missing_modules(tmp_path):
     a = make_lengths_table(np.array([10, 20]), {"vision": (np.array([5, 6]), np.array([1, 1]))}, source="a")
     b = make_lengths_table(np.array([30]), {"audio": (np.array([9]), np.array([1]))}, source="b")
