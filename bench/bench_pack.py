@@ -12,6 +12,7 @@ Usage (from the repository root):
     python -m bench.bench_pack --scenario memory     # 10M samples (minutes)
     python -m bench.bench_pack --scenario scale      # real 70k and 1.2M resampled, the pack pipeline (and warm)
     python -m bench.bench_pack --scenario scale --scale-sizes 1200000,10000000
+    python -m bench.bench_pack --scenario cli        # the CLI end to end at 1.2M and 10M against the issue's targets
 """
 
 from __future__ import annotations
@@ -143,6 +144,8 @@ def main(argv=None):
         speed(1_200_000, args.world_size or 16, args.micro_batches)
     if args.scenario == "scale":  # not part of "all": the pipeline at 1.2M+ takes a while
         scale([int(n) for n in args.scale_sizes.split(",") if n], args.micro_batches)
+    if args.scenario == "cli":  # not part of "all": writes 1.2M and 10M lengths files and packs them
+        cli()
     if args.scenario == "memory":  # not part of "all": 10M samples take minutes
         speed(10_000_000, args.world_size or 16, args.micro_batches)
 
@@ -243,6 +246,61 @@ def scale(sizes, M):
         total, t_search = min(warm)
         print(f"\nwarm, best of 3: ours search {t_search:.2f} + pack {total - t_search:.2f} = {total:.2f} s CPU, "
               f"ISF {min(warm_isf):.2f} s ({total / min(warm_isf):.2f}x)")
+
+
+
+def _cli_run(args):
+    """``balancer pack ARGS`` in a child process: (CPU s, wall s, peak bytes) of that child alone."""
+    import os
+    import subprocess
+    import sys
+
+    t = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "balancer_cli", "pack", *map(str, args)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(f"balancer pack {' '.join(map(str, args))} failed ({proc.returncode})")
+    return usage.ru_utime + usage.ru_stime, time.perf_counter() - t, usage.ru_maxrss * 1024
+
+
+def cli():
+    """The issue's end-to-end targets through the CLI, each run in a child process of its own:
+    1.2M from a Parquet lengths file <= 4 s wall; 10M with ``--memory-gb 1`` <= 20 s CPU and
+    <= 1 GB peak; the default baselines costing no more than the packer (10M, the same budget)."""
+    import tempfile
+
+    from balancer_cli.lengths import read_lengths, write_lengths
+
+    real = sorted(glob.glob(str(ROOT.parent / "shared" / "data" / "internvl-lengths" / "*.json")))
+    lt = read_lengths(real)
+    print("\n## cli: `balancer pack L.parquet --dp 64 ...`, resampled real lengths, one child process per run")
+    print("| run | CPU s | wall s | peak | target | met |")
+    print("|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {}
+        for n in (1_200_000, 10_000_000):
+            files[n] = Path(tmp) / f"l{n}.parquet"
+            pick = np.random.default_rng(0).integers(0, lt.num_samples, n)
+            write_lengths(type(lt)(lt.table.take(pick).drop_columns(["sample"])), files[n])  # numbered on read
+        runs = {
+            "1.2M": ([files[1_200_000], "--baselines", "none"], lambda cpu, wall, peak: (wall <= 4, "<= 4 s wall")),
+            "10M": ([files[10_000_000], "--memory-gb", 1, "--baselines", "none"],
+                    lambda cpu, wall, peak: (cpu <= 20 and peak <= 1e9, "<= 20 s CPU, <= 1 GB")),
+            "10M, default baselines": ([files[10_000_000], "--memory-gb", 1], None),
+        }
+        measured = {}
+        for label, (args, target) in runs.items():
+            out = Path(tmp) / f"out{len(measured)}"
+            measured[label] = cpu, wall, peak = _cli_run([*args, "--dp", 64, "-o", out])
+            met, text = target(cpu, wall, peak) if target else (None, "")
+            print(f"| {label} | {cpu:.1f} | {wall:.1f} | {peak / 2**30:.2f} GiB ({peak / 1e9:.2f} GB) | {text} | "
+                  f"{'' if met is None else ('yes' if met else 'no')} |")
+    packer = measured["10M"][0]
+    extra = measured["10M, default baselines"][0] - packer
+    print(f"\nthe four default baselines cost {extra:.1f} s CPU against the packer's {packer:.1f} s: "
+          f"{extra / packer:.2f}x (target <= 1.0x: {'yes' if extra <= packer else 'no'})")
 
 
 if __name__ == "__main__":
