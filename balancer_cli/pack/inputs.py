@@ -92,12 +92,10 @@ def prepare_inputs(lengths: LengthsTable, cost_model: str = "tokens",
     """
     _check_columns(lengths)
     modules = tuple(lengths.modules) + (LLM,)
-    # Filled column by column, each (N,) conversion dropped once copied, in the narrowest exact
-    # types: 16 B per sample for two modules instead of 32 (packers widen their window's rows
-    # only). Loads, then costs: with both sets of (N,) int64/float64 columns alive at once, 10M
-    # samples peaked 434 MB over the table here; 355 MB now.
-    # Straight from the table's own integer columns (no (N,) int64 copies: at 10M each one
-    # page-faults ~0.1 s).
+    # Filled column by column in the narrowest exact types: 16 B per sample for two modules
+    # instead of 32 (packers widen their window's rows only). Loads, then costs, straight from
+    # the table's own integer columns: no (N,) int64 or float64 copies (10M: each one
+    # page-faults ~0.1 s, and with all of them alive at once the peak rose 434 MB over the table).
     load_NK = np.empty((lengths.table.num_rows, len(modules)), dtype=_load_dtype(lengths))
     for k, module in enumerate(modules):
         load_NK[:, k] = lengths.llm_tokens(stored=True) if module == LLM else lengths.items(module, stored=True)

@@ -43,11 +43,10 @@ from balancer_cli.pack.packers._common import over_caps
 from balancer_cli.pack.placement import Placement, merge_windows
 from balancer_cli.pack.types import index_dtype
 from balancer_cli.pack.windows import (
-    WindowPlan,
+    WindowMembers,
     WindowTask,
-    min_window_samples,
-    num_windows,
     plan_windows,
+    window_count,
 )
 
 __all__ = [
@@ -197,7 +196,7 @@ def sample_view(inputs: PackInputs) -> registry.SampleView:
 
 def place_packer(name: str, inputs: PackInputs, config: PackConfig, caps_K: np.ndarray,
                  bounds_K: np.ndarray, *, engine: Any = "local", engine_options: Any = None,
-                 on_window: Callable[[int, int], None] | None = None, plan: WindowPlan | None = None) -> Placement:
+                 on_window: Callable[[int, int], None] | None = None, plan: WindowMembers | None = None) -> Placement:
     """Pack every epoch with the registered packer ``name``, window by window, and place its groups.
 
     The manifest's own packer and every baseline go through here, with the same step shape, seed
@@ -299,9 +298,8 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
         # packing, while little memory is held (with scan errors the loads are copied).
         if not config.window_samples:
             return {}
-        load = _ok_rows(inputs, inputs.load_NK)
-        least = min_window_samples(load, caps_K, config.shape.groups_per_step)
-        return {"windows": num_windows(len(load), config.window_samples, least), "min_window_samples": least}
+        count, least = window_count(_ok_rows(inputs, inputs.load_NK), config, caps_K)
+        return {"windows": count, "min_window_samples": least}
 
     caps_K, bounds_K, search = resolve_thresholds(inputs, config)
     planned = windows(caps_K)

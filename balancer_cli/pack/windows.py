@@ -54,7 +54,8 @@ __all__ = [
     "num_windows",
     "min_window_samples",
     "window_members",
-    "WindowPlan",
+    "window_count",
+    "WindowMembers",
     "plan_windows",
     "window_samples_for",
     "resolve_window_samples",
@@ -188,7 +189,19 @@ def window_members(source_n: np.ndarray, windows: int, *, seed: int, epoch: int)
     return [by_window[bounds[w]:bounds[w + 1]] for w in range(windows)]
 
 
-class WindowPlan(NamedTuple):
+def window_count(load_nK: np.ndarray, config: PackConfig, caps_K: np.ndarray) -> tuple[int, int]:
+    """``(windows, fewest samples a window holds)`` for the samples of ``load_nK`` under ``config``
+    and ``caps_K``: :func:`num_windows` with :func:`min_window_samples`.
+
+    Example:
+        >>> window_count(np.full((40, 1), 10), PackConfig(world_size=2, window_samples=20), np.array([20]))
+        (2, 16)
+    """
+    least = min_window_samples(load_nK, caps_K, config.shape.groups_per_step)
+    return num_windows(len(load_nK), config.window_samples, least), least
+
+
+class WindowMembers(NamedTuple):
     """Which samples each window of each epoch packs (:func:`plan_windows`).
 
     ``members[e][w]`` holds the (n_w,) sorted positions, in the sample view's rows, of window
@@ -196,11 +209,15 @@ class WindowPlan(NamedTuple):
     so the report's baselines plan them once (10M: ~1 s per packer, most of it the permutation).
     """
 
-    windows: int
     members: tuple[tuple[np.ndarray, ...], ...]
 
+    @property
+    def windows(self) -> int:
+        """Windows of each epoch."""
+        return len(self.members[0]) if self.members else 0
 
-def plan_windows(view: registry.SampleView, config: PackConfig, caps_K: np.ndarray) -> WindowPlan:
+
+def plan_windows(view: registry.SampleView, config: PackConfig, caps_K: np.ndarray) -> WindowMembers:
     """The windows of every epoch for ``view`` (the samples without a scan error) under ``config``
     and ``caps_K``.
 
@@ -211,10 +228,9 @@ def plan_windows(view: registry.SampleView, config: PackConfig, caps_K: np.ndarr
         >>> plan.windows, [len(m) for m in plan.members[0]]
         (2, [20, 20])
     """
-    windows = num_windows(len(view.ids_n), config.window_samples,
-                          min_window_samples(view.load_nK, caps_K, config.shape.groups_per_step))
-    return WindowPlan(windows, tuple(tuple(window_members(view.source_n, windows, seed=config.seed, epoch=epoch))
-                                     for epoch in range(config.epochs)))
+    windows, _ = window_count(view.load_nK, config, caps_K)
+    return WindowMembers(tuple(tuple(window_members(view.source_n, windows, seed=config.seed, epoch=epoch))
+                            for epoch in range(config.epochs)))
 
 
 @dataclass(frozen=True)
