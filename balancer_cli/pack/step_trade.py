@@ -17,14 +17,18 @@ discrete sums (the assigner's exact classes) and whether it holds a sparse modul
 alone, so the group sizes stay too. The step means move as rows cross steps: the shifts are
 computed again every round.
 
-It runs after the polish, for one micro-batch (a rank's load is its one group), on windows of
-at most 500k rows (one round within :data:`TRADE_ROWS`), where a dense module's steps are still
-uneven: its mean idle share ``(max - mean) / max`` over the ranks above :data:`TRADE_ABOVE`. The search lowers squared
-deviations, while the Dist Ratio and utilization are set by each step's *largest* group; with
-many ranks the squares can fall while a few groups a step grow. So the traded groups are polished
-again and kept only where they are better by those measures (:func:`_better`); the search stops
-at the first round that is not better than the one before. Measured on three-module inputs in docs/packing.md
-("Trades across steps").
+With M micro-batches a rank runs its M groups one after another, so what must be even is their
+sum: a group's deviation is then its *rank's* deviation from the step's mean rank load, a 1/M
+share of it to each of the rank's groups (with one micro-batch, the group's own).
+
+It runs after the polish on windows of at most 500k rows (one round within :data:`TRADE_ROWS`),
+where a dense module that rows can even out (not a discrete one: rows keep their discrete
+costs) is still uneven: its mean idle share ``(max - mean) / max`` over the ranks above
+:data:`TRADE_ABOVE`. The search lowers squared deviations, while the Dist Ratio and utilization
+are set by each step's *largest* group; with many ranks the squares can fall while a few groups
+a step grow. So the traded groups are polished again and kept only where they are better by
+those measures (:func:`_better`); the search stops at the first round that is not better than
+the one before. Measured on three-module inputs in docs/packing.md ("Trades across steps").
 
 Example:
     >>> import numpy as np
@@ -101,7 +105,7 @@ def trade_across_steps(packing: Packing, assignment: Assignment, cost_NK: np.nda
 
     Args:
         packing: groups (G of them) as the assigner placed them.
-        assignment: the groups' slots (one micro-batch; with more, ``packing`` is returned).
+        assignment: the groups' slots.
         cost_NK: (N, K) per-sample cost to balance, encoders first, LLM last.
         load_NK: (N, K) per-sample integer load, checked against ``caps_K``.
         caps_K: (K,) caps per group.
@@ -122,16 +126,19 @@ def trade_across_steps(packing: Packing, assignment: Assignment, cost_NK: np.nda
     rank = np.asarray(assignment.rank, dtype=np.int64)
     count = np.diff(offsets)
     rounds = min(rounds, TRADE_ROWS // (TRADE_PASSES * max(len(order), 1)))
-    if (rounds < 1 or len(order) < 2 or assignment.num_steps < 2
-            or np.asarray(assignment.micro).max(initial=0) > 0):
+    if rounds < 1 or len(order) < 2 or assignment.num_steps < 2:
         return packing
+    M = int(np.asarray(assignment.micro).max(initial=0)) + 1
+    R = int(rank.max(initial=0)) + 1
     cost = np.ascontiguousarray(cost_NK, dtype=np.float64)
     csum_GK = group_sums(packing, cost)
     placed = step >= 0
     traded_G = placed & ~np.asarray(packing.isolated, dtype=bool) & (count > 0)
-    dense_K = ~sparse_modules(csum_GK[traded_G])
+    # The dense modules the trade can even out: rows keep their discrete costs (the kinds), so a
+    # module of few group sums stays as it is (its step spread is the assigner's classes').
+    tradable_K = ~sparse_modules(csum_GK[traded_G]) & ~_discrete_modules(csum_GK[traded_G])
     before_K = _idle_share(csum_GK[placed], step[placed], rank[placed], assignment.num_steps)
-    if not traded_G.any() or before_K[dense_K].max(initial=0.0) <= TRADE_ABOVE:
+    if not traded_G.any() or before_K[tradable_K].max(initial=0.0) <= TRADE_ABOVE:
         return packing
     kind_N = row_kinds(cost, source_N, csum_GK[traded_G])
     if kind_N.max(initial=0) + 1 > TRADE_MAX_KINDS:
@@ -154,8 +161,12 @@ def trade_across_steps(packing: Packing, assignment: Assignment, cost_NK: np.nda
     caps = np.asarray(caps_K, dtype=np.int64)
     last_K = before_K
     for index in range(rounds):
-        # Every placed group counts in its step's mean (isolated ones run beside the others).
-        shift_JK = _step_means(csum_GK[placed], step[placed], assignment.num_steps)[step_J] - target_K
+        # A group's deviation is its rank's load (its own sum and its rank's other groups') less
+        # the step's mean rank load, shared by the rank's M groups: each exchange evens out a 1/M
+        # share of it. With one micro-batch: its own sum less the step's mean group (the last
+        # two terms are 0). Every placed group counts (isolated ones run beside the others).
+        others_GK, mean_SK = _rank_loads(csum_GK, step, rank, placed, assignment.num_steps, R)
+        shift_JK = (mean_SK[step_J] / M - target_K) + wsum_JK * (1.0 - 1.0 / M) - others_GK[groups_J] / M
         shifted_JK = np.ascontiguousarray(wsum_JK - shift_JK)
         sums = refine(members_JX, count_J, shifted_JK, lsum_JK, cost, load, caps, rows_F, passes=TRADE_PASSES,
                       source_N=None, max_sources=_MAX_SOURCES, rng=rng, threads=1, hold_N=kind_N)
@@ -165,7 +176,7 @@ def trade_across_steps(packing: Packing, assignment: Assignment, cost_NK: np.nda
         # polished input (the polish would favour the input: speech 81k at --dp 16 is kept after
         # 4 rounds, LLM Dist 0.0034 -> 0.0020, but its first round looks worse than the input).
         round_K = _idle_share(csum_GK[placed], step[placed], rank[placed], assignment.num_steps)
-        if index > 0 and not _better(last_K, round_K, dense_K):
+        if index > 0 and not _better(last_K, round_K, tradable_K):
             break  # the largest groups stopped shrinking (see _better)
         last_K = round_K
     if not np.array_equal(_kind_counts(members_JX, count_J, kind_N), before):
@@ -178,16 +189,17 @@ def trade_across_steps(packing: Packing, assignment: Assignment, cost_NK: np.nda
     if polish_passes > 0:
         traded = polish_steps(traded, assignment, cost, load, caps, seed=polish_seed, passes=polish_passes)
     after_K = _idle_share(group_sums(traded, cost)[placed], step[placed], rank[placed], assignment.num_steps)
-    return traded if _better(before_K, after_K, dense_K) else packing
+    return traded if _better(before_K, after_K, tradable_K) else packing
 
 
-def _better(before_K, after_K, dense_K):
-    """Whether idle shares ``after_K`` beat ``before_K``: the worst dense module's is lower and no
-    module's rises by more than :data:`TRADE_SLACK`. The search lowers squared deviations from
+def _better(before_K, after_K, tradable_K):
+    """Whether idle shares ``after_K`` beat ``before_K``: the worst of the modules the trade evens
+    out (``tradable_K``: dense, not discrete) is lower and no module's rises by more than
+    :data:`TRADE_SLACK`. The search lowers squared deviations from
     the step means; the Dist Ratio and utilization are set by each step's *largest* group, and
     with many ranks the squares can fall while a few groups per step grow (``speech`` 94k at
     ``--dp 64``: squared LLM spread -10%, its Dist Ratio 0.0061 -> 0.0130)."""
-    if not dense_K.any() or after_K[dense_K].max() >= before_K[dense_K].max():
+    if not tradable_K.any() or after_K[tradable_K].max() >= before_K[tradable_K].max():
         return False
     return bool((after_K <= before_K + TRADE_SLACK).all())
 
@@ -206,23 +218,34 @@ def row_kinds(cost_NK: np.ndarray, source_N: np.ndarray, cost_GK: np.ndarray) ->
     column, _ = top_codes(source, _MAX_SOURCES)
     key = [column[source]]
     sparse_K = sparse_modules(cost_GK)
+    discrete_K = _discrete_modules(cost_GK)
     for k in range(cost_NK.shape[1] - 1):  # encoders; the LLM is never discrete
         if sparse_K[k]:
             key.append((cost_NK[:, k] > 0).astype(np.int64))
-        elif len(np.unique(cost_GK[:, k])) <= _DISCRETE_LEVELS:
+        elif discrete_K[k]:
             key.append(dense_ids(cost_NK[:, k]))
     return row_ids(np.column_stack(key))
 
 
-def _step_means(cost_GK, step_G, num_steps):
-    """(S, K) each step's mean group cost."""
-    n = np.bincount(step_G, minlength=num_steps)
-    return sum_rows(step_G, cost_GK, num_steps) / np.maximum(n, 1)[:, None]
+def _discrete_modules(cost_GK):
+    """(K,) bool: the dense encoder modules whose group sums take few values (kept by the kinds)."""
+    discrete_K = np.zeros(cost_GK.shape[1], bool)
+    discrete_K[:-1] = [len(np.unique(cost_GK[:, k])) <= _DISCRETE_LEVELS for k in range(cost_GK.shape[1] - 1)]
+    return discrete_K & ~sparse_modules(cost_GK)
+
+
+def _rank_loads(cost_GK, step_G, rank_G, placed_G, num_steps, world_size):
+    """((G, K), (S, K)): what the other groups of each placed group's rank hold in its step (0 with
+    one micro-batch, and for groups not placed), and each step's mean rank load (its sum over R)."""
+    slot = step_G[placed_G] * world_size + rank_G[placed_G]
+    others_GK = np.zeros_like(cost_GK)
+    others_GK[placed_G] = sum_rows(slot, cost_GK[placed_G], num_steps * world_size)[slot] - cost_GK[placed_G]
+    return others_GK, sum_rows(step_G[placed_G], cost_GK[placed_G], num_steps) / world_size
 
 
 def _idle_share(cost_GK, step_G, rank_G, num_steps):
     """(K,) each module's Dist Ratio (:func:`~balancer_cli.metrics.dist_ratio`: the mean over
-    steps of ``(max - mean) / max`` over the ranks) of groups placed one per (step, rank)."""
+    steps of ``(max - mean) / max`` over the ranks' loads, each the sum of its groups)."""
     R = int(rank_G.max(initial=0)) + 1
     return np.array([dist_ratio(step_loads(step_G, rank_G, cost_GK[:, k], num_steps=num_steps, world_size=R))
                      for k in range(cost_GK.shape[1])])

@@ -72,7 +72,7 @@ HELD_BYTES_PER_SAMPLE = 58
 #: metrics and the manifest written): the peak of a 100M run in windows of 1M, 66 B, rounded up.
 TAIL_BYTES_PER_SAMPLE = 68
 #: What each module past two adds per sample to a window and to the held and packed bytes: a
-#: window's working tables widen, and three-module windows of one micro-batch trade across steps
+#: window's working tables widen, and three-module windows trade across steps
 #: (3M three-module samples in windows of 375k: 387 B per window sample; their costs and loads
 #: 8 B more per sample).
 MODULE_BYTES_PER_SAMPLE = (200, 8, 8)

@@ -7,10 +7,10 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from balancer_cli.errors import UsageError
+from balancer_cli.errors import InputError, UsageError
 from balancer_cli.metrics import dist_ratio, step_loads
 from balancer_cli.pack import step_trade
 from balancer_cli.pack._blocks import sparse_modules
@@ -36,14 +36,14 @@ def _three_modules(seed, n, sources):
     return load, cost, source
 
 
-def _placed(load, cost, source, caps, R, seed, oversize=False):
+def _placed(load, cost, source, caps, R, seed, oversize=False, M=1):
     if oversize:
         load[:2, 2] = caps[2] + 1  # over the LLM cap on their own: isolated groups
         cost[:2, 2] = load[:2, 2]
-    p = pack_balanced(load, caps, seed=seed, cost_NK=cost, group_multiple=R, source_N=source,
+    p = pack_balanced(load, caps, seed=seed, cost_NK=cost, group_multiple=R * M, source_N=source,
                       options=BalancedOptions(passes=2, class_mix=False))
-    p = split_to_multiple(p, cost[:, -1], R)
-    return p, assign_groups(group_sums(p, cost), world_size=R, micro_batches=1, seed=seed)
+    p = split_to_multiple(p, cost[:, -1], R * M)
+    return p, assign_groups(group_sums(p, cost), world_size=R, micro_batches=M, seed=seed)
 
 
 def _spread(p, a, cost, scale_K):
@@ -60,11 +60,14 @@ def _per_group(p, values):
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10**6), n=st.integers(60, 900), R=st.integers(2, 6), sources=st.integers(1, 4),
-       oversize=st.booleans(), rounds=st.integers(1, 3))
-def test_trades_keep_every_group_and_step_mix_under_the_caps(seed, n, R, sources, oversize, rounds):
+       oversize=st.booleans(), rounds=st.integers(1, 3), M=st.sampled_from([1, 1, 2, 3]))
+def test_trades_keep_every_group_and_step_mix_under_the_caps(seed, n, R, sources, oversize, rounds, M):
     load, cost, source = _three_modules(seed, n, sources)
     caps = np.array([24, 6, 6000])
-    p, a = _placed(load, cost, source, caps, R, seed, oversize)
+    try:
+        p, a = _placed(load, cost, source, caps, R, seed, oversize, M)
+    except InputError:  # too few samples for whole steps of R x M groups
+        assume(False)
     # Trade whatever the steps' spread, and keep the trade whatever it gives (the gate is tested below).
     with mock.patch.object(step_trade, "TRADE_ABOVE", -1.0), mock.patch.object(step_trade, "_better", lambda *_: True):
         q = trade_across_steps(p, a, cost, load, caps, source, seed=seed, rounds=rounds)
@@ -89,7 +92,10 @@ def test_trades_keep_every_group_and_step_mix_under_the_caps(seed, n, R, sources
             assert np.array_equal(sums_q[:, k], sums_p[:, k])
     within = (group_sums(p, load) <= caps).all(axis=1)
     assert (group_sums(q, load)[within] <= caps).all()
-    if not oversize:  # the search's weights are these while no isolated group shifts the means
+    # With one micro-batch the search's model is exact (with more, a rank's other groups move in
+    # the same pass: judged by the gate instead). Its weights are these while no isolated group
+    # shifts the means.
+    if not oversize and M == 1:
         scale = 1.0 / np.maximum(group_sums(p, cost)[traded].mean(axis=0), 1e-12)
         assert _spread(q, a, cost, scale) <= _spread(p, a, cost, scale) * (1 + 1e-9) + 1e-9
 
@@ -113,6 +119,27 @@ def test_trades_even_out_steps_the_polish_cannot():
     assert after[0] <= before[0] + 1e-12
 
 
+@pytest.mark.parametrize("R, M", [(16, 2), (8, 3)])
+def test_with_micro_batches_ranks_trade_their_sums(R, M):
+    # A rank runs its M groups one after another: what must be even is their sum, so a group's
+    # deviation is its rank's (measured: LLM 0.0017 -> 0.0011 and 0.0012 -> 0.0005, audio lower).
+    load, cost, source = _three_modules(5, 6000, 3)
+    caps = np.array([24, 6, 6000])
+    p, a = _placed(load, cost, source, caps, R, 5, M=M)
+
+    def dist(packing):
+        gid = packing.group_ids()
+        return [dist_ratio(step_loads(a.step[gid], a.rank[gid], cost[packing.order, k], num_steps=a.num_steps,
+                                      world_size=R)) for k in range(3)]
+
+    polished = polish_steps(p, a, cost, load, caps, seed=0)
+    traded = trade_across_steps(polished, a, cost, load, caps, source, seed=0, polish_passes=16)
+    assert traded is not polished
+    before, after = dist(polished), dist(traded)
+    assert after[2] < 0.7 * before[2] and after[1] < before[1], (before, after)
+    assert after[0] <= before[0] + step_trade.TRADE_SLACK
+
+
 def test_a_trade_is_kept_only_where_the_steps_largest_groups_are_lower():
     dense = np.array([True, False, True])
     assert step_trade._better(np.array([0.002, 0.1, 0.006]), np.array([0.002, 0.1002, 0.004]), dense)
@@ -128,14 +155,18 @@ def test_a_trade_is_kept_only_where_the_steps_largest_groups_are_lower():
         assert trade_across_steps(p, a, cost, cost.astype(np.int64), np.array([1, 30]), np.zeros(8)) is p
 
 
-def test_trades_leave_more_micro_batches_and_even_steps_alone():
+def test_trades_leave_even_steps_alone():
     load, cost, source = _three_modules(1, 400, 3)
     caps = np.array([24, 6, 6000])
     p, a = _placed(load, cost, source, caps, 4, 1)
-    two = Assignment(step=a.step // 2, rank=a.rank, micro=a.step % 2, num_steps=a.num_steps // 2)
-    assert trade_across_steps(p, two, cost, load, caps, source) is p
     with mock.patch.object(step_trade, "TRADE_ABOVE", 1.0):  # no step is that uneven
         assert trade_across_steps(p, a, cost, load, caps, source) is p
+    # Uneven only on a discrete module (tiles): rows keep their tiles, so nothing to trade for.
+    tiles = np.array([[256., 10.], [512., 10.], [256., 10.], [256., 10.]])
+    q = Packing(order=np.arange(4), group_offsets=np.arange(5), isolated=np.zeros(4, bool),
+                dropped=np.zeros(0, np.int64), dropped_reason=())
+    b = Assignment(step=np.array([0, 0, 1, 1]), rank=np.array([0, 1, 0, 1]), micro=np.zeros(4, np.int64), num_steps=2)
+    assert trade_across_steps(q, b, tiles, tiles.astype(np.int64), np.array([4096, 100]), np.zeros(4)) is q
 
 
 def test_refine_takes_sources_or_held_codes_not_both():
