@@ -129,7 +129,6 @@ def main(argv=None):
     args = ap.parse_args(argv)
     from balancer_cli.lengths import read_lengths
     from balancer_cli.pack.config import PackConfig
-    from balancer_cli.pack.contract import broken_bounds, placed_sparse_modules
     from balancer_cli.pack.inputs import prepare_inputs
     from balancer_cli.pack.pipeline import pack_inputs
 
@@ -150,8 +149,8 @@ def main(argv=None):
         m, params = result.evaluation.metrics, result.meta["params"]
         caps = [params["caps"][k] for k in inputs.modules]
         fallback = "*" if (params["search"] or {}).get("checked", {}).get("kept", "pick") != "pick" else ""
-        sparse = placed_sparse_modules(inputs.cost_NK, result.rows)
-        over = sorted({b.split(":")[0] for b in broken_bounds(m, inputs.modules, inputs.cost_NK, result.rows)},
+        sparse = [m["modules"][k]["sparse"] for k in inputs.modules]
+        over = sorted({b.split(":")[0] for b in m["contract"]["broken"]},
                       key=list(failed).index)
         value = {"mix": m["step_mix"]["vs_random"], "steps": m["steps"]["vs_lower_bound"]}
         shown = " / ".join(f"{m['modules'][k]['utilization']:.3f} util" if sp else f"{m['modules'][k]['dist_ratio']:.4f}"

@@ -67,8 +67,12 @@ def _windows_raised(params: Mapping[str, Any]) -> list[str]:
 
 
 def render_pack(summary: Mapping[str, Any]) -> str:
-    """``pack`` / ``report``: what was written, the parameters, and ours vs baselines."""
-    from balancer_cli.report.markdown import format_text_table, summary_table
+    """``pack`` / ``report``: what was written, the parameters, ours vs baselines, the bounds ours misses."""
+    from balancer_cli.report.markdown import (
+        contract_lines,
+        format_text_table,
+        summary_table,
+    )
 
     params = summary["manifest"]["params"]
     caps = ", ".join(f"{m}={c}" for m, c in params["caps"].items())
@@ -83,6 +87,7 @@ def render_pack(summary: Mapping[str, Any]) -> str:
         *_windows_raised(params),
         "",
         format_text_table(*summary_table(summary)),
+        *contract_lines(summary),
     ]
     if "post_balance" in summary:
         post = summary["post_balance"]

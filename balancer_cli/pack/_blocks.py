@@ -24,7 +24,7 @@ from balancer_cli._sort import lexsort_order
 from balancer_cli.metrics import dist_ratio
 from balancer_cli.pack.types import row_ids
 
-__all__ = ["form_blocks", "paired_rounds", "kd_blocks", "block_idle", "sparse_modules"]
+__all__ = ["form_blocks", "paired_rounds", "kd_blocks", "block_idle", "sparse_modules", "sparse_shares"]
 
 #: A module held by at most this share of the groups is sparse (aligned to whole steps, coarse grid).
 _SPARSE_BELOW = 0.9
@@ -44,6 +44,17 @@ def sparse_modules(cost_GK: np.ndarray) -> np.ndarray:
         [False, True, False]
     """
     share_K = np.count_nonzero(cost_GK > 0, axis=0) / len(cost_GK) if len(cost_GK) else np.zeros(cost_GK.shape[1])
+    return sparse_shares(share_K)
+
+
+def sparse_shares(share_K: np.ndarray) -> np.ndarray:
+    """(K,) bool: :func:`sparse_modules` from each module's share of the groups that hold it.
+
+    Example:
+        >>> sparse_shares(np.array([1.0, 0.45, 0.0])).tolist()
+        [False, True, False]
+    """
+    share_K = np.asarray(share_K, dtype=np.float64)
     return (share_K > 0) & (share_K <= _SPARSE_BELOW)
 
 

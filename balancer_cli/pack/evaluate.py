@@ -35,7 +35,9 @@ from balancer_cli.metrics import (
     step_utilization,
     utilization,
 )
+from balancer_cli.pack._blocks import sparse_shares
 from balancer_cli.pack.bounds import groups_lower_bound
+from balancer_cli.pack.contract import contract_entry
 
 __all__ = ["Evaluation", "evaluate_rows", "reason_kind", "step_mix_distances", "step_mix_ratio"]
 
@@ -45,8 +47,10 @@ class Evaluation:
     """Metrics (JSON-ready dict) plus the (S, R) cost matrices per module, for plots.
 
     Attributes:
-        metrics: ``modules.<m>.{dist_ratio,pad_ratio,utilization}``, ``step``, ``steps``,
-            ``groups``, ``dropped``, ``step_mix`` and, with phase ranks, ``post_balance``.
+        metrics: ``modules.<m>.{dist_ratio,pad_ratio,utilization,mean_rank_load,group_share,sparse}``,
+            ``step``, ``steps``, ``groups``, ``dropped``, ``step_mix``, ``contract`` (the bounds and
+            those broken: :func:`~balancer_cli.pack.contract.contract_entry`) and, with phase
+            ranks, ``post_balance``.
         loads: ``{module: (S, R) float64}`` summed cost per step and rank.
     """
 
@@ -181,6 +185,7 @@ def evaluate_rows(
     loads = {m: np.zeros((num_steps, R)) for m in modules}
     post = {m: np.zeros((num_steps, R)) for m in phase_ranks}
     padded_K, total_K = np.zeros(len(modules)), np.zeros(len(modules))
+    held_K = np.zeros(len(modules), np.int64)  # groups that hold each module
     groups = _GroupTally(len(caps_K))
     num_sources = len(inputs.source_names)
     mix_SO, reference_SO = np.zeros((num_steps, num_sources)), np.zeros((num_steps, num_sources))
@@ -208,18 +213,24 @@ def evaluate_rows(
                 phase = np.asarray(phase_ranks[module][lo:hi], np.int64)
                 post[module][s0:s1] = step_loads(step, phase, cost, num_steps=s1 - s0, world_size=R)
             if len(starts):
-                padded_K[k] += float((np.maximum.reduceat(cost, starts) * sizes).sum())
+                largest = np.maximum.reduceat(cost, starts)  # costs are >= 0: a group holds k where > 0
+                padded_K[k] += float((largest * sizes).sum())
                 total_K[k] += float(cost.sum())
+                held_K[k] += int(np.count_nonzero(largest > 0))
         groups.add(take_rows(inputs.load_NK, sample), starts, sizes, caps_K)
         for target, src in ((mix_SO, source_P), (reference_SO, shuffled_P)):
             target[s0:s1] = np.bincount(step * num_sources + src[lo:hi], minlength=(s1 - s0) * num_sources
                                         ).reshape(s1 - s0, num_sources)
+    share_K = held_K / max(groups.count, 1)
     metrics = {
         "modules": {m: {
             "dist_ratio": _round(dist_ratio(loads[m])),
             "pad_ratio": _round((padded_K[k] - total_K[k]) / padded_K[k] if padded_K[k] > 0 else 0.0),
             "utilization": _round(utilization(loads[m])),
             "mean_rank_load": _round(loads[m].mean()) if loads[m].size else 0.0,
+            # A module a real share of the groups lack is judged by utilization, not Dist (the contract).
+            "group_share": _round(share_K[k]),
+            "sparse": bool(sparse_shares(share_K)[k]),
         } for k, m in enumerate(modules)},
         "step": {"utilization": _round(step_utilization(list(loads.values())))},
         "steps": _steps(inputs, rows, caps_K, StepShape(world_size=R, micro_batches=M).groups_per_step,
@@ -228,6 +239,7 @@ def evaluate_rows(
         "dropped": _dropped(np.asarray(dropped_sample), dropped_reason, inputs.num_samples),
         "step_mix": _step_mix(mix_SO, reference_SO, num_sources),
     }
+    metrics["contract"] = contract_entry(metrics, modules)
     if post:
         phases = {m: {"dist_ratio": _round(dist_ratio(x)), "utilization": _round(utilization(x))}
                   for m, x in post.items()}

@@ -338,10 +338,9 @@ class _Trial:
     placement: Placement
     evaluation: Any
 
-    def broken(self, inputs: PackInputs) -> tuple[str, ...]:
-        from balancer_cli.pack.contract import broken_bounds
-
-        return broken_bounds(self.evaluation.metrics, inputs.modules, inputs.cost_NK, self.placement.rows)
+    def broken(self) -> tuple[str, ...]:
+        """The contract's bounds the run breaks (:mod:`~balancer_cli.pack.contract`)."""
+        return tuple(self.evaluation.metrics["contract"]["broken"])
 
 
 def _checked_pick(inputs: PackInputs, config: PackConfig, search: Any, pick: _Trial,
@@ -357,7 +356,7 @@ def _checked_pick(inputs: PackInputs, config: PackConfig, search: Any, pick: _Tr
     Returns:
         ``(trial, record)``: the kept run, and what was checked (for the manifest's metadata).
     """
-    broken = pick.broken(inputs)
+    broken = pick.broken()
     record: dict[str, Any] = {"pick_broken": list(broken), "tried": [], "kept": "pick"}
     best, best_broken = pick, broken
     bounds = _by_module(config.bounds, inputs.modules, "bounds")
@@ -370,7 +369,7 @@ def _checked_pick(inputs: PackInputs, config: PackConfig, search: Any, pick: _Tr
             continue
         seen.append(caps_K)
         trial = run(caps_K, _bounds_for(inputs, caps_K, bounds))
-        trial_broken = trial.broken(inputs)
+        trial_broken = trial.broken()
         by_module = {m: int(c) for m, c in zip(inputs.modules, caps_K)}
         record["tried"].append({"caps": by_module, "broken": list(trial_broken)})
         if len(trial_broken) < len(best_broken) and len(trial.placement.dropped_sample) <= len(

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["summary_table", "format_text_table", "markdown_table", "render_markdown"]
+__all__ = ["summary_table", "format_text_table", "markdown_table", "render_markdown", "contract_lines"]
 
 
 def _mix_vs_random(step_mix: Mapping[str, Any]) -> str:
@@ -66,10 +66,49 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(out)
 
 
+#: How a broken bound of the contract reads (``dist:vision``: kind ``dist``, module ``vision``),
+#: from the report data, the module and the contract's bounds.
+_MISSED = {
+    "dist": lambda data, m, limit: f"{m} Dist {data['modules'][m]['dist_ratio']:.4f} > {limit['max_dist_ratio']}",
+    "util": lambda data, m, limit: (
+        f"{m} utilization {data['modules'][m]['utilization']:.3f} < {limit['min_sparse_utilization']} "
+        f"(held by {data['modules'][m]['group_share']:.0%} of the groups)"),
+    "steps": lambda data, m, limit: (
+        f"steps {data['steps']['vs_lower_bound']:.3f}x the lower bound > {limit['max_steps_vs_lower_bound']}x"),
+    "mix": lambda data, m, limit: (
+        f"step mix {data['step_mix']['vs_random']:.2f}x random batching > {limit['max_step_mix_vs_random']}x"),
+}
+
+
+def contract_lines(summary: Mapping[str, Any]) -> list[str]:
+    """A line naming the contract's bounds ours misses (none when it meets them all), and why the
+    step mix cannot reach random batching at one micro-batch with a sparse module.
+
+    Example:
+        >>> data = {"contract": {"bounds": {"max_dist_ratio": 0.005}, "broken": ["dist:llm"]},
+        ...         "modules": {"llm": {"dist_ratio": 0.0071, "sparse": False}}, "manifest": {"micro_batches": 1}}
+        >>> contract_lines(data)
+        ['bounds missed: llm Dist 0.0071 > 0.005 (docs/packing.md: what still misses, and why)']
+    """
+    broken = (summary.get("contract") or {}).get("broken") or []
+    if not broken:
+        return []
+    limits = summary["contract"]["bounds"]
+    missed = [_MISSED[kind](summary, module, limits) for kind, _, module in (b.partition(":") for b in broken)]
+    lines = ["bounds missed: " + "; ".join(missed) + " (docs/packing.md: what still misses, and why)"]
+    sparse = [m for m, v in summary["modules"].items() if v.get("sparse")]
+    if "mix" in broken and sparse and summary["manifest"]["micro_batches"] == 1:
+        lines.append(f"  at one micro-batch a step holds {', '.join(sparse)} on every rank or on none (else it idles), "
+                     "so the sources that carry it gather in those steps: --micro-batches 2 or more lets steps mix")
+    return lines
+
+
 def render_markdown(data: Mapping[str, Any]) -> str:
-    """``report.md``: parameters, the ours-vs-baselines table, dropped samples and post-balancing."""
+    """``report.md``: parameters, the ours-vs-baselines table and the bounds ours misses, dropped
+    samples and post-balancing."""
     man = data["manifest"]
     params = man["params"]
+    missed = contract_lines(data)
     caps = ", ".join(f"{m} {c} {params.get('cap_units', {}).get(m, '')}".rstrip() for m, c in params["caps"].items())
     lines = [
         "# Pack report", "",
@@ -93,6 +132,7 @@ def render_markdown(data: Mapping[str, Any]) -> str:
         "step's source mix from the overall mix, over the same for the same steps holding a seeded shuffle of "
         "the placed samples (1.00x = as mixed as random batching, lower = closer to the overall mix; "
         f"ours: {data['step_mix']['mean_distance']:.3f} vs {data['step_mix']['shuffled_mean_distance']:.3f}).",
+        *(["", *missed] if missed else []),
         "", "Baselines: dataloader = random batches placed in order (no balancing); random = the same batches "
         "through our assigner; llm-ffd = first-fit decreasing on LLM tokens; isf = OmniBal's ISF.", "",
         "## Dropped samples", "",

@@ -235,3 +235,30 @@ def test_pack_prints_its_windows_and_when_they_merged(tmp_path, window, raised):
     assert ("raise --window-samples or --memory-gb" in result.output) == raised
     again = _run("report", tmp_path / "out", "--baselines", "none")
     assert again.exit_code == 0 and result.output.splitlines()[2] == again.output.splitlines()[2]
+
+
+def test_pack_names_the_bounds_ours_misses_and_why(tmp_path):
+    """A speech source (10% of the samples, 2 clips each: fewer of them than groups)
+    at one micro-batch: steps hold audio on every rank or none, so the mix bound is missed; the
+    CLI, report.json and report.md say so, and with two micro-batches it is met and nothing is said."""
+    rng = np.random.default_rng(0)
+    n = 4000
+    speech = rng.random(n) < 0.1
+    clips = np.where(speech, 2, 0)
+    audio = clips * rng.integers(200, 600, n)
+    path = tmp_path / "speech.parquet"
+    write_lengths(make_lengths_table(rng.integers(50, 600, n) + audio, {"audio": (audio, clips)},
+                                     source=np.where(speech, "speech", "text")), path)
+    one = _run("pack", path, "-o", tmp_path / "one", "--dp", 8, "--baselines", "none")
+    assert one.exit_code == 0, one.output
+    report = json.loads((tmp_path / "one" / "report.json").read_text())
+    assert report["modules"]["audio"]["sparse"] and not report["modules"]["llm"]["sparse"]
+    assert "mix" in report["contract"]["broken"] and report["contract"]["bounds"]["max_step_mix_vs_random"] == 1.0
+    line = next(x for x in one.output.splitlines() if x.startswith("bounds missed: "))
+    assert f"step mix {report['step_mix']['vs_random']:.2f}x random batching > 1.0x" in line
+    assert "--micro-batches 2 or more lets steps mix" in one.output
+    assert line in (tmp_path / "one" / "report.md").read_text()
+    two = _run("pack", path, "-o", tmp_path / "two", "--dp", 8, "--micro-batches", 2, "--baselines", "none")
+    assert two.exit_code == 0, two.output
+    assert json.loads((tmp_path / "two" / "report.json").read_text())["contract"]["broken"] == []
+    assert "bounds missed" not in two.output and "bounds missed" not in (tmp_path / "two" / "report.md").read_text()

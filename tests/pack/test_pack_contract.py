@@ -8,12 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from balancer_cli.manifest import ManifestRows
+from balancer_cli.pack._blocks import sparse_modules
 from balancer_cli.pack.contract import (
     MAX_DIST_RATIO,
     MAX_STEP_MIX,
     MIN_SPARSE_UTILIZATION,
     broken_bounds,
-    placed_sparse_modules,
+    contract_entry,
 )
 from balancer_cli.pack.packers.balanced import MAX_STEP_EXCESS
 
@@ -24,25 +25,20 @@ def _rows(groups: int, per_group: int) -> ManifestRows:
     return ManifestRows(g // 2, g % 2, np.zeros_like(g), np.arange(len(g)))
 
 
-def _metrics(dist, util, steps, mix):
-    return {"modules": {m: {"dist_ratio": d, "utilization": u} for m, d, u in zip(("audio", "llm"), dist, util)},
+def _metrics(dist, util, steps, mix, sparse=(False, False)):
+    return {"modules": {m: {"dist_ratio": d, "utilization": u, "sparse": s}
+                        for m, d, u, s in zip(("audio", "llm"), dist, util, sparse)},
             "steps": {"vs_lower_bound": steps}, "step_mix": {"vs_random": mix}}
 
 
 @settings(max_examples=60, deadline=None)
 @given(dist=st.floats(0, 0.02), util=st.floats(0.5, 1.0), steps=st.floats(1.0, 1.1), mix=st.floats(0.0, 3.0),
-       audio_groups=st.integers(0, 20))
-def test_each_bound_is_broken_exactly_when_its_value_is_past_it(dist, util, steps, mix, audio_groups):
+       sparse=st.booleans())
+def test_each_bound_is_broken_exactly_when_its_value_is_past_it(dist, util, steps, mix, sparse):
     """Dense modules are held to Dist, sparse ones (few groups hold them) to utilization."""
-    rows = _rows(20, 3)
-    cost = np.ones((60, 2))
-    cost[:, 0] = 0.0
-    cost[: 3 * audio_groups, 0] = 5.0  # audio in the first ``audio_groups`` groups
-    broken = broken_bounds(_metrics((dist, dist), (util, util), steps, mix), ("audio", "llm"), cost, rows)
-    sparse = placed_sparse_modules(cost, rows)
-    assert not sparse[1]
+    broken = broken_bounds(_metrics((dist, dist), (util, util), steps, mix, (sparse, False)), ("audio", "llm"))
     expected = []
-    if audio_groups and sparse[0]:
+    if sparse:
         expected += ["util:audio"] if util < MIN_SPARSE_UTILIZATION else []
     elif dist > MAX_DIST_RATIO:
         expected += ["dist:audio"]
@@ -50,13 +46,35 @@ def test_each_bound_is_broken_exactly_when_its_value_is_past_it(dist, util, step
     expected += ["steps"] if steps > MAX_STEP_EXCESS else []
     expected += ["mix"] if mix > MAX_STEP_MIX else []
     assert broken == tuple(expected)
+    assert contract_entry(_metrics((dist, dist), (util, util), steps, mix, (sparse, False)), ("audio", "llm")) == {
+        "bounds": {"max_dist_ratio": MAX_DIST_RATIO, "min_sparse_utilization": MIN_SPARSE_UTILIZATION,
+                   "max_steps_vs_lower_bound": MAX_STEP_EXCESS, "max_step_mix_vs_random": MAX_STEP_MIX},
+        "broken": expected}
 
 
-def test_a_module_no_group_holds_is_not_sparse():
-    rows = _rows(4, 2)
-    assert placed_sparse_modules(np.column_stack([np.zeros(8), np.ones(8)]), rows).tolist() == [False, False]
-    empty = ManifestRows(*(np.zeros(0, np.int64) for _ in range(4)))
-    assert placed_sparse_modules(np.ones((0, 2)), empty).tolist() == [False, False]
+@settings(max_examples=40, deadline=None)
+@given(steps=st.integers(1, 30), R=st.integers(1, 6), M=st.integers(1, 3), share=st.floats(0, 1),
+       seed=st.integers(0, 99))
+def test_the_metrics_say_which_modules_are_sparse_as_the_packer_judges_them(steps, R, M, share, seed):
+    """Each module's share of the placed groups that hold it, and so whether it is sparse, as
+    :func:`sparse_modules` finds from the groups' sums (the assigner's and the trade's test)."""
+    from balancer_cli.lengths import make_lengths_table
+    from balancer_cli.pack.evaluate import evaluate_rows
+    from balancer_cli.pack.inputs import prepare_inputs
+
+    rng = np.random.default_rng(seed)
+    size = rng.integers(1, 4, steps * R * M)
+    slot = np.repeat(np.arange(steps * R * M), size)
+    n = len(slot)
+    clips = (rng.random(n) < share) * rng.integers(1, 3, n)
+    inputs = prepare_inputs(make_lengths_table(rng.integers(10, 99, n) + 50 * clips, {"audio": (50 * clips, clips)}))
+    rows = ManifestRows(slot // (R * M), slot // M % R, slot % M, rng.permutation(n))
+    metrics = evaluate_rows(inputs, rows, np.zeros(0, np.int64), (), caps_K=np.array([99, 9999]), world_size=R,
+                            micro_batches=M, epoch_num_steps=[steps]).metrics
+    cost_GK = np.stack([np.bincount(slot, inputs.cost_NK[rows.sample, k]) for k in range(2)], axis=1)
+    assert [metrics["modules"][m]["sparse"] for m in ("audio", "llm")] == sparse_modules(cost_GK).tolist()
+    assert metrics["modules"]["audio"]["group_share"] == round(float(np.mean(cost_GK[:, 0] > 0)), 6)
+    assert metrics["contract"]["broken"] == list(broken_bounds(metrics, ("audio", "llm")))
 
 
 def _text_only_20k():
@@ -129,6 +147,7 @@ def test_the_cli_says_when_a_later_candidate_replaced_the_pick(tmp_path):
                                     "--baselines", "none", "-o", str(tmp_path / "out")])
     assert out.exit_code == 0, out.output
     assert "(searched; the subsample's pick broke steps, mix in full, a later candidate kept)" in out.output
+    assert "bounds missed" not in out.output  # the kept candidate meets every bound
 
 
 def test_a_fallback_that_drops_more_samples_is_never_kept_and_the_tries_are_bounded(monkeypatch):
@@ -144,8 +163,9 @@ def test_a_fallback_that_drops_more_samples_is_never_kept_and_the_tries_are_boun
     inputs = SimpleNamespace(modules=("llm",), cost_NK=np.ones((8, 1)))
 
     def trial(cap, mix, dropped):
-        metrics = {"modules": {"llm": {"dist_ratio": 0.0, "utilization": 1.0}}, "steps": {"vs_lower_bound": 1.0},
-                   "step_mix": {"vs_random": mix}}
+        metrics = {"modules": {"llm": {"dist_ratio": 0.0, "utilization": 1.0, "sparse": False}},
+                   "steps": {"vs_lower_bound": 1.0}, "step_mix": {"vs_random": mix}}
+        metrics["contract"] = contract_entry(metrics, ("llm",))
         placement = Placement(rows, np.arange(dropped), ("over cap",) * dropped, [2])
         return pipeline._Trial(np.array([cap]), np.array([cap]), placement, SimpleNamespace(metrics=metrics))
 
@@ -167,19 +187,3 @@ def test_a_fallback_that_drops_more_samples_is_never_kept_and_the_tries_are_boun
     packed.clear()
     kept, record = pipeline._checked_pick(inputs, PackConfig(), search, runs[10], run)
     assert packed == [20] and kept is runs[10] and record["kept"] == "pick"
-
-
-@settings(max_examples=40, deadline=None)
-@given(steps=st.integers(1, 30), R=st.integers(1, 6), M=st.integers(1, 3), share=st.floats(0, 1),
-       seed=st.integers(0, 99))
-def test_sparse_modules_of_slot_sorted_rows_are_those_of_any_order(steps, R, M, share, seed):
-    """Slot-sorted rows (every manifest) find their groups as runs; any other order sorts keys: the same answer."""
-    rng = np.random.default_rng(seed)
-    size = rng.integers(1, 4, steps * R * M)
-    slot = np.repeat(np.arange(steps * R * M), size)
-    n = len(slot)
-    cost = np.column_stack([rng.random(n) * (rng.random(n) < share), rng.random(n) + 0.1])
-    rows = ManifestRows(slot // (R * M), slot // M % R, slot % M, rng.permutation(n))
-    shuffled = rng.permutation(n)
-    other = ManifestRows(rows.step[shuffled], rows.rank[shuffled], rows.micro[shuffled], rows.sample[shuffled])
-    assert placed_sparse_modules(cost, rows).tolist() == placed_sparse_modules(cost, other).tolist()
