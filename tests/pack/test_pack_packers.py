@@ -357,6 +357,45 @@ def test_a_probed_fill_share_that_fails_in_full_deals_the_later_shares(monkeypat
     assert np.array_equal(probed.order, unprobed.order) and np.array_equal(probed.group_offsets, unprobed.group_offsets)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_first_fit_keeps_the_fewer_groups_of_its_two_orders(monkeypatch, seed):
+    """Where dealing needs too many groups, first fit decreasing runs in the order of the rows'
+    summed cap shares and in that of the binding cap's share (the LLM's here, which packs ~1%
+    tighter): the packing has as many groups as the better of the two, every sample once."""
+    from balancer_cli.pack.packers import balanced
+    from balancer_cli.pack.packers._fill_kernels import first_fit
+    from balancer_cli.pack.packers._table_kernels import suffix_min
+    from balancer_cli.pack.types import check_packing
+
+    rng = np.random.default_rng(seed)
+    n = 3000
+    tiles = np.where(rng.random(n) < 0.8, rng.integers(4, 13, n), 0)
+    clips = np.where(rng.random(n) < 0.2, rng.integers(1, 4, n), 0)
+    load = np.stack([tiles, clips, np.clip(rng.lognormal(7.7, 0.4, n), 300, 4100).astype(np.int64)], 1)
+    caps = np.array([46, 4, 11538])
+    deal, by_size, seen = balanced._deal, balanced._by_size, []
+    # Dealing "needs" one group per row: past the limit, so first fit decides.
+    monkeypatch.setattr(balanced, "_deal", lambda rows, *a: (deal(rows, *a)[0], np.arange(len(rows))))
+
+    def recorded(rows, load_c, caps_c, rng, binding=None):
+        if binding is not None:  # first fit alone (dealing's stranded rows take the size order only)
+            seen.append((rows, load_c, caps_c, dict(rng.bit_generator.state), binding))
+        return by_size(rows, load_c, caps_c, rng, binding)
+
+    monkeypatch.setattr(balanced, "_by_size", recorded)
+    p = balanced.pack_balanced(load, caps, seed=seed, options=balanced.BalancedOptions(passes=0))
+    check_packing(p, num_samples=n)
+    assert (group_sums(p, load) <= caps).all()
+    (rows, load_c, caps_c, state, binding), = seen
+    assert binding == 2  # the LLM's total needs the most groups
+    rng, fits = np.random.default_rng(), []
+    rng.bit_generator.state = state
+    for order in by_size(rows, load_c, caps_c, rng, binding):
+        fits.append(first_fit(order, load_c, caps_c, suffix_min(order, load_c), balanced.LOOKBACK,
+                              np.zeros((0, load_c.shape[1]), np.int64))[1])
+    assert p.num_groups == min(fits) and fits[1] < fits[0], fits
+
+
 @SETTINGS
 @given(seed=st.integers(0, 2**31 - 1), n=st.integers(2, 400), groups=st.integers(2, 40), sources=st.integers(1, 5),
        tiles=st.integers(1, 6))

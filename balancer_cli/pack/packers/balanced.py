@@ -21,8 +21,8 @@ Algorithm:
    rows (15% of the normalized volume, then 50% if needed) and any row dealing strands fill
    the room by first fit, in extra groups when none has room. Only when the groups still
    number more than ``MAX_STEP_EXCESS`` (1.03) x the lower bound and first fit decreasing
-   alone needs fewer are first fit's own groups kept (they cluster similar samples, so of one
-   source: the refinement's source terms mix them).
+   alone (rows by summed cap shares, or by the binding cap's share) needs fewer are first fit's
+   own groups kept (they cluster similar samples: the refinement's source terms mix them).
 3. **Refinement** (:func:`~balancer_cli.pack.packers._balanced_refine.refine`,
    :attr:`BalancedOptions.passes` times). *Targeted swaps*: for each off-target group g and
    member i, samples whose normalized cost is near ``w_i - t * dev_g`` (t = 1/2, 1) are looked up
@@ -214,8 +214,7 @@ def deal_balanced(
     """
     load, caps, ids = check_inputs(load_NK, caps_K, sample_ids, oversize)
     if group_multiple < 1:
-        raise UsageError(f"group_multiple must be >= 1, got {group_multiple}",
-                         fix="pass {world_size} x {micro_batches}")
+        raise UsageError(f"group_multiple {group_multiple} must be >= 1", fix="pass {world_size} x {micro_batches}")
     weight = load.astype(np.float64) if cost_NK is None else np.asarray(cost_NK, dtype=np.float64)
     if weight.shape != load.shape:
         raise UsageError(f"cost shape {weight.shape} differs from load shape {load.shape}", fix="pass (N, K) costs")
@@ -268,9 +267,8 @@ class DealtGroups:
         rng.bit_generator.state = self.rng_state
         passes = options.passes
         if passes is None:
-            # ~10M pair evaluations' worth: 8 passes for 70k samples, 2 for 1.2M. First fit's groups
-            # too: they cluster one size, so one source, and only the source terms mix them (harsh
-            # 392k at --dp 16 x 2: steps 2.95x less mixed than random batching unrefined, 0.39x refined).
+            # ~10M pair evaluations: 8 passes for 70k samples, 2 for 1.2M; first fit's groups too (one
+            # size, so one source: harsh 392k at --dp 16 x 2 mixed 2.95x worse than random unrefined, 0.39x refined).
             passes = int(np.clip(round(2.5e6 / len(self.split.fit)), 2, 8))
         sums = None  # the groups' weight sums, then their per-source counts (from the refinement)
         if passes > 0:
@@ -318,12 +316,14 @@ def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed
         if G <= limit:
             break
     if G > limit:
-        # Too many extra groups: first fit decreasing alone packs tighter; keep its groups.
-        ffd_queue = _by_size(rows, load_c, caps_c, rng)
-        ffd_gid, G_ffd = first_fit(ffd_queue, load_c, caps_c, suffix_min(ffd_queue, load_c), LOOKBACK,
-                                   np.zeros((0, load_c.shape[1]), np.int64))
-        if rounded(G_ffd) < G:
-            queue, gid, G = ffd_queue, ffd_gid, rounded(G_ffd)
+        # Too many extra groups: first fit decreasing alone packs tighter, by the rows' summed cap
+        # shares or by the binding cap's share first (sparse 241k, LLM-bound: 1.035x -> 1.030x).
+        binding = int(np.argmax(column_sums(take_rows(load, rows)) / caps))
+        for ffd_queue in _by_size(rows, load_c, caps_c, rng, binding):
+            ffd_gid, G_ffd = first_fit(ffd_queue, load_c, caps_c, suffix_min(ffd_queue, load_c), LOOKBACK,
+                                       np.zeros((0, load_c.shape[1]), np.int64))
+            if rounded(G_ffd) < G:
+                queue, gid, G = ffd_queue, ffd_gid, rounded(G_ffd)
     members, count, wsum, lsum = group_tables(queue, gid, G, max_count, weight, load)
     if (count == 0).any():
         if count.max() < 2:
@@ -345,11 +345,13 @@ def _probe_fill_share(rows, load, weight, caps, seed):
     return _FILL_SHARES[-1]
 
 
-def _by_size(rows, load, caps, rng):
-    """``rows`` by decreasing normalized size (seeded tie-breaks): first fit's order."""
+def _by_size(rows, load, caps, rng, binding=None):
+    """First fit's orders of ``rows`` (one seeded shuffle breaks ties): by decreasing normalized
+    size, then, with a ``binding`` column, by decreasing share of that cap (size breaks ties)."""
     shuffled = rows[rng.permutation(len(rows))]
     size = row_shares(shuffled, load, caps, load, np.zeros(0))[1]
-    return shuffled[stable_order(size, descending=True)]
+    keys = [size] + ([] if binding is None else [load[shuffled, binding] / caps[binding] + 0.1 * size])
+    return [shuffled[stable_order(key, descending=True)] for key in keys]
 
 
 def _deal(rows, load, weight, caps, G, rng, fill_share):
@@ -376,7 +378,7 @@ def _deal(rows, load, weight, caps, G, rng, fill_share):
     rest = np.concatenate([queue[:cut][~dealt], queue[cut:]])
     if len(rest) == 0:
         return queue, gid
-    rest = _by_size(rest, load, caps, rng)
+    rest = _by_size(rest, load, caps, rng)[0]
     lsum_GK = load_sums(gid[dealt], queue[:cut][dealt], load, G)
     rest_gid, _ = first_fit(rest, load, caps, suffix_min(rest, load), LOOKBACK, lsum_GK)
     return np.concatenate([queue[:cut][dealt], rest]), np.concatenate([gid[dealt], rest_gid])
@@ -394,7 +396,5 @@ def _fill_empty(members, count, wsum, lsum, weight, load):
         members[donors, count[donors]] = -1
         members[empty, 0] = moved
         count[empty] = 1
-        wsum[donors] -= weight[moved]
-        lsum[donors] -= load[moved]
-        wsum[empty] = weight[moved]
-        lsum[empty] = load[moved]
+        wsum[donors], lsum[donors] = wsum[donors] - weight[moved], lsum[donors] - load[moved]
+        wsum[empty], lsum[empty] = weight[moved], load[moved]
