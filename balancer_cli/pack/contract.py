@@ -25,8 +25,8 @@ from typing import Any
 
 from balancer_cli.pack.packers.balanced import MAX_STEP_EXCESS
 
-__all__ = ["CHECK_FALLBACKS", "MAX_DIST_RATIO", "MAX_STEP_MIX", "MIN_SPARSE_UTILIZATION", "broken_bounds",
-           "contract_entry"]
+__all__ = ["CHECK_FALLBACKS", "CHECK_MAX_FALLBACKS", "CHECK_ROWS", "MAX_DIST_RATIO", "MAX_STEP_MIX",
+           "MIN_SPARSE_UTILIZATION", "broken_bounds", "check_fallbacks", "contract_entry"]
 
 #: Dist Ratio of every dense module.
 MAX_DIST_RATIO = 0.005
@@ -37,6 +37,22 @@ MAX_STEP_MIX = 1.0
 #: How many more candidates the pipeline packs in full when its pick breaks a bound (one pack
 #: each); a pruning search of the whole input measures that many after its best for sure.
 CHECK_FALLBACKS = 2
+#: Small inputs try more, up to :data:`CHECK_MAX_FALLBACKS`, while the fallbacks pack at most this
+#: many rows in all (a 24k input: 8 tries of ~0.5 s each). On the random three-module inputs of
+#: ``bench/bench_pack_random.py`` the 3rd-8th candidates brought a `sparse` 24k at 8 x 2 and a
+#: `speech` 93k at 8 x 2 (and a harsh 12k) within every bound (docs/packing.md).
+CHECK_ROWS = 300_000
+CHECK_MAX_FALLBACKS = 8
+
+
+def check_fallbacks(num_samples: int) -> int:
+    """How many candidates after the pick an input of ``num_samples`` is packed with in full, at most.
+
+    Example:
+        >>> check_fallbacks(24_000), check_fallbacks(100_000), check_fallbacks(1_000_000)
+        (8, 3, 2)
+    """
+    return max(CHECK_FALLBACKS, min(CHECK_MAX_FALLBACKS, CHECK_ROWS // max(int(num_samples), 1)))
 
 
 def broken_bounds(metrics: Mapping[str, Any], modules: Sequence[str]) -> tuple[str, ...]:

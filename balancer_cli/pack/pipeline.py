@@ -35,8 +35,8 @@ from balancer_cli._memory import release_freed_memory
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.lengths import LengthsTable
 from balancer_cli.manifest import ManifestRows
+from balancer_cli.pack import contract
 from balancer_cli.pack.config import PackConfig
-from balancer_cli.pack.contract import CHECK_FALLBACKS
 from balancer_cli.pack.inputs import PackInputs, prepare_inputs
 from balancer_cli.pack.packers import registry
 from balancer_cli.pack.packers._common import over_caps
@@ -347,9 +347,10 @@ def _checked_pick(inputs: PackInputs, config: PackConfig, search: Any, pick: _Tr
                   run: Callable[[np.ndarray, np.ndarray], _Trial]) -> tuple[_Trial, dict[str, Any]]:
     """The searched pick's full run, or a later candidate's that breaks fewer of the contract's bounds.
 
-    The search ranks caps on a subsample; when the pick's full run breaks a bound, up to
-    :data:`CHECK_FALLBACKS` next candidates (in the search's order, measured ones first) are
-    packed in full, and the run breaking the fewest bounds is kept (the pick on a tie). A run
+    The search ranks caps on a subsample; when the pick's full run breaks a bound, the next
+    candidates (in the search's order, measured ones first) are packed in full, up to
+    :func:`~balancer_cli.pack.contract.check_fallbacks` of them (2; up to 8 for small inputs),
+    and the run breaking the fewest bounds is kept (the pick on a tie). A run
     that drops more samples than the pick's (``--oversize drop`` under tighter caps) is never
     kept: balance is not bought with data.
 
@@ -362,7 +363,7 @@ def _checked_pick(inputs: PackInputs, config: PackConfig, search: Any, pick: _Tr
     bounds = _by_module(config.bounds, inputs.modules, "bounds")
     seen = [pick.caps_K]
     for candidate in search.candidates:
-        if not best_broken or len(record["tried"]) == CHECK_FALLBACKS:
+        if not best_broken or len(record["tried"]) == contract.check_fallbacks(inputs.num_samples):
             break
         caps_K = np.asarray(candidate.caps_K, dtype=np.int64)
         if any(np.array_equal(caps_K, s) for s in seen):

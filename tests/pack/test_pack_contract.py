@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from balancer_cli.manifest import ManifestRows
+from balancer_cli.pack import contract
 from balancer_cli.pack._blocks import sparse_modules
 from balancer_cli.pack.contract import (
     MAX_DIST_RATIO,
@@ -129,7 +130,8 @@ def test_a_pick_within_every_bound_is_packed_once(monkeypatch, fallbacks):
     calls = []
     real_place = pipeline.place_packer
     monkeypatch.setattr(pipeline, "place_packer", lambda *a, **k: calls.append(a[4]) or real_place(*a, **k))
-    monkeypatch.setattr(pipeline, "CHECK_FALLBACKS", fallbacks)
+    monkeypatch.setattr(contract, "CHECK_FALLBACKS", fallbacks)
+    monkeypatch.setattr(contract, "CHECK_ROWS", 0)
     result = pipeline.pack_manifest(table, PackConfig(world_size=4))
     checked = result.meta["params"]["search"]["checked"]
     assert checked["pick_broken"] == [] and checked["tried"] == [] and checked["kept"] == "pick"
@@ -152,7 +154,7 @@ def test_the_cli_says_when_a_later_candidate_replaced_the_pick(tmp_path):
 
 def test_a_fallback_that_drops_more_samples_is_never_kept_and_the_tries_are_bounded(monkeypatch):
     """``_checked_pick`` over fake full runs: the pick's own caps are not packed again, a run that
-    drops more samples than the pick's is not kept however balanced, at most CHECK_FALLBACKS runs."""
+    drops more samples than the pick's is not kept however balanced, at most ``check_fallbacks`` runs."""
     from types import SimpleNamespace
 
     from balancer_cli.pack import pipeline
@@ -160,7 +162,7 @@ def test_a_fallback_that_drops_more_samples_is_never_kept_and_the_tries_are_boun
     from balancer_cli.pack.placement import Placement
 
     rows = _rows(4, 2)
-    inputs = SimpleNamespace(modules=("llm",), cost_NK=np.ones((8, 1)))
+    inputs = SimpleNamespace(modules=("llm",), cost_NK=np.ones((8, 1)), num_samples=8)
 
     def trial(cap, mix, dropped):
         metrics = {"modules": {"llm": {"dist_ratio": 0.0, "utilization": 1.0, "sparse": False}},
@@ -178,12 +180,18 @@ def test_a_fallback_that_drops_more_samples_is_never_kept_and_the_tries_are_boun
         return runs[int(caps_K[0])]
 
     search = SimpleNamespace(candidates=[SimpleNamespace(caps_K=(c,), excluded_share=0.0) for c in (10, 10, 20, 30, 40, 50)])
-    monkeypatch.setattr(pipeline, "CHECK_FALLBACKS", 3)
+    monkeypatch.setattr(contract, "CHECK_FALLBACKS", 3)
+    monkeypatch.setattr(contract, "CHECK_ROWS", 0)  # no more tries for small inputs here (below)
     kept, record = pipeline._checked_pick(inputs, PackConfig(), search, runs[10], run)
     assert packed == [20, 30, 40] and kept is runs[40]
     assert record == {"pick_broken": ["mix"], "kept": {"llm": 40}, "tried": [
         {"caps": {"llm": 20}, "broken": []}, {"caps": {"llm": 30}, "broken": ["mix"]}, {"caps": {"llm": 40}, "broken": []}]}
-    monkeypatch.setattr(pipeline, "CHECK_FALLBACKS", 1)
+    monkeypatch.setattr(contract, "CHECK_FALLBACKS", 1)
     packed.clear()
     kept, record = pipeline._checked_pick(inputs, PackConfig(), search, runs[10], run)
     assert packed == [20] and kept is runs[10] and record["kept"] == "pick"
+    # Small inputs try more, while the tries pack at most CHECK_ROWS rows: 8 samples, two tries' worth.
+    monkeypatch.setattr(contract, "CHECK_ROWS", 16)
+    packed.clear()
+    kept, record = pipeline._checked_pick(inputs, PackConfig(), search, runs[10], run)
+    assert packed == [20, 30] and kept is runs[10] and len(record["tried"]) == 2
