@@ -222,6 +222,7 @@ def evaluate_rows(
             target[s0:s1] = np.bincount(step * num_sources + src[lo:hi], minlength=(s1 - s0) * num_sources
                                         ).reshape(s1 - s0, num_sources)
     share_K = held_K / max(groups.count, 1)
+    sparse_K = sparse_shares(share_K)
     metrics = {
         "modules": {m: {
             "dist_ratio": _round(dist_ratio(loads[m])),
@@ -230,7 +231,7 @@ def evaluate_rows(
             "mean_rank_load": _round(loads[m].mean()) if loads[m].size else 0.0,
             # A module a real share of the groups lack is judged by utilization, not Dist (the contract).
             "group_share": _round(share_K[k]),
-            "sparse": bool(sparse_shares(share_K)[k]),
+            "sparse": bool(sparse_K[k]),
         } for k, m in enumerate(modules)},
         "step": {"utilization": _round(step_utilization(list(loads.values())))},
         "steps": _steps(inputs, rows, caps_K, StepShape(world_size=R, micro_batches=M).groups_per_step,

@@ -361,9 +361,9 @@ def _checked_pick(inputs: PackInputs, config: PackConfig, search: Any, pick: _Tr
     record: dict[str, Any] = {"pick_broken": list(broken), "tried": [], "kept": "pick"}
     best, best_broken = pick, broken
     bounds = _by_module(config.bounds, inputs.modules, "bounds")
-    seen = [pick.caps_K]
+    seen, tries = [pick.caps_K], contract.check_fallbacks(inputs.num_samples)
     for candidate in search.candidates:
-        if not best_broken or len(record["tried"]) == contract.check_fallbacks(inputs.num_samples):
+        if not best_broken or len(record["tried"]) == tries:
             break
         caps_K = np.asarray(candidate.caps_K, dtype=np.int64)
         if any(np.array_equal(caps_K, s) for s in seen):

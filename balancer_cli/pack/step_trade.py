@@ -136,11 +136,12 @@ def trade_across_steps(packing: Packing, assignment: Assignment, cost_NK: np.nda
     traded_G = placed & ~np.asarray(packing.isolated, dtype=bool) & (count > 0)
     # The dense modules the trade can even out: rows keep their discrete costs (the kinds), so a
     # module of few group sums stays as it is (its step spread is the assigner's classes').
-    tradable_K = ~sparse_modules(csum_GK[traded_G]) & ~_discrete_modules(csum_GK[traded_G])
+    traded_GK = csum_GK[traded_G]
+    tradable_K = ~sparse_modules(traded_GK) & ~_discrete_modules(traded_GK)
     before_K = _idle_share(csum_GK[placed], step[placed], rank[placed], assignment.num_steps)
     if not traded_G.any() or before_K[tradable_K].max(initial=0.0) <= TRADE_ABOVE:
         return packing
-    kind_N = row_kinds(cost, source_N, csum_GK[traded_G])
+    kind_N = row_kinds(cost, source_N, traded_GK)
     if kind_N.max(initial=0) + 1 > TRADE_MAX_KINDS:
         return packing
     groups_J = np.flatnonzero(traded_G)
@@ -228,10 +229,10 @@ def row_kinds(cost_NK: np.ndarray, source_N: np.ndarray, cost_GK: np.ndarray) ->
 
 
 def _discrete_modules(cost_GK):
-    """(K,) bool: the dense encoder modules whose group sums take few values (kept by the kinds)."""
+    """(K,) bool: the encoder modules whose group sums take few values (a dense one is kept by the kinds)."""
     discrete_K = np.zeros(cost_GK.shape[1], bool)
     discrete_K[:-1] = [len(np.unique(cost_GK[:, k])) <= _DISCRETE_LEVELS for k in range(cost_GK.shape[1] - 1)]
-    return discrete_K & ~sparse_modules(cost_GK)
+    return discrete_K
 
 
 def _rank_loads(cost_GK, step_G, rank_G, placed_G, num_steps, world_size):
