@@ -24,7 +24,8 @@ from balancer_cli._sort import lexsort_order
 from balancer_cli.metrics import dist_ratio
 from balancer_cli.pack.types import row_ids
 
-__all__ = ["form_blocks", "paired_rounds", "kd_blocks", "block_idle", "sparse_modules", "sparse_shares"]
+__all__ = ["form_blocks", "paired_rounds", "kd_blocks", "block_idle", "sparse_modules", "sparse_shares",
+           "discrete_modules"]
 
 #: A module held by at most this share of the groups is sparse (aligned to whole steps, coarse grid).
 _SPARSE_BELOW = 0.9
@@ -56,6 +57,19 @@ def sparse_shares(share_K: np.ndarray) -> np.ndarray:
     """
     share_K = np.asarray(share_K, dtype=np.float64)
     return (share_K > 0) & (share_K <= _SPARSE_BELOW)
+
+
+def discrete_modules(cost_GK: np.ndarray, levels: int = 32) -> np.ndarray:
+    """(K,) bool: the encoder modules whose group sums take at most ``levels`` values (tiles x 256
+    tokens); the LLM (the last module) never is.
+
+    Example:
+        >>> discrete_modules(np.array([[512., 900.], [768., 880.], [512., 870.]]), levels=2).tolist()
+        [True, False]
+    """
+    discrete_K = np.zeros(cost_GK.shape[1], bool)
+    discrete_K[:-1] = [len(np.unique(cost_GK[:, k])) <= levels for k in range(cost_GK.shape[1] - 1)]
+    return discrete_K
 
 
 def _classes(cost_GK: np.ndarray, R: int, discrete_levels: int) -> np.ndarray:

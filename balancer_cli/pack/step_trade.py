@@ -51,7 +51,7 @@ import numpy as np
 
 from balancer_cli._index import concat_ranges, sum_rows
 from balancer_cli.metrics import dist_ratio, step_loads
-from balancer_cli.pack._blocks import sparse_modules
+from balancer_cli.pack._blocks import discrete_modules, sparse_modules
 from balancer_cli.pack.packers._balanced_refine import refine
 from balancer_cli.pack.packers._table_kernels import group_tables
 from balancer_cli.pack.polish import polish_steps
@@ -87,8 +87,6 @@ TRADE_ROWS = 1_000_000
 TRADE_ABOVE = 0.003
 #: More kinds than this: no trade (the kernels tally every kind per group and exchange).
 TRADE_MAX_KINDS = 256
-#: A module whose group sums take at most this many values is discrete (the assigner's default).
-_DISCRETE_LEVELS = 32
 #: A trade is kept only where no module's idle share rises by more than this (:func:`_better`).
 TRADE_SLACK = 0.0005
 #: Sources kept apart in the kinds (the rest as one), as the packer's source tallies.
@@ -137,7 +135,7 @@ def trade_across_steps(packing: Packing, assignment: Assignment, cost_NK: np.nda
     # The dense modules the trade can even out: rows keep their discrete costs (the kinds), so a
     # module of few group sums stays as it is (its step spread is the assigner's classes').
     traded_GK = csum_GK[traded_G]
-    tradable_K = ~sparse_modules(traded_GK) & ~_discrete_modules(traded_GK)
+    tradable_K = ~sparse_modules(traded_GK) & ~discrete_modules(traded_GK)
     before_K = _idle_share(csum_GK[placed], step[placed], rank[placed], assignment.num_steps)
     if not traded_G.any() or before_K[tradable_K].max(initial=0.0) <= TRADE_ABOVE:
         return packing
@@ -219,20 +217,13 @@ def row_kinds(cost_NK: np.ndarray, source_N: np.ndarray, cost_GK: np.ndarray) ->
     column, _ = top_codes(source, _MAX_SOURCES)
     key = [column[source]]
     sparse_K = sparse_modules(cost_GK)
-    discrete_K = _discrete_modules(cost_GK)
+    discrete_K = discrete_modules(cost_GK)
     for k in range(cost_NK.shape[1] - 1):  # encoders; the LLM is never discrete
         if sparse_K[k]:
             key.append((cost_NK[:, k] > 0).astype(np.int64))
         elif discrete_K[k]:
             key.append(dense_ids(cost_NK[:, k]))
     return row_ids(np.column_stack(key))
-
-
-def _discrete_modules(cost_GK):
-    """(K,) bool: the encoder modules whose group sums take few values (a dense one is kept by the kinds)."""
-    discrete_K = np.zeros(cost_GK.shape[1], bool)
-    discrete_K[:-1] = [len(np.unique(cost_GK[:, k])) <= _DISCRETE_LEVELS for k in range(cost_GK.shape[1] - 1)]
-    return discrete_K
 
 
 def _rank_loads(cost_GK, step_G, rank_G, placed_G, num_steps, world_size):

@@ -287,7 +287,8 @@ def place_window(task: WindowTask, view: registry.SampleView) -> WindowResult:
 
     A packer registered with ``polish`` then has its steps' source mix evened out
     (:func:`~balancer_cli.pack.step_mix.even_step_mix`: groups and samples of equal loads trade steps),
-    each slot's groups (:func:`~balancer_cli.pack.polish.polish_steps`: samples trade ranks
+    its ranks' tiles (:func:`~balancer_cli.pack.step_discrete.even_discrete_steps`: samples a tile
+    apart trade ranks, within or across steps), each slot's groups (:func:`~balancer_cli.pack.polish.polish_steps`: samples trade ranks
     within their step) and, where steps stay uneven, their groups' spread
     (:func:`~balancer_cli.pack.step_trade.trade_across_steps`: samples of one kind trade steps).
 
@@ -326,11 +327,13 @@ def place_window(task: WindowTask, view: registry.SampleView) -> WindowResult:
                                    seed=config.epoch_seed(task.epoch, "assign"), mix_GO=mix_GO)
     if spec.polish:
         from balancer_cli.pack.polish import polish_passes, polish_steps  # compiled kernels: import late
+        from balancer_cli.pack.step_discrete import even_discrete_steps
         from balancer_cli.pack.step_mix import even_step_mix
         from balancer_cli.pack.step_trade import trade_across_steps
 
         packing, assignment = even_step_mix(packing, assignment, view.cost_nK, view.load_nK, task.caps_K,
                                             view.source_n, mix_GO=mix_GO)
+        packing = even_discrete_steps(packing, assignment, view.cost_nK, view.load_nK, task.caps_K, view.source_n)
         passes = polish_passes(len(view.ids_n))
         packing = polish_steps(packing, assignment, view.cost_nK, view.load_nK, task.caps_K,
                                seed=config.epoch_seed(task.epoch, "polish"), passes=passes)

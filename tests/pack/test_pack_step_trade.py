@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from pack_util import three_modules
 
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.metrics import dist_ratio, step_loads
@@ -23,17 +24,7 @@ from balancer_cli.pack.types import Assignment, Packing, check_packing, group_su
 
 
 def _three_modules(seed, n, sources):
-    """Tiles (5 or 8 a sample) in one source, 1-3 audio clips of 50-1,500 tokens in another whose
-    tokens are part of the LLM sequence, text in all: groups the packer cannot make equal."""
-    rng = np.random.default_rng(seed)
-    source = rng.integers(0, sources, n)
-    tiles = np.where(source == 0, rng.choice([5, 8], n), 0)
-    clips = np.where(source == 1, rng.integers(1, 4, n), 0)
-    audio = sum(np.where(clips > c, rng.integers(50, 1501, n), 0) for c in range(3))
-    text = rng.integers(10, 800, n)
-    load = np.stack([tiles, clips, text + 256 * tiles + audio], 1)
-    cost = np.stack([256.0 * tiles, audio.astype(float), load[:, 2].astype(float)], 1)
-    return load, cost, source
+    return three_modules(seed, n, sources)
 
 
 def _placed(load, cost, source, caps, R, seed, oversize=False, M=1):

@@ -1,0 +1,243 @@
+"""Ranks that differ on a discrete module (tiles) trade samples until each step's ranks hold the same.
+
+The assigner balances a discrete module (few distinct group sums, e.g. tiles x 256 tokens)
+exactly where a cell's groups fill whole blocks; the last leftovers are cut where the other
+modules spread most, so a block can hold 18- and 19-tile groups and a step's ranks then hold 36
+and 37 tiles. No trade of equal rows can fix it (a step's total is not a multiple of its ranks),
+and the polish moves samples within a step only. Here two samples that differ by one quantum of
+the module (one tile) and are of one *kind* otherwise (source, presence of each sparse module,
+cost on every other discrete module: so every step keeps its source mix exactly) swap groups:
+the sample with more goes from a rank above its step's target to one below. Targets are whole
+quanta a rank, each step's nearest to its mean, so that what the steps above give the steps
+below take. Of the candidates, the pair whose other modules differ least (normalized) swaps,
+within every cap.
+
+Example:
+    >>> import numpy as np
+    >>> from balancer_cli.pack.types import Assignment, Packing, group_sums
+    >>> cost = np.array([[512., 900.], [512., 700.], [512., 880.], [256., 690.],   # steps 0 and 1,
+    ...                  [512., 500.], [256., 760.], [256., 780.], [256., 505.]])  # 2 samples a group
+    >>> load = np.column_stack([cost[:, 0] // 256, cost[:, 1]]).astype(np.int64)  # tiles, LLM tokens
+    >>> p = Packing(order=np.arange(8), group_offsets=np.array([0, 2, 4, 6, 8]), isolated=np.zeros(4, bool),
+    ...             dropped=np.zeros(0, np.int64), dropped_reason=())
+    >>> a = Assignment(step=np.array([0, 0, 1, 1]), rank=np.array([0, 1, 0, 1]), micro=np.zeros(4, np.int64),
+    ...                num_steps=2)
+    >>> (group_sums(p, cost)[:, 0] / 256).tolist()  # ranks of 4 and 3 tiles, then 3 and 2
+    [4.0, 3.0, 3.0, 2.0]
+    >>> q = even_discrete_steps(p, a, cost, load, np.array([8, 4000]), np.zeros(8, np.int64))
+    >>> (group_sums(q, cost)[:, 0] / 256).tolist()  # a 2-tile and a 1-tile sample swapped steps
+    [4.0, 4.0, 2.0, 2.0]
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from balancer_cli._index import sum_rows
+from balancer_cli.pack._blocks import discrete_modules, sparse_modules
+from balancer_cli.pack.types import Assignment, Packing, dense_ids, group_sums, row_ids
+
+__all__ = ["DISCRETE_MAX_SWAPS", "even_discrete_steps"]
+
+#: Swaps one window may make (each a few vectorized lookups): where more would be needed, the
+#: module is far from exact and the first swaps already take its worst steps.
+DISCRETE_MAX_SWAPS = 20_000
+
+
+def even_discrete_steps(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, load_NK: np.ndarray,
+                        caps_K: np.ndarray, source_N: np.ndarray) -> Packing:
+    """The packing with samples swapped so that each dense discrete module is even over every
+    step's ranks (see the module docstring).
+
+    Groups keep their index (so their slot), their size, their source counts and whether they hold
+    each sparse module; isolated oversize groups and groups not placed are not touched.
+
+    Args:
+        packing: groups (G of them) as the assigner placed them.
+        assignment: the groups' slots.
+        cost_NK: (N, K) per-sample cost, encoders first, LLM last.
+        load_NK: (N, K) per-sample integer load, checked against ``caps_K``.
+        caps_K: (K,) caps per group.
+        source_N: (N,) source code of each sample.
+
+    Returns:
+        A :class:`Packing` of the same samples, groups and slots (``packing`` itself when no
+        discrete module is uneven).
+    """
+    order = np.asarray(packing.order, dtype=np.int64)
+    offsets = np.asarray(packing.group_offsets, dtype=np.int64)
+    step = np.asarray(assignment.step, dtype=np.int64)
+    rank = np.asarray(assignment.rank, dtype=np.int64)
+    count = np.diff(offsets)
+    S = int(assignment.num_steps)
+    if len(order) < 2 or S < 1:
+        return packing
+    R = int(rank.max(initial=0)) + 1
+    cost = np.asarray(cost_NK, dtype=np.float64)
+    placed_G = (step >= 0) & ~np.asarray(packing.isolated, dtype=bool) & (count > 0)
+    csum_GK = group_sums(packing, cost)
+    dense_K = ~sparse_modules(csum_GK[placed_G]) & discrete_modules(csum_GK[placed_G])
+    swapper = None
+    for k in np.flatnonzero(dense_K):
+        quantum = _quantum(cost[:, k])
+        if quantum is None:
+            continue
+        # A rank's load counts its isolated groups too (they run there), though they do not swap.
+        on_G = step >= 0
+        slot_G = np.where(on_G, step * R + rank, -1)
+        load_SR = sum_rows(slot_G[on_G], csum_GK[on_G, k][:, None] / quantum, S * R)
+        dev_SR = _deviations(np.rint(load_SR[:, 0]).astype(np.int64).reshape(S, R))
+        if not dev_SR.any():
+            continue
+        if swapper is None:
+            swapper = _Swapper(order, offsets, placed_G, slot_G, cost, load_NK, caps_K, source_N, csum_GK)
+        swapper.even(k, quantum, dev_SR.reshape(-1))
+    if swapper is None or not swapper.swapped:
+        return packing
+    return Packing(order=swapper.order, group_offsets=offsets, isolated=packing.isolated,
+                   dropped=packing.dropped, dropped_reason=packing.dropped_reason)
+
+
+def _quantum(cost_N: np.ndarray) -> float | None:
+    """The module's quantum: the greatest common divisor of its per-sample costs (one tile's
+    tokens), or None where the costs are not whole numbers."""
+    values = np.unique(cost_N[cost_N > 0])
+    if len(values) == 0 or not np.array_equal(values, np.rint(values)) or values[-1] >= 2.0**53:
+        return None
+    quantum = 0
+    for value in values.astype(np.int64).tolist():
+        quantum = math.gcd(quantum, value)
+        if quantum == 1:
+            break
+    return float(quantum)
+
+
+def _deviations(load_SR: np.ndarray) -> np.ndarray:
+    """(S, R) each rank's load less its step's target, in quanta: every rank of a step holds the
+    same whole number, the nearest to the step's mean, except that steps are moved up or down a
+    quantum (those closest to halfway first) until what steps above their targets give is what
+    the steps below take, to within half a step's ranks."""
+    R = load_SR.shape[1]
+    total_S = load_SR.sum(axis=1)
+    base_S = total_S // R
+    rem_S = total_S - base_S * R
+    up_S = rem_S * 2 > R  # the target a quantum over the floor: the step takes R - rem
+    net = int(np.where(up_S, rem_S - R, rem_S).sum())
+    if net * 2 >= R:  # too much to give: the steps of most remainder among those giving take instead
+        down = np.flatnonzero(~up_S & (rem_S > 0))
+        flip = down[np.argsort(-rem_S[down], kind="stable")][: (net + R // 2) // R]
+        up_S[flip] = True
+    elif -net * 2 >= R:
+        up = np.flatnonzero(up_S)
+        flip = up[np.argsort(rem_S[up], kind="stable")][: (-net + R // 2) // R]
+        up_S[flip] = False
+    return load_SR - (base_S + up_S)[:, None]
+
+
+class _Swapper:
+    """The swap search's state: which sample sits at each position of ``order`` and the groups'
+    load sums, updated swap by swap."""
+
+    def __init__(self, order, offsets, placed_G, slot_G, cost, load_NK, caps_K, source_N, csum_GK):
+        self.order = order.copy()
+        self.swapped = 0
+        self.group_P = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+        self.slot_P = slot_G[self.group_P]
+        self.live_P = placed_G[self.group_P]
+        self.cost = cost
+        self.load = np.asarray(load_NK)
+        self.caps = np.asarray(caps_K, dtype=np.int64)
+        self.gload_GK = np.zeros((len(offsets) - 1, self.load.shape[1]), np.int64)  # filled where needed
+        held_GK = csum_GK[placed_G]
+        mean_K = held_GK.mean(axis=0) if len(held_GK) else np.ones(cost.shape[1])
+        self.weight_K = np.divide(1.0, mean_K, out=np.zeros_like(mean_K), where=mean_K > 0)
+        self.sparse_K = sparse_modules(held_GK)
+        self.discrete_K = discrete_modules(held_GK)
+        self.source_N = np.asarray(source_N).reshape(-1)
+
+    def _kinds(self, k, pos):
+        """(len(pos),) the kind of the sample at each of positions ``pos``: its source, presence of
+        each sparse module and cost on each discrete module but ``k``."""
+        sample = self.order[pos]
+        key = [dense_ids(self.source_N[sample])]
+        for j in range(self.cost.shape[1] - 1):
+            if j == k:
+                continue
+            if self.sparse_K[j]:
+                key.append((self.cost[sample, j] > 0).astype(np.int64))
+            elif self.discrete_K[j]:
+                key.append(dense_ids(self.cost[sample, j]))
+        return row_ids(np.column_stack(key))
+
+    def even(self, k, quantum, dev_X):
+        """Swap samples a quantum of module ``k`` apart from slots over their target (``dev_X`` > 0)
+        to slots under it, the pair whose other modules differ least first."""
+        # Only the positions of uneven slots take part (few, where the assigner's blocks were whole).
+        pos_U = np.flatnonzero(self.live_P & (dev_X[np.maximum(self.slot_P, 0)] != 0))
+        # The loads of the groups these positions fill (a group lies in one slot: all its rows are here).
+        group_U = self.group_P[pos_U]
+        self.gload_GK[np.unique(group_U)] = 0
+        np.add.at(self.gload_GK, group_U, self.load[self.order[pos_U]].astype(np.int64))
+        kind_P = np.full(len(self.order), -1, np.int64)
+        kind_P[pos_U] = self._kinds(k, pos_U)
+        quanta_P = np.zeros(len(self.order), np.int64)
+        quanta_P[pos_U] = np.rint(self.cost[self.order[pos_U], k] / quantum)
+        span = int(quanta_P.max()) + 2
+        # The positions of taker slots, by (kind, quanta): a query's candidates are one range.
+        pos_T = pos_U[dev_X[self.slot_P[pos_U]] < 0]
+        key_T = kind_P[pos_T] * span + quanta_P[pos_T]
+        by_key = np.argsort(key_T, kind="stable")
+        pos_T, key_T = pos_T[by_key], key_T[by_key]
+        others = np.ones(self.cost.shape[1], bool)
+        others[k] = False
+        weight = self.weight_K[others]
+        pos_V = pos_U[dev_X[self.slot_P[pos_U]] > 0]
+        pos_V = pos_V[np.argsort(self.slot_P[pos_V], kind="stable")]  # the givers' positions, slot by slot
+        slot_V = self.slot_P[pos_V]
+        for slot in np.flatnonzero(dev_X > 0).tolist():
+            first, end = np.searchsorted(slot_V, [slot, slot + 1])
+            while dev_X[slot] > 0 and self.swapped < DISCRETE_MAX_SWAPS:
+                mine = pos_V[first:end]
+                mine = mine[quanta_P[mine] > 0]
+                best = None
+                for x, step_by in itertools.product(mine.tolist(), range(1, int(dev_X[slot]) + 1)):
+                    if step_by > quanta_P[x]:
+                        continue
+                    want = kind_P[x] * span + quanta_P[x] - step_by
+                    lo, hi = np.searchsorted(key_T, [want, want + 1])
+                    if lo == hi:
+                        continue
+                    cand = pos_T[lo:hi]
+                    cand = cand[(quanta_P[cand] == quanta_P[x] - step_by) & (dev_X[self.slot_P[cand]] <= -step_by)]
+                    if len(cand) == 0:
+                        continue
+                    sx, sc = self.order[x], self.order[cand]
+                    delta_CK = self.load[sx][None, :].astype(np.int64) - self.load[sc]
+                    fits = ((self.gload_GK[self.group_P[cand]] + delta_CK <= self.caps).all(axis=1)
+                            & (self.gload_GK[self.group_P[x]] - delta_CK <= self.caps).all(axis=1))
+                    if not fits.any():
+                        continue
+                    gap = (np.abs(self.cost[sx][None, others] - self.cost[sc][:, others]) * weight).sum(axis=1)
+                    gap = np.where(fits, gap, np.inf)
+                    j = int(np.argmin(gap))
+                    if best is None or gap[j] / step_by < best[0]:
+                        best = (float(gap[j]) / step_by, x, int(cand[j]), step_by)
+                if best is None:
+                    break
+                _, x, y, step_by = best
+                self._swap(x, y)
+                quanta_P[x], quanta_P[y] = quanta_P[y], quanta_P[x]
+                dev_X[slot] -= step_by
+                dev_X[self.slot_P[y]] += step_by
+
+    def _swap(self, x, y):
+        """Samples at positions ``x`` and ``y`` change places (and groups)."""
+        sx, sy = self.order[x], self.order[y]
+        delta_K = self.load[sx].astype(np.int64) - self.load[sy]
+        self.gload_GK[self.group_P[x]] -= delta_K
+        self.gload_GK[self.group_P[y]] += delta_K
+        self.order[x], self.order[y] = sy, sx
+        self.swapped += 1
