@@ -76,7 +76,9 @@ def _classes(cost_GK: np.ndarray, R: int, discrete_levels: int) -> np.ndarray:
     """(G,) class id: which sparse modules a group holds, plus the value of discrete modules.
 
     A discrete module only joins the key while its classes stay large (at least 4 blocks of R
-    per distinct value on average), so leftovers (< R per class) stay few.
+    per distinct value on average), so leftovers (< R per class) stay few. So the classes are a
+    subset of :func:`discrete_modules` (which the trade and the tile swaps test: they keep or even
+    out every module of few group sums, whatever its classes' sizes), any module included.
     """
     G, K = cost_GK.shape
     present = cost_GK > 0

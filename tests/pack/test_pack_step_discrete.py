@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
@@ -76,11 +78,11 @@ def test_swaps_keep_every_group_its_size_sources_and_caps(seed, n, R, M, sources
     assert np.isclose(after.sum(), before.sum())
 
 
-@pytest.mark.parametrize("R, M, left", [(16, 1, 0.6), (16, 2, 0.2), (8, 3, 0.2)])
+@pytest.mark.parametrize("R, M, left", [(16, 1, 0.35), (16, 2, 0.2), (8, 3, 0.2)])
 def test_steps_whose_ranks_differ_by_a_tile_become_even(R, M, left):
     # Tiles of 1-6 a sample under a cap of 19 a group: the assigner's last blocks mix groups of
     # different tiles, and the ranks of those steps differ by a tile or more. Measured: uneven
-    # steps 35 -> 18 (one micro-batch: a rank's one group must find the pair), 23 -> 3, 43 -> 1.
+    # steps 35 -> 8 (one micro-batch: 18 without the third rank), 23 -> 2, 43 -> 1.
     load, cost, source = _tiles_and_clips(3, 8000, 3, tiles=tuple(range(1, 7)))
     caps = np.array([19, 6, 8000])
     p, a = _placed(load, cost, source, caps, R, M, 3)
@@ -89,6 +91,10 @@ def test_steps_whose_ranks_differ_by_a_tile_become_even(R, M, left):
     uneven_b, uneven_a = int((np.ptp(before, axis=1) > 0).sum()), int((np.ptp(after, axis=1) > 0).sum())
     assert uneven_b >= 20 and uneven_a <= left * uneven_b, (uneven_b, uneven_a)
     assert dist_ratio(after) < left * dist_ratio(before)
+    if M == 1:  # a rank's one group rarely finds a pair within the caps: through a third rank, more do
+        with mock.patch.object(step_discrete, "CHAIN_MAX_ROWS", 0):
+            direct = _rank_tiles(even_discrete_steps(p, a, cost, load, caps, source), a, cost, R)
+        assert uneven_a < 0.7 * int((np.ptp(direct, axis=1) > 0).sum())
 
     def llm(packing):
         gid = packing.group_ids()
