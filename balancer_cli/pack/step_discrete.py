@@ -34,7 +34,6 @@ Example:
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 
@@ -84,24 +83,28 @@ def even_discrete_steps(packing: Packing, assignment: Assignment, cost_NK: np.nd
     if len(order) < 2 or S < 1:
         return packing
     R = int(rank.max(initial=0)) + 1
-    cost = np.asarray(cost_NK, dtype=np.float64)
+    cost = np.asarray(cost_NK)
     placed_G = (step >= 0) & ~np.asarray(packing.isolated, dtype=bool) & (count > 0)
     csum_GK = group_sums(packing, cost)
-    dense_K = ~sparse_modules(csum_GK[placed_G]) & discrete_modules(csum_GK[placed_G])
+    held_GK = csum_GK[placed_G]
+    sparse_K, discrete_K = sparse_modules(held_GK), discrete_modules(held_GK)
+    # A rank's load counts its isolated groups too (they run there), though they do not swap.
+    on_G = step >= 0
+    slot_G = np.where(on_G, step * R + rank, -1)
     swapper = None
-    for k in np.flatnonzero(dense_K):
+    for k in np.flatnonzero(~sparse_K & discrete_K):
+        load_SR = sum_rows(slot_G[on_G], csum_GK[on_G, k][:, None], S * R)[:, 0].reshape(S, R)
+        if (load_SR.max(axis=1) == load_SR.min(axis=1)).all():
+            continue  # every step even already (most windows): no pass over the rows
         quantum = _quantum(cost[:, k])
         if quantum is None:
             continue
-        # A rank's load counts its isolated groups too (they run there), though they do not swap.
-        on_G = step >= 0
-        slot_G = np.where(on_G, step * R + rank, -1)
-        load_SR = sum_rows(slot_G[on_G], csum_GK[on_G, k][:, None] / quantum, S * R)
-        dev_SR = _deviations(np.rint(load_SR[:, 0]).astype(np.int64).reshape(S, R))
+        dev_SR = _deviations(np.rint(load_SR / quantum).astype(np.int64))
         if not dev_SR.any():
             continue
         if swapper is None:
-            swapper = _Swapper(order, offsets, placed_G, slot_G, cost, load_NK, caps_K, source_N, csum_GK)
+            swapper = _Swapper(order, offsets, placed_G, slot_G, cost, load_NK, caps_K, source_N, held_GK,
+                               sparse_K, discrete_K)
         swapper.even(k, quantum, dev_SR.reshape(-1))
     if swapper is None or not swapper.swapped:
         return packing
@@ -112,15 +115,10 @@ def even_discrete_steps(packing: Packing, assignment: Assignment, cost_NK: np.nd
 def _quantum(cost_N: np.ndarray) -> float | None:
     """The module's quantum: the greatest common divisor of its per-sample costs (one tile's
     tokens), or None where the costs are not whole numbers."""
-    values = np.unique(cost_N[cost_N > 0])
-    if len(values) == 0 or not np.array_equal(values, np.rint(values)) or values[-1] >= 2.0**53:
+    values = cost_N[cost_N > 0]
+    if len(values) == 0 or not np.array_equal(values, np.rint(values)) or values.max() >= 2.0**53:
         return None
-    quantum = 0
-    for value in values.astype(np.int64).tolist():
-        quantum = math.gcd(quantum, value)
-        if quantum == 1:
-            break
-    return float(quantum)
+    return float(np.gcd.reduce(values.astype(np.int64)))
 
 
 def _deviations(load_SR: np.ndarray) -> np.ndarray:
@@ -149,7 +147,8 @@ class _Swapper:
     """The swap search's state: which sample sits at each position of ``order`` and the groups'
     load sums, updated swap by swap."""
 
-    def __init__(self, order, offsets, placed_G, slot_G, cost, load_NK, caps_K, source_N, csum_GK):
+    def __init__(self, order, offsets, placed_G, slot_G, cost, load_NK, caps_K, source_N, held_GK, sparse_K,
+                 discrete_K):
         self.order = order.copy()
         self.swapped = 0
         self.offsets = offsets
@@ -160,11 +159,9 @@ class _Swapper:
         self.load = np.asarray(load_NK)
         self.caps = np.asarray(caps_K, dtype=np.int64)
         self.gload_GK = np.zeros((len(offsets) - 1, self.load.shape[1]), np.int64)  # filled where needed
-        held_GK = csum_GK[placed_G]
         mean_K = held_GK.mean(axis=0) if len(held_GK) else np.ones(cost.shape[1])
         self.weight_K = np.divide(1.0, mean_K, out=np.zeros_like(mean_K), where=mean_K > 0)
-        self.sparse_K = sparse_modules(held_GK)
-        self.discrete_K = discrete_modules(held_GK)
+        self.sparse_K, self.discrete_K = sparse_K, discrete_K
         self.source_N = np.asarray(source_N).reshape(-1)
 
     def _kinds(self, k, pos):
