@@ -5,8 +5,9 @@ exactly where a cell's groups fill whole blocks; the last leftovers are cut wher
 modules spread most, so a block can hold 18- and 19-tile groups and a step's ranks then hold 36
 and 37 tiles. No trade of equal rows can fix it (a step's total is not a multiple of its ranks),
 and the polish moves samples within a step only. Here two samples that differ by whole quanta of
-the module (a tile, or as many as the ranks must give and take) and are of one *kind* otherwise (source, presence of each sparse module,
-cost on every other discrete module: so every step keeps its source mix exactly) swap groups:
+the module (a tile, or as many as the ranks must give and take) and are of one *kind* otherwise
+(source, presence of each sparse module, cost on every other discrete module: so every step
+keeps its source mix exactly) swap groups:
 the sample with more goes from a rank above its step's target to one below. Targets are whole
 quanta a rank, each step's nearest to its mean, so that what the steps above give the steps
 below take. Of the candidates, the pair whose other modules differ least (normalized) swaps,
@@ -39,7 +40,8 @@ import numpy as np
 
 from balancer_cli._index import concat_ranges, sum_rows
 from balancer_cli.pack._blocks import discrete_modules, sparse_modules
-from balancer_cli.pack.types import Assignment, Packing, dense_ids, group_sums, row_ids
+from balancer_cli.pack.step_trade import row_kinds
+from balancer_cli.pack.types import Assignment, Packing, group_sums
 
 __all__ = ["DISCRETE_MAX_SWAPS", "even_discrete_steps"]
 
@@ -103,8 +105,7 @@ def even_discrete_steps(packing: Packing, assignment: Assignment, cost_NK: np.nd
         if not dev_SR.any():
             continue
         if swapper is None:
-            swapper = _Swapper(order, offsets, placed_G, slot_G, cost, load_NK, caps_K, source_N, held_GK,
-                               sparse_K, discrete_K)
+            swapper = _Swapper(order, offsets, placed_G, slot_G, cost, load_NK, caps_K, source_N, held_GK)
         swapper.even(k, quantum, dev_SR.reshape(-1))
     if swapper is None or not swapper.swapped:
         return packing
@@ -147,8 +148,7 @@ class _Swapper:
     """The swap search's state: which sample sits at each position of ``order`` and the groups'
     load sums, updated swap by swap."""
 
-    def __init__(self, order, offsets, placed_G, slot_G, cost, load_NK, caps_K, source_N, held_GK, sparse_K,
-                 discrete_K):
+    def __init__(self, order, offsets, placed_G, slot_G, cost, load_NK, caps_K, source_N, held_GK):
         self.order = order.copy()
         self.swapped = 0
         self.offsets = offsets
@@ -161,22 +161,14 @@ class _Swapper:
         self.gload_GK = np.zeros((len(offsets) - 1, self.load.shape[1]), np.int64)  # filled where needed
         mean_K = held_GK.mean(axis=0) if len(held_GK) else np.ones(cost.shape[1])
         self.weight_K = np.divide(1.0, mean_K, out=np.zeros_like(mean_K), where=mean_K > 0)
-        self.sparse_K, self.discrete_K = sparse_K, discrete_K
+        self.held_GK = held_GK
         self.source_N = np.asarray(source_N).reshape(-1)
 
     def _kinds(self, k, pos):
-        """(len(pos),) the kind of the sample at each of positions ``pos``: its source, presence of
-        each sparse module and cost on each discrete module but ``k``."""
-        sample = self.order[pos]
-        key = [dense_ids(self.source_N[sample])]
-        for j in range(self.cost.shape[1] - 1):
-            if j == k:
-                continue
-            if self.sparse_K[j]:
-                key.append((self.cost[sample, j] > 0).astype(np.int64))
-            elif self.discrete_K[j]:
-                key.append(dense_ids(self.cost[sample, j]))
-        return row_ids(np.column_stack(key))
+        """(len(pos),) the kind of the sample at each of positions ``pos``: its source (every one
+        apart: a step keeps its mix exactly), presence of each sparse module and cost on each
+        discrete module but ``k``."""
+        return row_kinds(self.cost, self.source_N, self.held_GK, rows=self.order[pos], skip=k, max_sources=None)
 
     def even(self, k, quantum, dev_X):
         """Swap samples a quantum of module ``k`` apart from slots over their target (``dev_X`` > 0)
@@ -220,14 +212,12 @@ class _Swapper:
                     cand = cand[(quanta_P[cand] == quanta_P[x] - step_by) & (dev_X[self.slot_P[cand]] <= -step_by)]
                     if len(cand) == 0:
                         continue
-                    sx, sc = self.order[x], self.order[cand]
-                    delta_CK = self.load[sx][None, :].astype(np.int64) - self.load[sc]
+                    delta_CK = self._delta(x, cand)
                     fits = ((self.gload_GK[self.group_P[cand]] + delta_CK <= self.caps).all(axis=1)
                             & (self.gload_GK[self.group_P[x]] - delta_CK <= self.caps).all(axis=1))
                     if not fits.any():
                         continue
-                    gap = (np.abs(self.cost[sx][None, others] - self.cost[sc][:, others]) * weight).sum(axis=1)
-                    gap = np.where(fits, gap, np.inf)
+                    gap = np.where(fits, self._gap(x, cand, others, weight), np.inf)
                     j = int(np.argmin(gap))
                     if best is None or gap[j] / step_by < best[0]:
                         best = (float(gap[j]) / step_by, x, int(cand[j]), step_by)
@@ -281,12 +271,6 @@ class _Swapper:
             stale = (cand >= 0) & (quanta_P[np.maximum(cand, 0)] != (quanta_P[pos] + step)[:, None])
             return np.where(stale, -1, cand)
 
-        def gap(a, b):
-            return (np.abs(self.cost[self.order[a]][:, others] - self.cost[self.order[b]][:, others]) * weight).sum(1)
-
-        def delta(a, b):  # load of sample at a less load of sample at b
-            return self.load[self.order[a]].astype(np.int64) - self.load[self.order[b]]
-
         # The positions of uneven ranks, slot by slot (a rank only moves towards its target).
         uneven = live[dev_X[self.slot_P[live]] != 0]
         uneven = uneven[np.argsort(self.slot_P[uneven], kind="stable")]
@@ -303,7 +287,7 @@ class _Swapper:
                 x_A = np.repeat(mine, CHAIN_NEAR)
                 y_A = near(mine, -1).reshape(-1)
                 x_A, y_A = x_A[y_A >= 0], y_A[y_A >= 0]
-                ok = (self.gload_GK[self.group_P[x_A]] - delta(x_A, y_A) <= self.caps).all(axis=1)
+                ok = (self.gload_GK[self.group_P[x_A]] - self._delta(x_A, y_A) <= self.caps).all(axis=1)
                 x_A, y_A = x_A[ok], y_A[ok]
                 if len(x_A) == 0:
                     break
@@ -321,11 +305,12 @@ class _Swapper:
                 j_L = np.repeat(np.arange(len(xp_J)), hi - lo)
                 x, y = x_A[a_J[j_L]], y_A[a_J[j_L]]
                 xp, yp = xp_J[j_L], takers[concat_ranges(lo, hi - lo)]
-                fits = ((xp != y) & (self.gload_GK[self.group_P[y]] + delta(x, y) - delta(xp, yp) <= self.caps).all(axis=1)
-                        & (self.gload_GK[self.group_P[yp]] + delta(xp, yp) <= self.caps).all(axis=1))
+                given = self._delta(xp, yp)  # what the taker's group gains, and n's gives back
+                n_fits = (self.gload_GK[self.group_P[y]] + self._delta(x, y) - given <= self.caps).all(axis=1)
+                fits = (xp != y) & n_fits & (self.gload_GK[self.group_P[yp]] + given <= self.caps).all(axis=1)
                 if not fits.any():
                     break
-                score = np.where(fits, gap(x, y) + gap(xp, yp), np.inf)
+                score = np.where(fits, self._gap(x, y, others, weight) + self._gap(xp, yp, others, weight), np.inf)
                 j = int(np.argmin(score))
                 self._swap(int(x[j]), int(y[j]))
                 self._swap(int(xp[j]), int(yp[j]))
@@ -334,10 +319,19 @@ class _Swapper:
                 dev_X[slot] -= 1
                 dev_X[self.slot_P[int(yp[j])]] += 1
 
+    def _delta(self, a, b):
+        """Load of the sample at position(s) ``a`` less that of the sample at ``b`` (broadcast)."""
+        return self.load[self.order[a]].astype(np.int64) - self.load[self.order[b]]
+
+    def _gap(self, a, b, others, weight):
+        """How far apart the samples at ``a`` and ``b`` are on the ``others`` modules (normalized by
+        ``weight``): the pair of least gap swaps."""
+        return (np.abs(self.cost[self.order[a]][..., others] - self.cost[self.order[b]][..., others]) * weight).sum(-1)
+
     def _swap(self, x, y):
         """Samples at positions ``x`` and ``y`` change places (and groups)."""
         sx, sy = self.order[x], self.order[y]
-        delta_K = self.load[sx].astype(np.int64) - self.load[sy]
+        delta_K = self._delta(x, y)
         self.gload_GK[self.group_P[x]] -= delta_K
         self.gload_GK[self.group_P[y]] += delta_K
         self.order[x], self.order[y] = sy, sx

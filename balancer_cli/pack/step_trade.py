@@ -203,26 +203,39 @@ def _better(before_K, after_K, tradable_K):
     return bool((after_K <= before_K + TRADE_SLACK).all())
 
 
-def row_kinds(cost_NK: np.ndarray, source_N: np.ndarray, cost_GK: np.ndarray) -> np.ndarray:
+def row_kinds(cost_NK: np.ndarray, source_N: np.ndarray, cost_GK: np.ndarray, *, rows: np.ndarray | None = None,
+              skip: int | None = None, max_sources: int | None = _MAX_SOURCES) -> np.ndarray:
     """(N,) kind of every row: its source (the 15 most frequent apart), its cost on every discrete
     module and whether it holds each sparse module (both judged on the groups' sums ``cost_GK``).
+
+    Args:
+        cost_NK: (N, K) per-sample cost, encoders first, LLM last.
+        source_N: (N,) source code of each sample.
+        cost_GK: (G, K) the groups' sums, which decide the sparse and discrete modules.
+        rows: the rows to key (default all): the kinds are of these, in their order.
+        skip: an encoder module left out of the key (the tile swaps change it).
+        max_sources: sources kept apart (the rest as one); None keeps every source apart.
 
     Example:
         >>> cost = np.array([[256., 10.], [256., 30.], [512., 10.], [256., 12.]])
         >>> groups = np.array([[512., 40.], [768., 22.]])  # vision takes few values: discrete
         >>> row_kinds(cost, np.array([0, 0, 0, 1]), groups).tolist()
         [0, 0, 1, 2]
+        >>> row_kinds(cost, np.array([0, 0, 0, 1]), groups, skip=0).tolist()
+        [0, 0, 0, 1]
     """
-    source = dense_ids(np.asarray(source_N).reshape(-1))
-    column, _ = top_codes(source, _MAX_SOURCES)
-    key = [column[source]]
+    picked = slice(None) if rows is None else rows
+    source = dense_ids(np.asarray(source_N).reshape(-1)[picked])
+    key = [source if max_sources is None else top_codes(source, max_sources)[0][source]]
     sparse_K = sparse_modules(cost_GK)
     discrete_K = discrete_modules(cost_GK)
     for k in range(cost_NK.shape[1] - 1):  # encoders; the LLM is never discrete
+        if k == skip:
+            continue
         if sparse_K[k]:
-            key.append((cost_NK[:, k] > 0).astype(np.int64))
+            key.append((cost_NK[picked, k] > 0).astype(np.int64))
         elif discrete_K[k]:
-            key.append(dense_ids(cost_NK[:, k]))
+            key.append(dense_ids(cost_NK[picked, k]))
     return row_ids(np.column_stack(key))
 
 

@@ -288,8 +288,9 @@ def place_window(task: WindowTask, view: registry.SampleView) -> WindowResult:
     A packer registered with ``polish`` then has its steps' source mix evened out
     (:func:`~balancer_cli.pack.step_mix.even_step_mix`: groups and samples of equal loads trade steps),
     its ranks' tiles (:func:`~balancer_cli.pack.step_discrete.even_discrete_steps`: samples a tile
-    apart trade ranks, within or across steps), each slot's groups (:func:`~balancer_cli.pack.polish.polish_steps`: samples trade ranks
-    within their step) and, where steps stay uneven, their groups' spread
+    apart trade ranks, within or across steps), each slot's groups
+    (:func:`~balancer_cli.pack.polish.polish_steps`: samples trade ranks within their step)
+    and, where steps stay uneven, their groups' spread
     (:func:`~balancer_cli.pack.step_trade.trade_across_steps`: samples of one kind trade steps).
 
     Raises:
