@@ -291,7 +291,9 @@ def place_window(task: WindowTask, view: registry.SampleView) -> WindowResult:
     apart trade ranks, within or across steps), each slot's groups
     (:func:`~balancer_cli.pack.polish.polish_steps`: samples trade ranks within their step)
     and, where steps stay uneven, their groups' spread
-    (:func:`~balancer_cli.pack.step_trade.trade_across_steps`: samples of one kind trade steps).
+    (:func:`~balancer_cli.pack.step_trade.trade_across_steps`: samples of one kind trade steps),
+    then each step's heaviest rank gives load away
+    (:func:`~balancer_cli.pack.step_peaks.shave_step_peaks`: samples equal on every other module swap).
 
     Raises:
         UsageError: fewer groups than one step needs, or no way to reach a multiple of R x M.
@@ -330,6 +332,7 @@ def place_window(task: WindowTask, view: registry.SampleView) -> WindowResult:
         from balancer_cli.pack.polish import polish_passes, polish_steps  # compiled kernels: import late
         from balancer_cli.pack.step_discrete import even_discrete_steps
         from balancer_cli.pack.step_mix import even_step_mix
+        from balancer_cli.pack.step_peaks import shave_step_peaks
         from balancer_cli.pack.step_trade import trade_across_steps
 
         packing, assignment = even_step_mix(packing, assignment, view.cost_nK, view.load_nK, task.caps_K,
@@ -341,6 +344,7 @@ def place_window(task: WindowTask, view: registry.SampleView) -> WindowResult:
         packing = trade_across_steps(packing, assignment, view.cost_nK, view.load_nK, task.caps_K, view.source_n,
                                      seed=config.epoch_seed(task.epoch, "trade"), polish_passes=passes,
                                      polish_seed=config.epoch_seed(task.epoch, "polish"))
+        packing = shave_step_peaks(packing, assignment, view.cost_nK, view.load_nK, task.caps_K, view.source_n)
     ids = np.asarray(view.ids_n)
     # Held for every window until the merge: sample ids in the ids' own type, slots in int32.
     return WindowResult(

@@ -1,0 +1,152 @@
+"""Each step's heaviest rank gives load to lighter ranks: samples equal on every other module swap.
+
+The polish (:mod:`balancer_cli.pack.polish`) lowers each step's squared spread with random
+partners from the step; where a rank is one group of a few samples (one micro-batch), few of its
+exchanges keep the other modules and the caps, and the step's heaviest rank, which alone sets
+its Dist Ratio ``(max - mean) / max``, often has none left that lowers the squares of the pair.
+The trade (:mod:`balancer_cli.pack.step_trade`) searches across steps for squares too, and is
+kept only where the maxima fell, which at one micro-batch they rarely do (``speech`` 35k at
+``--dp 32``: LLM 0.0081 before and after it).
+
+Here each step's heaviest rank gives, aimed at its excess over the step's mean: one of its
+samples swaps with a sample of the same *kind* (the same source and the same cost on every other
+module, so every other module's rank loads, every group's size and every step's source mix stay
+exactly as they were) that is lighter on the module, from a rank below its own step's mean, in
+the same step or any other, whose step's maximum it does not raise. Of the candidates (the
+:data:`PEAKS_NEAR` of each sample's kind nearest to the excess), the swap that lowers the
+squared spread over steps most (each step's deviations from its own mean, step means moved
+too) is made, within every cap; then the step's new heaviest rank, until its idle share is at
+most :data:`PEAKS_GOAL` or it finds none. Steps are visited worst first. A module is kept as
+swapped only where its Dist Ratio fell. Measured in docs/packing.md ("Step peaks").
+
+Example:
+    >>> import numpy as np
+    >>> from balancer_cli.pack.types import Assignment, Packing, group_sums
+    >>> cost = np.array([[0., 900.], [0., 300.], [0., 500.], [0., 500.],   # step 0: ranks of 1200 and 1000
+    ...                  [0., 700.], [0., 300.], [0., 500.], [0., 300.]])  # step 1: 1000 and 800
+    >>> p = Packing(order=np.arange(8), group_offsets=np.array([0, 2, 4, 6, 8]), isolated=np.zeros(4, bool),
+    ...             dropped=np.zeros(0, np.int64), dropped_reason=())
+    >>> a = Assignment(step=np.array([0, 0, 1, 1]), rank=np.array([0, 1, 0, 1]), micro=np.zeros(4, np.int64),
+    ...                num_steps=2)
+    >>> q = shave_step_peaks(p, a, cost, cost.astype(np.int64), np.array([1, 2000]), np.zeros(8, np.int64))
+    >>> group_sums(q, cost)[:, 1].tolist()  # the 700 of step 1 and a 500 of step 0 swapped: both even
+    [1200.0, 1200.0, 800.0, 800.0]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from balancer_cli._index import sum_rows
+from balancer_cli.metrics import dist_ratio_per_step
+from balancer_cli.pack._blocks import discrete_modules, sparse_modules
+from balancer_cli.pack._peaks_kernel import shave_steps
+from balancer_cli.pack.types import Assignment, Packing, dense_ids, group_sums, row_ids
+
+__all__ = ["PEAKS_GOAL", "PEAKS_MAX_ROWS", "PEAKS_MAX_SWAPS", "PEAKS_NEAR", "PEAKS_SWEEPS", "shave_step_peaks"]
+
+#: A step whose idle share ``(max - mean) / max`` on the module is at most this is done (a tenth of
+#: the Dist Ratio bound).
+PEAKS_GOAL = 0.0005
+#: Pool candidates per sample of the heaviest rank: the nearest in value to its excess.
+PEAKS_NEAR = 16
+#: Visits of the uneven steps (the pool of lighter ranks found again before each).
+PEAKS_SWEEPS = 3
+#: Swaps per module and window at most.
+PEAKS_MAX_SWAPS = 100_000
+#: Windows above this many rows are left as they are (as the polish: their Dist Ratio is within
+#: the bound already).
+PEAKS_MAX_ROWS = 600_000
+
+
+def shave_step_peaks(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, load_NK: np.ndarray,
+                     caps_K: np.ndarray, source_N: np.ndarray) -> Packing:
+    """The packing with each step's heaviest ranks lightened on every dense continuous module
+    (see the module docstring).
+
+    Groups keep their index (so their slot), their size, their source counts and their cost on
+    every module but the one evened out; isolated oversize groups and groups not placed are not
+    touched (an isolated group's load still counts on its rank).
+
+    Args:
+        packing: groups (G of them) as the assigner placed them.
+        assignment: the groups' slots.
+        cost_NK: (N, K) per-sample cost, encoders first, LLM last.
+        load_NK: (N, K) per-sample integer load, checked against ``caps_K``.
+        caps_K: (K,) caps per group.
+        source_N: (N,) source code of each sample.
+
+    Returns:
+        A :class:`Packing` of the same samples, groups and slots (``packing`` itself where no
+        swap is kept).
+    """
+    order = np.asarray(packing.order, dtype=np.int64)
+    offsets = np.asarray(packing.group_offsets, dtype=np.int64)
+    step = np.asarray(assignment.step, dtype=np.int64)
+    rank = np.asarray(assignment.rank, dtype=np.int64)
+    count = np.diff(offsets)
+    S, P, G = int(assignment.num_steps), len(order), len(count)
+    if P < 2 or S < 1 or P > PEAKS_MAX_ROWS:
+        return packing
+    R = int(rank.max(initial=0)) + 1
+    cost = np.asarray(cost_NK, dtype=np.float64)
+    csum_GK = group_sums(packing, cost)
+    placed_G = (step >= 0) & ~np.asarray(packing.isolated, dtype=bool) & (count > 0)
+    held_GK = csum_GK[placed_G]
+    modules = np.flatnonzero(~sparse_modules(held_GK) & ~discrete_modules(held_GK))
+    if len(modules) == 0:
+        return packing
+    on_G = step >= 0
+    slot_G = np.where(on_G, step * R + rank, -1)
+    group_P = np.repeat(np.arange(G), count)
+    slot_P = slot_G[group_P]
+    live = np.flatnonzero(placed_G[group_P])
+    slot_pos = live[np.argsort(slot_P[live], kind="stable")]
+    slot_first = np.searchsorted(slot_P[slot_pos], np.arange(S * R + 1))
+    load = np.ascontiguousarray(load_NK).astype(np.int64, copy=False)
+    gload_GK = np.ascontiguousarray(sum_rows(group_P, load[order].astype(np.float64), G).astype(np.int64))
+    caps = np.asarray(caps_K, dtype=np.int64)
+    source = np.asarray(source_N).reshape(-1)
+    new_order = order.copy()
+    kept = 0
+    for k in modules.tolist():
+        load_X = sum_rows(slot_G[on_G], csum_GK[on_G, k][:, None], S * R)[:, 0]
+        idle_S = dist_ratio_per_step(load_X.reshape(S, R))
+        steps = np.flatnonzero(idle_S > PEAKS_GOAL)
+        if len(steps) == 0:
+            continue
+        steps = steps[np.argsort(-idle_S[steps], kind="stable")]
+        # A sample's kind: its source and its cost on every other module (so those stay as they are).
+        key = [dense_ids(source[new_order[live]])]
+        key += [dense_ids(cost[new_order[live], j]) for j in range(cost.shape[1]) if j != k]
+        kind_P = np.full(P, -1, np.int64)
+        kind_P[live] = row_ids(np.column_stack(key))
+        value_P = np.ascontiguousarray(cost[new_order, k])
+        sum_S = load_X.reshape(S, R).sum(axis=1)
+        norm_S = np.maximum(sum_S / R, 1e-12)
+        before = (new_order.copy(), gload_GK.copy(), float(idle_S.mean()))
+        swaps = 0
+        for _ in range(PEAKS_SWEEPS):
+            # The pool: positions on ranks below their step's mean, by kind, then value.
+            pool = live[load_X[slot_P[live]] < sum_S[slot_P[live] // R] / R]
+            pool = pool[np.lexsort((value_P[pool], kind_P[pool]))]
+            kind_first = np.searchsorted(kind_P[pool], np.arange(int(kind_P.max()) + 2))
+            pool_at_P = np.full(P, -1, np.int64)
+            pool_at_P[pool] = np.arange(len(pool))
+            made = shave_steps(steps, R, load_X, sum_S, load_X.reshape(S, R).max(axis=1), norm_S, slot_first,
+                               slot_pos, kind_first, pool, np.ascontiguousarray(value_P[pool]),
+                               np.ones(len(pool), np.bool_), pool_at_P, kind_P, value_P, new_order, group_P,
+                               slot_P, gload_GK, load, caps, PEAKS_GOAL, PEAKS_NEAR, PEAKS_MAX_SWAPS - swaps)
+            swaps += made
+            idle_S = dist_ratio_per_step(load_X.reshape(S, R))
+            steps = steps[idle_S[steps] > PEAKS_GOAL]
+            if made == 0 or len(steps) == 0:
+                break
+        if swaps and idle_S.mean() < before[2]:
+            kept += swaps
+        else:  # no better by the Dist Ratio (the squares can fall while a tied maximum stays)
+            new_order[:], gload_GK[:] = before[0], before[1]
+    if not kept:
+        return packing
+    return Packing(order=new_order, group_offsets=offsets, isolated=packing.isolated, dropped=packing.dropped,
+                   dropped_reason=packing.dropped_reason)
