@@ -40,8 +40,9 @@ import numpy as np
 
 from balancer_cli._index import concat_ranges, sum_rows
 from balancer_cli.pack._blocks import discrete_modules, sparse_modules
+from balancer_cli.pack._layout import rank_layout
 from balancer_cli.pack.step_trade import row_kinds
-from balancer_cli.pack.types import Assignment, Packing, group_sums
+from balancer_cli.pack.types import Assignment, Packing
 
 __all__ = ["DISCRETE_MAX_SWAPS", "even_discrete_steps"]
 
@@ -76,26 +77,15 @@ def even_discrete_steps(packing: Packing, assignment: Assignment, cost_NK: np.nd
         A :class:`Packing` of the same samples, groups and slots (``packing`` itself when no
         discrete module is uneven).
     """
-    order = np.asarray(packing.order, dtype=np.int64)
-    offsets = np.asarray(packing.group_offsets, dtype=np.int64)
-    step = np.asarray(assignment.step, dtype=np.int64)
-    rank = np.asarray(assignment.rank, dtype=np.int64)
-    count = np.diff(offsets)
-    S = int(assignment.num_steps)
-    if len(order) < 2 or S < 1:
+    if len(packing.order) < 2 or assignment.num_steps < 1:
         return packing
-    R = int(rank.max(initial=0)) + 1
-    cost = np.asarray(cost_NK)
-    placed_G = (step >= 0) & ~np.asarray(packing.isolated, dtype=bool) & (count > 0)
-    csum_GK = group_sums(packing, cost)
-    held_GK = csum_GK[placed_G]
+    layout = rank_layout(packing, assignment, np.asarray(cost_NK))
+    cost, csum_GK, S, R = np.asarray(cost_NK), layout.csum_GK, layout.num_steps, layout.world_size
+    held_GK = csum_GK[layout.movable_G]
     sparse_K, discrete_K = sparse_modules(held_GK), discrete_modules(held_GK)
-    # A rank's load counts its isolated groups too (they run there), though they do not swap.
-    on_G = step >= 0
-    slot_G = np.where(on_G, step * R + rank, -1)
     swapper = None
     for k in np.flatnonzero(~sparse_K & discrete_K):
-        load_SR = sum_rows(slot_G[on_G], csum_GK[on_G, k][:, None], S * R)[:, 0].reshape(S, R)
+        load_SR = layout.rank_loads(k).reshape(S, R)
         if (load_SR.max(axis=1) == load_SR.min(axis=1)).all():
             continue  # every step even already (most windows): no pass over the rows
         quantum = _quantum(cost[:, k])
@@ -105,11 +95,11 @@ def even_discrete_steps(packing: Packing, assignment: Assignment, cost_NK: np.nd
         if not dev_SR.any():
             continue
         if swapper is None:
-            swapper = _Swapper(order, offsets, placed_G, slot_G, cost, load_NK, caps_K, source_N, held_GK)
+            swapper = _Swapper(layout, cost, load_NK, caps_K, source_N, held_GK)
         swapper.even(k, quantum, dev_SR.reshape(-1))
     if swapper is None or not swapper.swapped:
         return packing
-    return Packing(order=swapper.order, group_offsets=offsets, isolated=packing.isolated,
+    return Packing(order=swapper.order, group_offsets=layout.offsets, isolated=packing.isolated,
                    dropped=packing.dropped, dropped_reason=packing.dropped_reason)
 
 
@@ -148,13 +138,14 @@ class _Swapper:
     """The swap search's state: which sample sits at each position of ``order`` and the groups'
     load sums, updated swap by swap."""
 
-    def __init__(self, order, offsets, placed_G, slot_G, cost, load_NK, caps_K, source_N, held_GK):
+    def __init__(self, layout, cost, load_NK, caps_K, source_N, held_GK):
+        order, offsets = layout.order, layout.offsets
         self.order = order.copy()
         self.swapped = 0
         self.offsets = offsets
         self.group_P = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-        self.slot_P = slot_G[self.group_P]
-        self.live_P = placed_G[self.group_P]
+        self.slot_P = layout.slot_G[self.group_P]
+        self.live_P = layout.movable_G[self.group_P]
         self.cost = cost
         self.load = np.asarray(load_NK)
         self.caps = np.asarray(caps_K, dtype=np.int64)

@@ -40,8 +40,9 @@ import numpy as np
 from balancer_cli._index import sum_rows
 from balancer_cli.metrics import dist_ratio_per_step
 from balancer_cli.pack._blocks import discrete_modules, sparse_modules
+from balancer_cli.pack._layout import rank_layout
 from balancer_cli.pack._peaks_kernel import shave_steps
-from balancer_cli.pack.types import Assignment, Packing, dense_ids, group_sums, row_ids
+from balancer_cli.pack.types import Assignment, Packing, dense_ids, row_ids
 
 __all__ = ["PEAKS_GOAL", "PEAKS_MAX_ROWS", "PEAKS_MAX_SWAPS", "PEAKS_NEAR", "PEAKS_SWEEPS", "shave_step_peaks"]
 
@@ -80,27 +81,19 @@ def shave_step_peaks(packing: Packing, assignment: Assignment, cost_NK: np.ndarr
         A :class:`Packing` of the same samples, groups and slots (``packing`` itself where no
         swap is kept).
     """
-    order = np.asarray(packing.order, dtype=np.int64)
-    offsets = np.asarray(packing.group_offsets, dtype=np.int64)
-    step = np.asarray(assignment.step, dtype=np.int64)
-    rank = np.asarray(assignment.rank, dtype=np.int64)
-    count = np.diff(offsets)
-    S, P, G = int(assignment.num_steps), len(order), len(count)
-    if P < 2 or S < 1 or P > PEAKS_MAX_ROWS:
+    if not 2 <= len(packing.order) <= PEAKS_MAX_ROWS or assignment.num_steps < 1:
         return packing
-    R = int(rank.max(initial=0)) + 1
-    cost = np.asarray(cost_NK, dtype=np.float64)
-    csum_GK = group_sums(packing, cost)
-    placed_G = (step >= 0) & ~np.asarray(packing.isolated, dtype=bool) & (count > 0)
-    held_GK = csum_GK[placed_G]
+    layout = rank_layout(packing, assignment, np.asarray(cost_NK, dtype=np.float64))
+    order, slot_G, csum_GK = layout.order, layout.slot_G, layout.csum_GK
+    S, R, P, G = layout.num_steps, layout.world_size, len(order), len(slot_G)
+    held_GK = csum_GK[layout.movable_G]
     modules = np.flatnonzero(~sparse_modules(held_GK) & ~discrete_modules(held_GK))
     if len(modules) == 0:
         return packing
-    on_G = step >= 0
-    slot_G = np.where(on_G, step * R + rank, -1)
-    group_P = np.repeat(np.arange(G), count)
+    cost = np.asarray(cost_NK, dtype=np.float64)
+    group_P = np.repeat(np.arange(G), np.diff(layout.offsets))
     slot_P = slot_G[group_P]
-    live = np.flatnonzero(placed_G[group_P])
+    live = np.flatnonzero(layout.movable_G[group_P])
     slot_pos = live[np.argsort(slot_P[live], kind="stable")]
     slot_first = np.searchsorted(slot_P[slot_pos], np.arange(S * R + 1))
     load = np.ascontiguousarray(load_NK).astype(np.int64, copy=False)
@@ -110,7 +103,7 @@ def shave_step_peaks(packing: Packing, assignment: Assignment, cost_NK: np.ndarr
     new_order = order.copy()
     kept = 0
     for k in modules.tolist():
-        load_X = sum_rows(slot_G[on_G], csum_GK[on_G, k][:, None], S * R)[:, 0]
+        load_X = layout.rank_loads(k)
         idle_S = dist_ratio_per_step(load_X.reshape(S, R))
         steps = np.flatnonzero(idle_S > PEAKS_GOAL)
         if len(steps) == 0:
@@ -148,5 +141,5 @@ def shave_step_peaks(packing: Packing, assignment: Assignment, cost_NK: np.ndarr
             new_order[:], gload_GK[:] = before[0], before[1]
     if not kept:
         return packing
-    return Packing(order=new_order, group_offsets=offsets, isolated=packing.isolated, dropped=packing.dropped,
+    return Packing(order=new_order, group_offsets=layout.offsets, isolated=packing.isolated, dropped=packing.dropped,
                    dropped_reason=packing.dropped_reason)
