@@ -13,11 +13,12 @@ samples swaps with a sample of the same *kind* (the same source and the same cos
 module, so every other module's rank loads, every group's size and every step's source mix stay
 exactly as they were) that is lighter on the module, from a rank below its own step's mean, in
 the same step or any other, whose step's maximum it does not raise. Of the candidates (the
-:data:`PEAKS_NEAR` of each sample's kind nearest to the excess), the swap that lowers the
-squared spread over steps most (each step's deviations from its own mean, step means moved
-too) is made, within every cap; then the step's new heaviest rank, until its idle share is at
-most :data:`PEAKS_GOAL` or it finds none. Steps are visited worst first. A module is kept as
-swapped only where its Dist Ratio fell. Measured in docs/packing.md ("Step peaks").
+samples of each sample's kind nearest to the excess), the swap that lowers the squared spread
+over steps most (each step's deviations from its own mean, step means moved too) is made, within
+every cap; then the step's new heaviest rank, until its idle share is at a goal or it finds none.
+Steps are visited worst first, in sweeps, in rounds of more candidates and a lower goal where
+the window is still uneven (:data:`PEAKS_ROUNDS`). A module is kept as swapped only where its
+Dist Ratio fell. Measured in docs/packing.md ("Step peaks").
 
 Example:
     >>> import numpy as np
@@ -44,15 +45,15 @@ from balancer_cli.pack._layout import rank_layout
 from balancer_cli.pack._peaks_kernel import shave_steps
 from balancer_cli.pack.types import Assignment, Packing, dense_ids, row_ids
 
-__all__ = ["PEAKS_GOAL", "PEAKS_MAX_ROWS", "PEAKS_MAX_SWAPS", "PEAKS_NEAR", "PEAKS_SWEEPS", "shave_step_peaks"]
+__all__ = ["PEAKS_MAX_ROWS", "PEAKS_MAX_SWAPS", "PEAKS_ROUNDS", "shave_step_peaks"]
 
-#: A step whose idle share ``(max - mean) / max`` on the module is at most this is done (a tenth of
-#: the Dist Ratio bound).
-PEAKS_GOAL = 0.0005
-#: Pool candidates per sample of the heaviest rank: the nearest in value to its excess.
-PEAKS_NEAR = 16
-#: Visits of the uneven steps (the pool of lighter ranks found again before each).
-PEAKS_SWEEPS = 3
+#: Rounds of sweeps over the uneven steps, each ``(above, near, goal, sweeps)``: it runs where the
+#: window's Dist Ratio on the module is still above ``above``; ``near`` pool candidates per sample
+#: of the heaviest rank (the nearest in value to its excess); a step whose idle share
+#: ``(max - mean) / max`` is at most ``goal`` is done; the pool of lighter ranks is found again
+#: before each sweep. The second round only for the windows the first leaves over 40% of the
+#: bound (with one micro-batch, few samples a rank): 4x the candidates, a goal 5x lower.
+PEAKS_ROUNDS = ((0.0, 16, 0.0005, 3), (0.002, 64, 0.0001, 8))
 #: Swaps per module and window at most.
 PEAKS_MAX_SWAPS = 100_000
 #: Windows above this many rows are left as they are (as the polish: their Dist Ratio is within
@@ -105,10 +106,8 @@ def shave_step_peaks(packing: Packing, assignment: Assignment, cost_NK: np.ndarr
     for k in modules.tolist():
         load_X = layout.rank_loads(k)
         idle_S = dist_ratio_per_step(load_X.reshape(S, R))
-        steps = np.flatnonzero(idle_S > PEAKS_GOAL)
-        if len(steps) == 0:
+        if not (idle_S > min(goal for _, _, goal, _ in PEAKS_ROUNDS)).any():
             continue
-        steps = steps[np.argsort(-idle_S[steps], kind="stable")]
         # A sample's kind: its source and its cost on every other module (so those stay as they are).
         key = [dense_ids(source[new_order[live]])]
         key += [dense_ids(cost[new_order[live], j]) for j in range(cost.shape[1]) if j != k]
@@ -119,22 +118,29 @@ def shave_step_peaks(packing: Packing, assignment: Assignment, cost_NK: np.ndarr
         norm_S = np.maximum(sum_S / R, 1e-12)
         before = (new_order.copy(), gload_GK.copy(), float(idle_S.mean()))
         swaps = 0
-        for _ in range(PEAKS_SWEEPS):
-            # The pool: positions on ranks below their step's mean, by kind, then value.
-            pool = live[load_X[slot_P[live]] < sum_S[slot_P[live] // R] / R]
-            pool = pool[np.lexsort((value_P[pool], kind_P[pool]))]
-            kind_first = np.searchsorted(kind_P[pool], np.arange(int(kind_P.max()) + 2))
-            pool_at_P = np.full(P, -1, np.int64)
-            pool_at_P[pool] = np.arange(len(pool))
-            made = shave_steps(steps, R, load_X, sum_S, load_X.reshape(S, R).max(axis=1), norm_S, slot_first,
-                               slot_pos, kind_first, pool, np.ascontiguousarray(value_P[pool]),
-                               np.ones(len(pool), np.bool_), pool_at_P, kind_P, value_P, new_order, group_P,
-                               slot_P, gload_GK, load, caps, PEAKS_GOAL, PEAKS_NEAR, PEAKS_MAX_SWAPS - swaps)
-            swaps += made
-            idle_S = dist_ratio_per_step(load_X.reshape(S, R))
-            steps = steps[idle_S[steps] > PEAKS_GOAL]
-            if made == 0 or len(steps) == 0:
+        for above, near, goal, sweeps in PEAKS_ROUNDS:
+            if idle_S.mean() <= above:
                 break
+            steps = np.flatnonzero(idle_S > goal)
+            steps = steps[np.argsort(-idle_S[steps], kind="stable")]  # the worst first
+            for _ in range(sweeps):
+                if len(steps) == 0:
+                    break
+                # The pool: positions on ranks below their step's mean, by kind, then value.
+                pool = live[load_X[slot_P[live]] < sum_S[slot_P[live] // R] / R]
+                pool = pool[np.lexsort((value_P[pool], kind_P[pool]))]
+                kind_first = np.searchsorted(kind_P[pool], np.arange(int(kind_P.max()) + 2))
+                pool_at_P = np.full(P, -1, np.int64)
+                pool_at_P[pool] = np.arange(len(pool))
+                made = shave_steps(steps, R, load_X, sum_S, load_X.reshape(S, R).max(axis=1), norm_S, slot_first,
+                                   slot_pos, kind_first, pool, np.ascontiguousarray(value_P[pool]),
+                                   np.ones(len(pool), np.bool_), pool_at_P, kind_P, value_P, new_order, group_P,
+                                   slot_P, gload_GK, load, caps, goal, near, PEAKS_MAX_SWAPS - swaps)
+                swaps += made
+                idle_S = dist_ratio_per_step(load_X.reshape(S, R))
+                steps = steps[idle_S[steps] > goal]
+                if made == 0:
+                    break
         if swaps and idle_S.mean() < before[2]:
             kept += swaps
         else:  # no better by the Dist Ratio (the squares can fall while a tied maximum stays)
