@@ -27,13 +27,14 @@ def _peak(load_X, base, R):  # pragma: no cover
 @njit
 def shave_steps(steps, R, load_X, sum_S, peak_S, norm_S, slot_first_X, slot_pos_P, kind_first, pool_F, value_F, valid_F,
                 pool_at_P, kind_P, value_P, order_P, group_P, slot_P, gload_GK, load_NK, caps_K, goal, near,
-                max_swaps):  # pragma: no cover
+                max_swaps, guard_P, guard_X, guard_peak_S):  # pragma: no cover
     """Swap samples of one kind from each step's heaviest rank to lighter ranks, in place.
 
     Steps are visited in the order ``steps``; while a step's idle share ``(max - mean) / max`` is
     above ``goal``, its heaviest rank p gives: each of its samples x is paired with the ``near``
     pool samples y of x's kind whose value is nearest to ``value(x) - (L_p - mean)`` (less than
-    x's), and of the pairs that keep every cap, raise no step's maximum and lower the squared
+    x's), and of the pairs that keep every cap, raise no step's maximum (nor a guarded module's:
+    the LLM, whose tokens an audio swap changes too) and lower the squared
     spread ``sum_s sum_r (L_sr - mean_s)^2 / norm_s^2`` (the exact change, step means included),
     the one that lowers it most swaps. A step whose heaviest rank finds none is left.
 
@@ -62,11 +63,16 @@ def shave_steps(steps, R, load_X, sum_S, peak_S, norm_S, slot_first_X, slot_pos_
         goal: a step at or below this idle share is done.
         near: pool candidates per sample.
         max_swaps: swaps at most.
+        guard_P: (P,) the guarded module's cost of the sample at each position (swapped in place),
+            or empty for none: no rank's load of it may pass its step's maximum.
+        guard_X: (S * R,) each slot's load of the guarded module (updated in place).
+        guard_peak_S: (S,) each step's maximum of it (updated in place).
 
     Returns:
         The number of swaps made.
     """
     KL = len(caps_K)
+    guarded = len(guard_P) > 0
     swaps = 0
     for s in steps:
         base = s * R
@@ -108,6 +114,10 @@ def shave_steps(steps, R, load_X, sum_S, peak_S, norm_S, slot_first_X, slot_pos_
                                   + (d * d + 2.0 * d * (lq - mean_t) - d * d / R) / (norm_S[t] * norm_S[t]))
                     if change >= best:
                         continue
+                    if guarded:
+                        d2 = guard_P[x] - guard_P[y]
+                        if (guard_X[base + p] - d2 > guard_peak_S[s]) or (guard_X[q] + d2 > guard_peak_S[t]):
+                            continue
                     fits = True
                     gx, gy = group_P[x], group_P[y]
                     sx, sy = order_P[x], order_P[y]
@@ -134,6 +144,13 @@ def shave_steps(steps, R, load_X, sum_S, peak_S, norm_S, slot_first_X, slot_pos_
             sum_S[s] -= d
             sum_S[slot_P[y] // R] += d
             peak_S[s] = _peak(load_X, base, R)[1]  # another step's peak stays: its rank took no more
+            if guarded:
+                d2 = guard_P[x] - guard_P[y]
+                guard_P[x], guard_P[y] = guard_P[y], guard_P[x]
+                guard_X[slot_P[x]] -= d2
+                guard_X[slot_P[y]] += d2
+                for u in (s, slot_P[y] // R):
+                    guard_peak_S[u] = _peak(guard_X, u * R, R)[1]
             for z in (x, y):  # their values changed: no longer where the pool sorted them
                 if pool_at_P[z] >= 0:
                     valid_F[pool_at_P[z]] = False

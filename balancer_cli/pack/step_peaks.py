@@ -45,7 +45,7 @@ from balancer_cli.pack._layout import rank_layout
 from balancer_cli.pack._peaks_kernel import shave_steps
 from balancer_cli.pack.types import Assignment, Packing, dense_ids, row_ids
 
-__all__ = ["PEAKS_MAX_ROWS", "PEAKS_MAX_SWAPS", "PEAKS_ROUNDS", "shave_step_peaks"]
+__all__ = ["PEAKS_MAX_ROWS", "PEAKS_MAX_SWAPS", "PEAKS_ROUNDS", "PEAKS_SLACK", "shave_step_peaks"]
 
 #: Rounds of sweeps over the uneven steps, each ``(above, near, goal, sweeps)``: it runs where the
 #: window's Dist Ratio on the module is still above ``above``; ``near`` pool candidates per sample
@@ -54,6 +54,9 @@ __all__ = ["PEAKS_MAX_ROWS", "PEAKS_MAX_SWAPS", "PEAKS_ROUNDS", "shave_step_peak
 #: before each sweep. The second round only for the windows the first leaves over 40% of the
 #: bound (with one micro-batch, few samples a rank): 4x the candidates, a goal 5x lower.
 PEAKS_ROUNDS = ((0.0, 16, 0.0005, 3), (0.002, 64, 0.0001, 8))
+#: An encoder's swaps are kept only where the guarded LLM's Dist Ratio rises by at most this
+#: (its steps' means move; the LLM's own round follows).
+PEAKS_SLACK = 0.0005
 #: Swaps per module and window at most.
 PEAKS_MAX_SWAPS = 100_000
 #: Windows above this many rows are left as they are (as the polish: their Dist Ratio is within
@@ -103,19 +106,30 @@ def shave_step_peaks(packing: Packing, assignment: Assignment, cost_NK: np.ndarr
     source = np.asarray(source_N).reshape(-1)
     new_order = order.copy()
     kept = 0
+    moved_X = {}  # the LLM's rank loads once an encoder's kept swaps have moved them
     for k in modules.tolist():
-        load_X = layout.rank_loads(k)
+        load_X = moved_X[k].copy() if k in moved_X else layout.rank_loads(k)
         idle_S = dist_ratio_per_step(load_X.reshape(S, R))
         if not (idle_S > min(goal for _, _, goal, _ in PEAKS_ROUNDS)).any():
             continue
-        # A sample's kind: its source and its cost on every other module (so those stay as they are).
+        # A sample's kind: its source and its cost on every other module (so those stay as they are)
+        # but the LLM's for an encoder: its tokens are part of the LLM sequence too (audio clips),
+        # so the LLM is guarded instead: no rank's LLM load passes its step's maximum.
+        guard = cost.shape[1] - 1 if k < cost.shape[1] - 1 else -1
         key = [dense_ids(source[new_order[live]])]
-        key += [dense_ids(cost[new_order[live], j]) for j in range(cost.shape[1]) if j != k]
+        key += [dense_ids(cost[new_order[live], j]) for j in range(cost.shape[1]) if j not in (k, guard)]
         kind_P = np.full(P, -1, np.int64)
         kind_P[live] = row_ids(np.column_stack(key))
         value_P = np.ascontiguousarray(cost[new_order, k])
         sum_S = load_X.reshape(S, R).sum(axis=1)
         norm_S = np.maximum(sum_S / R, 1e-12)
+        if guard >= 0:
+            guard_P = np.ascontiguousarray(cost[new_order, guard])
+            guard_X = moved_X[guard].copy() if guard in moved_X else layout.rank_loads(guard)
+            guard_before = float(dist_ratio_per_step(guard_X.reshape(S, R)).mean())
+        else:
+            guard_P, guard_X, guard_before = np.zeros(0), np.zeros(0), 0.0
+        guard_peak_S = guard_X.reshape(S, -1).max(axis=1) if guard >= 0 else np.zeros(0)
         before = (new_order.copy(), gload_GK.copy(), float(idle_S.mean()))
         swaps = 0
         for above, near, goal, sweeps in PEAKS_ROUNDS:
@@ -135,14 +149,18 @@ def shave_step_peaks(packing: Packing, assignment: Assignment, cost_NK: np.ndarr
                 made = shave_steps(steps, R, load_X, sum_S, load_X.reshape(S, R).max(axis=1), norm_S, slot_first,
                                    slot_pos, kind_first, pool, np.ascontiguousarray(value_P[pool]),
                                    np.ones(len(pool), np.bool_), pool_at_P, kind_P, value_P, new_order, group_P,
-                                   slot_P, gload_GK, load, caps, goal, near, PEAKS_MAX_SWAPS - swaps)
+                                   slot_P, gload_GK, load, caps, goal, near, PEAKS_MAX_SWAPS - swaps, guard_P,
+                                   guard_X, guard_peak_S)
                 swaps += made
                 idle_S = dist_ratio_per_step(load_X.reshape(S, R))
                 steps = steps[idle_S[steps] > goal]
                 if made == 0:
                     break
-        if swaps and idle_S.mean() < before[2]:
+        guard_ok = guard < 0 or dist_ratio_per_step(guard_X.reshape(S, R)).mean() <= guard_before + PEAKS_SLACK
+        if swaps and idle_S.mean() < before[2] and guard_ok:
             kept += swaps
+            if guard >= 0:
+                moved_X[guard] = guard_X
         else:  # no better by the Dist Ratio (the squares can fall while a tied maximum stays)
             new_order[:], gload_GK[:] = before[0], before[1]
     if not kept:

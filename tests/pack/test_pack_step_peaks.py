@@ -62,15 +62,16 @@ def test_swaps_keep_every_group_its_size_sources_caps_and_other_modules(seed, n,
         assert after_g[g].tolist() == before_g[g].tolist()
     within = (group_sums(p, load) <= caps).all(axis=1)
     assert (group_sums(q, load)[within] <= caps).all()
-    # A swap changes one module only (the two samples are equal on the others): every group keeps
-    # its tiles; no step's heaviest rank grows on any module, every module's total is kept and no
-    # module's Dist Ratio rises.
+    # A swap changes the module it evens out (and for audio the LLM, guarded), the two samples equal
+    # on every other: every group keeps its tiles; no step's heaviest rank grows on any module,
+    # every module's total is kept and no module's Dist Ratio rises (the LLM's by the guard's slack
+    # at most, where the audio swaps move its steps' means).
     assert np.array_equal(group_sums(q, cost)[:, 0], group_sums(p, cost)[:, 0])
     before, after = _rank_loads(p, a, cost, R), _rank_loads(q, a, cost, R)
     assert (after.max(axis=2) <= before.max(axis=2) + 1e-9).all()
     assert np.allclose(after.sum(axis=(1, 2)), before.sum(axis=(1, 2)))
     for k in range(cost.shape[1]):
-        assert dist_ratio(after[k]) <= dist_ratio(before[k]) + 1e-12
+        assert dist_ratio(after[k]) <= dist_ratio(before[k]) + step_peaks.PEAKS_SLACK + 1e-12
 
 
 def test_one_micro_batch_steps_lose_their_peaks_after_the_polish():
