@@ -123,13 +123,12 @@ def shave_step_peaks(packing: Packing, assignment: Assignment, cost_NK: np.ndarr
         value_P = np.ascontiguousarray(cost[new_order, k])
         sum_S = load_X.reshape(S, R).sum(axis=1)
         norm_S = np.maximum(sum_S / R, 1e-12)
+        guard_P, guard_X, guard_peak_S, guard_before = np.zeros(0), np.zeros(0), np.zeros(0), 0.0  # none
         if guard >= 0:
             guard_P = np.ascontiguousarray(cost[new_order, guard])
             guard_X = moved_X[guard].copy() if guard in moved_X else layout.rank_loads(guard)
+            guard_peak_S = guard_X.reshape(S, R).max(axis=1)
             guard_before = float(dist_ratio_per_step(guard_X.reshape(S, R)).mean())
-        else:
-            guard_P, guard_X, guard_before = np.zeros(0), np.zeros(0), 0.0
-        guard_peak_S = guard_X.reshape(S, -1).max(axis=1) if guard >= 0 else np.zeros(0)
         before = (new_order.copy(), gload_GK.copy(), float(idle_S.mean()))
         swaps = 0
         for above, near, goal, sweeps in PEAKS_ROUNDS:
