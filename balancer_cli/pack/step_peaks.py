@@ -38,12 +38,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from balancer_cli._index import sum_rows
-from balancer_cli.metrics import dist_ratio_per_step
+from balancer_cli.metrics import dist_ratio, dist_ratio_per_step
 from balancer_cli.pack._blocks import discrete_modules, sparse_modules
 from balancer_cli.pack._layout import rank_layout
 from balancer_cli.pack._peaks_kernel import shave_steps
-from balancer_cli.pack.types import Assignment, Packing, dense_ids, row_ids
+from balancer_cli.pack.types import Assignment, Packing, dense_ids, group_sums, row_ids
 
 __all__ = ["PEAKS_MAX_ROWS", "PEAKS_MAX_SWAPS", "PEAKS_ROUNDS", "PEAKS_SLACK", "shave_step_peaks"]
 
@@ -87,21 +86,21 @@ def shave_step_peaks(packing: Packing, assignment: Assignment, cost_NK: np.ndarr
     """
     if not 2 <= len(packing.order) <= PEAKS_MAX_ROWS or assignment.num_steps < 1:
         return packing
-    layout = rank_layout(packing, assignment, np.asarray(cost_NK, dtype=np.float64))
+    cost = np.asarray(cost_NK, dtype=np.float64)
+    layout = rank_layout(packing, assignment, cost)
     order, slot_G, csum_GK = layout.order, layout.slot_G, layout.csum_GK
     S, R, P, G = layout.num_steps, layout.world_size, len(order), len(slot_G)
     held_GK = csum_GK[layout.movable_G]
     modules = np.flatnonzero(~sparse_modules(held_GK) & ~discrete_modules(held_GK))
     if len(modules) == 0:
         return packing
-    cost = np.asarray(cost_NK, dtype=np.float64)
     group_P = np.repeat(np.arange(G), np.diff(layout.offsets))
     slot_P = slot_G[group_P]
     live = np.flatnonzero(layout.movable_G[group_P])
     slot_pos = live[np.argsort(slot_P[live], kind="stable")]
     slot_first = np.searchsorted(slot_P[slot_pos], np.arange(S * R + 1))
     load = np.ascontiguousarray(load_NK).astype(np.int64, copy=False)
-    gload_GK = np.ascontiguousarray(sum_rows(group_P, load[order].astype(np.float64), G).astype(np.int64))
+    gload_GK = np.ascontiguousarray(group_sums(packing, load))
     caps = np.asarray(caps_K, dtype=np.int64)
     source = np.asarray(source_N).reshape(-1)
     new_order = order.copy()
@@ -128,7 +127,7 @@ def shave_step_peaks(packing: Packing, assignment: Assignment, cost_NK: np.ndarr
             guard_P = np.ascontiguousarray(cost[new_order, guard])
             guard_X = moved_X[guard].copy() if guard in moved_X else layout.rank_loads(guard)
             guard_peak_S = guard_X.reshape(S, R).max(axis=1)
-            guard_before = float(dist_ratio_per_step(guard_X.reshape(S, R)).mean())
+            guard_before = dist_ratio(guard_X.reshape(S, R))
         before = (new_order.copy(), gload_GK.copy(), float(idle_S.mean()))
         swaps = 0
         for above, near, goal, sweeps in PEAKS_ROUNDS:
@@ -155,7 +154,7 @@ def shave_step_peaks(packing: Packing, assignment: Assignment, cost_NK: np.ndarr
                 steps = steps[idle_S[steps] > goal]
                 if made == 0:
                     break
-        guard_ok = guard < 0 or dist_ratio_per_step(guard_X.reshape(S, R)).mean() <= guard_before + PEAKS_SLACK
+        guard_ok = guard < 0 or dist_ratio(guard_X.reshape(S, R)) <= guard_before + PEAKS_SLACK
         if swaps and idle_S.mean() < before[2] and guard_ok:
             kept += swaps
             if guard >= 0:
