@@ -285,15 +285,10 @@ class WindowResult(NamedTuple):
 def place_window(task: WindowTask, view: registry.SampleView) -> WindowResult:
     """Pack ``view`` (one window's samples) with ``task.packer`` and assign its groups to slots.
 
-    A packer registered with ``polish`` then has its steps' source mix evened out
-    (:func:`~balancer_cli.pack.step_mix.even_step_mix`: groups and samples of equal loads trade steps),
-    its ranks' tiles (:func:`~balancer_cli.pack.step_discrete.even_discrete_steps`: samples a tile
-    apart trade ranks, within or across steps), each slot's groups
-    (:func:`~balancer_cli.pack.polish.polish_steps`: samples trade ranks within their step)
-    and, where steps stay uneven, their groups' spread
-    (:func:`~balancer_cli.pack.step_trade.trade_across_steps`: samples of one kind trade steps),
-    then each step's heaviest rank gives load away
-    (:func:`~balancer_cli.pack.step_peaks.shave_step_peaks`: samples equal on every other module swap).
+    A packer registered with ``polish`` has its groups placed by
+    :func:`~balancer_cli.pack.step_stages.place_steps`: assigned, then its steps' source mix, ranks'
+    tiles, slots' groups, spread across steps and heaviest ranks evened out by the step stages, on
+    coarser assignment cells as well where the steps mix worse than random batching.
 
     Raises:
         UsageError: fewer groups than one step needs, or no way to reach a multiple of R x M.
@@ -320,31 +315,22 @@ def place_window(task: WindowTask, view: registry.SampleView) -> WindowResult:
             f"{{world_size}} {R} x {{micro_batches}} {M} needs a multiple of {per_step} groups (groups per "
             f"step), and the {packing.num_groups} groups cannot be split to one ({error.message})",
             fix="lower {world_size} or {micro_batches}, or lower the caps so that more groups form") from None
-    mix_GO = None  # the groups' source counts: the assigner's, and the step mix's
     if spec.sequential:
         step_G, rank_G, micro_G = shape.slots(np.arange(packing.num_groups))
         assignment = Assignment(step=step_G, rank=rank_G, micro=micro_G, num_steps=packing.num_groups // per_step)
-    else:
-        mix_GO = group_source_counts(packing, view.source_n)
-        assignment = assign_groups(group_sums(packing, view.cost_nK), world_size=R, micro_batches=M,
-                                   seed=config.epoch_seed(task.epoch, "assign"), mix_GO=mix_GO)
-    if spec.polish:
-        from balancer_cli.pack.polish import polish_passes, polish_steps  # compiled kernels: import late
-        from balancer_cli.pack.step_discrete import even_discrete_steps
-        from balancer_cli.pack.step_mix import even_step_mix
-        from balancer_cli.pack.step_peaks import shave_step_peaks
-        from balancer_cli.pack.step_trade import trade_across_steps
+    elif spec.polish:
+        # Compiled kernels: imported late.
+        from balancer_cli.pack.polish import polish_passes
+        from balancer_cli.pack.step_stages import place_steps
 
-        packing, assignment = even_step_mix(packing, assignment, view.cost_nK, view.load_nK, task.caps_K,
-                                            view.source_n, mix_GO=mix_GO)
-        packing = even_discrete_steps(packing, assignment, view.cost_nK, view.load_nK, task.caps_K, view.source_n)
-        passes = polish_passes(len(view.ids_n))
-        packing = polish_steps(packing, assignment, view.cost_nK, view.load_nK, task.caps_K,
-                               seed=config.epoch_seed(task.epoch, "polish"), passes=passes)
-        packing = trade_across_steps(packing, assignment, view.cost_nK, view.load_nK, task.caps_K, view.source_n,
-                                     seed=config.epoch_seed(task.epoch, "trade"), polish_passes=passes,
-                                     polish_seed=config.epoch_seed(task.epoch, "polish"))
-        packing = shave_step_peaks(packing, assignment, view.cost_nK, view.load_nK, task.caps_K, view.source_n)
+        packing, assignment = place_steps(
+            packing, view.cost_nK, view.load_nK, task.caps_K, view.source_n, shape,
+            seeds=tuple(config.epoch_seed(task.epoch, s) for s in ("assign", "polish", "trade")),
+            polish_passes=polish_passes(len(view.ids_n)), modules=view.modules)
+    else:
+        assignment = assign_groups(group_sums(packing, view.cost_nK), world_size=R, micro_batches=M,
+                                   seed=config.epoch_seed(task.epoch, "assign"),
+                                   mix_GO=group_source_counts(packing, view.source_n))
     ids = np.asarray(view.ids_n)
     # Held for every window until the merge: sample ids in the ids' own type, slots in int32.
     return WindowResult(
