@@ -117,11 +117,12 @@ def test_large_windows_pass_well_mixed_steps_without_the_exact_measure():
                    num_steps=S)
     even = np.tile(np.arange(4), G * per_group // 4)  # every step holds the global mix exactly
     by_step = np.repeat(rng.integers(0, 4, S), R * per_group)  # one source a step
+    cost = np.ones((G * per_group, 1))
     exact = mock.Mock(wraps=step_stages.step_mix_ratio)
     with mock.patch.object(step_stages, "GATE_ROWS", 0), mock.patch.object(step_stages, "step_mix_ratio", exact):
-        assert not step_stages._mixes_worse(packing, a, even)
+        assert not step_stages._retry_worth(packing, a, cost, even, 1)
         assert exact.call_count == 0
-        assert step_stages._mixes_worse(packing, a, by_step)
+        assert step_stages._retry_worth(packing, a, cost, by_step, 1)
         assert exact.call_count == 1
 
 
@@ -142,3 +143,22 @@ def test_a_retry_is_kept_only_where_it_breaks_fewer_bounds_and_none_more():
     assert improves(_metrics(0.05, 0.001, 0.7), _metrics(0.058, 0.001, 1.01), modules)
     # A sparse module's utilization likewise.
     assert not improves(_metrics(0.0, 0.001, 0.7, 0.85), _metrics(0.0, 0.001, 1.01, 0.88), modules)
+
+
+def test_one_micro_batch_steps_bound_to_a_sparse_module_are_not_retried():
+    # A quarter of the groups hold audio, all of source 1, and fill whole steps (as the assigner's
+    # classes place them at one micro-batch at any cell size): the classes alone force a mean step
+    # distance far above random batching's, so no retry runs; at two micro-batches a step could mix.
+    S, R, per_group = 20, 4, 2
+    G = S * R
+    packing = Packing(np.arange(G * per_group), np.arange(0, G * per_group + 1, per_group), np.zeros(G, bool),
+                      np.array([], np.int64), ())
+    a = Assignment(step=np.repeat(np.arange(S), R), rank=np.tile(np.arange(R), S), micro=np.zeros(G, np.int64),
+                   num_steps=S)
+    audio = np.repeat(np.arange(G) < G // 4, per_group)
+    source = audio.astype(np.int64)
+    cost = np.column_stack([100.0 * audio, np.full(G * per_group, 500.0)])
+    counts_SO = np.bincount(np.repeat(np.arange(S), R * per_group) * 2 + source, minlength=2 * S).reshape(S, 2)
+    assert step_stages._class_floor(counts_SO, np.array([0.75, 0.25]), np.arange(S) < S // 4) == 0.375
+    assert not step_stages._retry_worth(packing, a, cost, source, 1)
+    assert step_stages._retry_worth(packing, a, cost, source, 2)
