@@ -107,14 +107,20 @@ def test_every_sample_keeps_one_slot_and_the_placement_is_deterministic(seed, n,
     assert (group_sums(q, load)[within] <= caps).all()
 
 
+def _in_order(S: int, R: int, per_group: int):
+    """Groups of ``per_group`` consecutive samples, R a step in order over S steps (micro-batch 0)."""
+    G = S * R
+    packing = Packing(np.arange(G * per_group), np.arange(0, G * per_group + 1, per_group), np.zeros(G, bool),
+                      np.array([], np.int64), ())
+    return packing, Assignment(step=np.repeat(np.arange(S), R), rank=np.tile(np.arange(R), S),
+                               micro=np.zeros(G, np.int64), num_steps=S)
+
+
 def test_large_windows_pass_well_mixed_steps_without_the_exact_measure():
     rng = np.random.default_rng(0)
     S, R, per_group = 200, 16, 5
     G = S * R
-    packing = Packing(np.arange(G * per_group), np.arange(0, G * per_group + 1, per_group), np.zeros(G, bool),
-                      np.array([], np.int64), ())
-    a = Assignment(step=np.repeat(np.arange(S), R), rank=np.tile(np.arange(R), S), micro=np.zeros(G, np.int64),
-                   num_steps=S)
+    packing, a = _in_order(S, R, per_group)
     even = np.tile(np.arange(4), G * per_group // 4)  # every step holds the global mix exactly
     by_step = np.repeat(rng.integers(0, 4, S), R * per_group)  # one source a step
     cost = np.ones((G * per_group, 1))
@@ -151,10 +157,7 @@ def test_one_micro_batch_steps_bound_to_a_sparse_module_are_not_retried():
     # distance far above random batching's, so no retry runs; at two micro-batches a step could mix.
     S, R, per_group = 20, 4, 2
     G = S * R
-    packing = Packing(np.arange(G * per_group), np.arange(0, G * per_group + 1, per_group), np.zeros(G, bool),
-                      np.array([], np.int64), ())
-    a = Assignment(step=np.repeat(np.arange(S), R), rank=np.tile(np.arange(R), S), micro=np.zeros(G, np.int64),
-                   num_steps=S)
+    packing, a = _in_order(S, R, per_group)
     audio = np.repeat(np.arange(G) < G // 4, per_group)
     source = audio.astype(np.int64)
     cost = np.column_stack([100.0 * audio, np.full(G * per_group, 500.0)])
