@@ -42,7 +42,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from balancer_cli.manifest import StepShape
-from balancer_cli.metrics import dist_ratio, step_loads, utilization
 from balancer_cli.pack._blocks import sparse_modules
 from balancer_cli.pack.assign import assign_groups, group_source_counts
 from balancer_cli.pack.contract import MAX_STEP_MIX, broken_bounds
@@ -93,10 +92,10 @@ def place_steps(packing: Packing, cost_nK: np.ndarray, load_nK: np.ndarray, caps
                      ASSIGN_TOLERANCE)
     if not _retry_worth(*placed, cost_nK, source_n, shape.micro_batches):
         return placed
-    best = window_metrics(*placed, cost_nK, source_n, shape.world_size, modules)
+    best = window_metrics(*placed, cost_nK, source_n, shape, modules)
     for tolerance in RETRY_TOLERANCES:
         retry = _placed(packing, mix_GO, cost_nK, load_nK, caps_K, source_n, shape, seeds, polish_passes, tolerance)
-        metrics = window_metrics(*retry, cost_nK, source_n, shape.world_size, modules)
+        metrics = window_metrics(*retry, cost_nK, source_n, shape, modules)
         if _improves(metrics, best, modules):
             placed, best = retry, metrics
         if not broken_bounds(best, modules):
@@ -105,25 +104,24 @@ def place_steps(packing: Packing, cost_nK: np.ndarray, load_nK: np.ndarray, caps
 
 
 def window_metrics(packing: Packing, assignment: Assignment, cost_nK: np.ndarray, source_n: np.ndarray,
-                   world_size: int, modules: Sequence[str]) -> dict:
+                   shape: StepShape, modules: Sequence[str]) -> dict:
     """What the contract (:func:`~balancer_cli.pack.contract.broken_bounds`) reads, of a placed
-    window on its own steps: each module's Dist Ratio, utilization and sparse flag, and the step
-    mix (the step count is the packing's, the same for every placement of it)."""
-    gid = packing.group_ids()
-    step_P, rank_P = assignment.step[gid], assignment.rank[gid]
-    sparse_K = sparse_modules(group_sums(packing, cost_nK))
-    metrics = {"modules": {}, "steps": {"vs_lower_bound": 1.0},
-               "step_mix": {"vs_random": step_mix_ratio(step_P, source_n[packing.order], assignment.num_steps)}}
-    for k, module in enumerate(modules):
-        load_SR = step_loads(step_P, rank_P, cost_nK[packing.order, k], num_steps=assignment.num_steps,
-                             world_size=world_size)
-        metrics["modules"][module] = {"dist_ratio": dist_ratio(load_SR), "utilization": utilization(load_SR),
-                                      "sparse": bool(sparse_K[k])}
-    return metrics
+    window on its own steps: each module's Dist Ratio, utilization and sparse flag (as the search
+    measures its candidates: :func:`~balancer_cli.pack._search_eval.measured`), and the step mix
+    (the step count is the packing's, the same for every placement of it)."""
+    # The polish's compiled kernels: imported late.
+    from balancer_cli.pack._search_eval import measured
+
+    dist_K, util_K, _, sparse_K = measured(packing, assignment, group_sums(packing, cost_nK), cost_nK, shape)
+    step_P = assignment.step[packing.group_ids()]
+    return {"modules": {module: {"dist_ratio": dist_K[k], "utilization": util_K[k], "sparse": bool(sparse_K[k])}
+                        for k, module in enumerate(modules)},
+            "steps": {"vs_lower_bound": 1.0},
+            "step_mix": {"vs_random": step_mix_ratio(step_P, source_n[packing.order], assignment.num_steps)}}
 
 
 def window_broken(packing: Packing, assignment: Assignment, cost_nK: np.ndarray, source_n: np.ndarray,
-                  world_size: int, modules: Sequence[str]) -> tuple[str, ...]:
+                  shape: StepShape, modules: Sequence[str]) -> tuple[str, ...]:
     """The contract's bounds a placed window breaks on its own steps (:func:`window_metrics`).
 
     Example:
@@ -132,10 +130,11 @@ def window_broken(packing: Packing, assignment: Assignment, cost_nK: np.ndarray,
         >>> a = Assignment(step=np.array([0, 0, 1, 1]), rank=np.array([0, 1, 0, 1]), micro=np.zeros(4, int),
         ...                num_steps=2)
         >>> cost = np.array([[5.0], [5.0], [5.0], [9.0]])  # step 1's ranks: 5 and 9 tokens
-        >>> window_broken(p, a, cost, np.array([0, 1, 0, 1]), 2, ("llm",))  # each step: one of each source
+        >>> shape = StepShape(world_size=2, micro_batches=1)
+        >>> window_broken(p, a, cost, np.array([0, 1, 0, 1]), shape, ("llm",))  # each step: one of each source
         ('dist:llm',)
     """
-    return broken_bounds(window_metrics(packing, assignment, cost_nK, source_n, world_size, modules), modules)
+    return broken_bounds(window_metrics(packing, assignment, cost_nK, source_n, shape, modules), modules)
 
 
 def _improves(metrics: dict, best: dict, modules: Sequence[str]) -> bool:

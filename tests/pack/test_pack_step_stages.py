@@ -37,6 +37,10 @@ def _two_recipes(num_groups: int, per_group: int, gap: int):
     return packing, tokens[:, None].astype(np.float64), tokens[:, None].astype(np.int64), source
 
 
+def _shape(R: int) -> StepShape:
+    return StepShape(world_size=R, micro_batches=1)
+
+
 def _place(packing, cost, load, source, R, M=1, caps=(2000,)):
     return place_steps(packing, cost, load, np.array(caps), source, StepShape(world_size=R, micro_batches=M),
                        seeds=(1, 2, 3), polish_passes=2, modules=MODULES)
@@ -48,9 +52,9 @@ def test_steps_of_one_recipe_are_assigned_again_on_coarser_cells():
     packing, cost, load, source = _two_recipes(64, 2, 30)
     with mock.patch.object(step_stages, "RETRY_TOLERANCES", ()):
         first = _place(packing, cost, load, source, R=8)
-    assert window_broken(*first, cost, source, 8, MODULES) == ("mix",)
+    assert window_broken(*first, cost, source, _shape(8), MODULES) == ("mix",)
     q, a = _place(packing, cost, load, source, R=8)
-    assert window_broken(q, a, cost, source, 8, MODULES) == ()
+    assert window_broken(q, a, cost, source, _shape(8), MODULES) == ()
     check_packing(q, num_samples=len(source))
     check_assignment(a, q.num_groups, 8, 1)
 
@@ -62,7 +66,8 @@ def test_a_retry_that_breaks_another_bound_is_not_kept():
     with mock.patch.object(step_stages, "RETRY_TOLERANCES", ()):
         first_p, first_a = _place(packing, cost, load, source, R=8)
     with mock.patch.object(step_stages, "RETRY_TOLERANCES", (0.15,)):
-        assert set(window_broken(*_place(packing, cost, load, source, R=8), cost, source, 8, MODULES)) == {"mix"}
+        retried = _place(packing, cost, load, source, R=8)
+    assert set(window_broken(*retried, cost, source, _shape(8), MODULES)) == {"mix"}
     p, a = _place(packing, cost, load, source, R=8)
     assert np.array_equal(p.order, first_p.order) and np.array_equal(a.step, first_a.step)
     assert np.array_equal(a.rank, first_a.rank)
@@ -73,10 +78,10 @@ def test_window_broken_names_each_bound():
     # 4 steps of 4 groups: two of each recipe a step (mixed, but uneven), then one recipe a step.
     a = Assignment(step=np.tile([0, 1, 2, 3], 4), rank=np.repeat(np.arange(4), 4), micro=np.zeros(16, np.int64),
                    num_steps=4)
-    assert window_broken(packing, a, cost, source, 4, MODULES) == ("dist:llm",)
+    assert window_broken(packing, a, cost, source, _shape(4), MODULES) == ("dist:llm",)
     a = Assignment(step=np.repeat(np.arange(4), 4), rank=np.tile(np.arange(4), 4), micro=np.zeros(16, np.int64),
                    num_steps=4)
-    assert window_broken(packing, a, cost, source, 4, MODULES) == ("mix",)
+    assert window_broken(packing, a, cost, source, _shape(4), MODULES) == ("mix",)
 
 
 @settings(max_examples=25, deadline=None)
