@@ -79,23 +79,75 @@ class Terminated(KeyboardInterrupt):
 
 _terminated = threading.Event()
 
+#: Top-level packages in whose frames a signal's exception is not raised but deferred: LLVM's
+#: bindings call back into Python through ctypes (a kernel loading from numba's cache,
+#: ``ExecutionEngine._raw_object_cache_getbuffer``), and ctypes swallows an exception raised
+#: there and returns to LLVM with nothing: ``balancer pack`` died of a segfault (-11) instead of
+#: exiting 143 when SIGTERM landed as a kernel loaded. (numba's own Python code unwinds as any.)
+_DEFERRED_IN = frozenset({"llvmlite"})
+#: Seconds between the checks whether a deferred signal may raise yet.
+_RETRY_S = 0.02
+#: The exception a deferred signal raises once the main thread is out of those frames.
+_pending: list[type[BaseException]] = []
+
+
+def _in_deferred(frame: Any) -> bool:
+    """Whether ``frame`` or a caller of it runs code of :data:`_DEFERRED_IN`."""
+    while frame is not None:
+        if str(frame.f_globals.get("__name__", "")).partition(".")[0] in _DEFERRED_IN:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _raise_when_safe(error: type[BaseException], frame: Any) -> None:
+    """Raise ``error`` now, or where the main thread is inside LLVM's bindings, once it is out
+    (checked every :data:`_RETRY_S` by SIGALRM)."""
+    if _in_deferred(frame) and hasattr(signal, "setitimer"):
+        _pending[:] = [error]
+        signal.signal(signal.SIGALRM, _on_retry)
+        signal.setitimer(signal.ITIMER_REAL, _RETRY_S)
+        return
+    _pending.clear()
+    raise error()
+
+
+def _on_retry(signum: int, frame: Any) -> None:
+    if _pending:
+        _raise_when_safe(_pending[0], frame)
+
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     _terminated.set()
-    raise Terminated()
+    _raise_when_safe(Terminated, frame)
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    _raise_when_safe(KeyboardInterrupt, frame)
 
 
 @contextlib.contextmanager
 def _sigterm_raises():
-    """While a command runs, SIGTERM raises :class:`Terminated` (then the previous handler is back)."""
+    """While a command runs, SIGTERM raises :class:`Terminated` and Ctrl-C KeyboardInterrupt, both
+    deferred out of LLVM's frames (then the previous handlers are back; a command that ends
+    while one is deferred has finished, and ends as it would have)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _on_sigterm)}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where the host ignores it
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, _on_sigint)
+    if hasattr(signal, "setitimer"):
+        previous[signal.SIGALRM] = signal.getsignal(signal.SIGALRM)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if hasattr(signal, "setitimer"):
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        _pending.clear()
+        for signum, handler in previous.items():
+            if handler is not None:  # None: a handler not set from Python, left as it is
+                signal.signal(signum, handler)
 
 
 def handle_errors(fn: F) -> F:

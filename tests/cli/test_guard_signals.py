@@ -1,0 +1,103 @@
+"""SIGTERM and Ctrl-C inside LLVM's bindings: deferred until the main thread is out of them.
+
+LLVM calls back into Python through ctypes (a kernel loading from numba's cache), and ctypes
+swallows an exception raised there: a SIGTERM that landed as a kernel loaded killed ``balancer
+pack`` with a segfault (-11) instead of exit 143 and one line.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import types
+
+import pytest
+
+from balancer_cli.cli import _common
+from balancer_cli.cli._common import Terminated, _sigterm_raises
+
+pytestmark = pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="deferral needs SIGALRM")
+
+
+def _call(fn):
+    return fn()
+
+
+def _in_llvm(fn):
+    """Call ``fn`` from a frame whose module is named like LLVM's bindings' (``llvmlite...``)."""
+    stand_in = types.FunctionType(_call.__code__, {"__name__": "llvmlite.binding.stand_in"})
+    return stand_in(fn)
+
+
+def _busy(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+    return "finished"
+
+
+@pytest.mark.parametrize(("signum", "error"), [(signal.SIGTERM, Terminated), (signal.SIGINT, KeyboardInterrupt)])
+def test_a_signal_inside_llvm_raises_once_the_main_thread_is_out_of_it(signum, error):
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM)}
+
+    reached = []
+
+    def inside():
+        os.kill(os.getpid(), signum)  # handled right after this call returns: inside the stand-in frame
+        reached.append(_busy(0.2))  # several retries land here, still inside: each one waits again
+
+    with pytest.raises(error), _sigterm_raises():
+        _in_llvm(inside)
+        reached.append("out")
+        assert _common._pending == [error]
+        time.sleep(5)  # out of it: the next retry raises (within _RETRY_S), not after 5 s
+    assert reached == ["finished", "out"]  # nothing was raised inside
+    assert not _common._pending and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert {s: signal.getsignal(s) for s in before} == before  # the command's handlers are uninstalled
+
+
+def test_a_command_that_ends_while_a_signal_is_deferred_has_finished():
+    def inside():
+        os.kill(os.getpid(), signal.SIGTERM)
+        return "finished"
+
+    with _sigterm_raises():
+        assert _in_llvm(inside) == "finished"
+    time.sleep(3 * _common._RETRY_S)  # no retry is left armed to raise later
+    assert not _common._pending and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_a_signal_outside_llvm_raises_at_once():
+    with pytest.raises(Terminated), _sigterm_raises():
+        os.kill(os.getpid(), signal.SIGTERM)
+        _busy(5)  # not reached: the handler raises in this frame
+    assert not _common._pending
+
+
+def test_sigterm_while_kernels_compile_ends_the_command_with_143_and_one_line(tmp_path):
+    """A command body that compiles kernels without the cache (seconds in numba and LLVM), sent
+    SIGTERM part way: exit 143 and the command's line, never a crash."""
+    script = tmp_path / "compile.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, threading
+        import numba
+        from balancer_cli.cli._common import handle_errors
+
+        @handle_errors
+        def body():
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            for i in range(400):
+                numba.njit(cache=False)(lambda x, i=i: (x * i + 1.5) ** 2 - x)(float(i))
+            print("compiled every kernel")
+
+        body()
+    """))
+    done = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 143, (done.returncode, done.stderr)
+    assert done.stderr.strip().splitlines()[-1] == "Error: terminated; no output was written", done.stderr
+    assert "Traceback" not in done.stderr and "compiled every kernel" not in done.stdout
