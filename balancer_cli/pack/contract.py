@@ -26,7 +26,7 @@ from typing import Any
 from balancer_cli.pack.packers.balanced import MAX_STEP_EXCESS
 
 __all__ = ["CHECK_FALLBACKS", "CHECK_MAX_FALLBACKS", "CHECK_ROWS", "MAX_DIST_RATIO", "MAX_STEP_MIX",
-           "MIN_SPARSE_UTILIZATION", "broken_bounds", "check_fallbacks", "contract_entry"]
+           "MIN_SPARSE_UTILIZATION", "broken_bounds", "check_fallbacks", "contract_entry", "excess"]
 
 #: Dist Ratio of every dense module.
 MAX_DIST_RATIO = 0.005
@@ -80,6 +80,36 @@ def broken_bounds(metrics: Mapping[str, Any], modules: Sequence[str]) -> tuple[s
     if mix is not None and mix > MAX_STEP_MIX:
         broken.append("mix")
     return tuple(broken)
+
+
+def excess(metrics: Mapping[str, Any], modules: Sequence[str]) -> float:
+    """How far past the contract's bounds a placed manifest is: over the bounds it breaks, the sum
+    of each one's excess in units of what the bound allows (0 when it meets them all).
+
+    A bound's allowance is its distance from the ideal (Dist Ratio 0, utilization 1, steps at the
+    lower bound, the step mix 0), so bounds of different kinds weigh alike: a Dist Ratio of
+    0.0075 is 0.5 past, as are a sparse utilization of 0.85, steps 1.045x the lower bound and a
+    step mix of 1.5x random batching. The pipeline's check ranks runs that break as many bounds
+    by it (:func:`broken_bounds` counts first).
+
+    Example:
+        >>> metrics = {"modules": {"llm": {"dist_ratio": 0.0075, "utilization": 0.99, "sparse": False}},
+        ...            "steps": {"vs_lower_bound": 1.01}, "step_mix": {"vs_random": 1.5}}
+        >>> round(excess(metrics, ("llm",)), 6)
+        1.0
+    """
+    total = 0.0
+    for bound in broken_bounds(metrics, modules):
+        kind, _, module = bound.partition(":")
+        if kind == "dist":
+            total += metrics["modules"][module]["dist_ratio"] / MAX_DIST_RATIO - 1.0
+        elif kind == "util":
+            total += (1.0 - metrics["modules"][module]["utilization"]) / (1.0 - MIN_SPARSE_UTILIZATION) - 1.0
+        elif kind == "steps":
+            total += (metrics["steps"]["vs_lower_bound"] - 1.0) / (MAX_STEP_EXCESS - 1.0) - 1.0
+        else:
+            total += metrics["step_mix"]["vs_random"] / MAX_STEP_MIX - 1.0
+    return total
 
 
 def contract_entry(metrics: Mapping[str, Any], modules: Sequence[str]) -> dict[str, Any]:

@@ -342,6 +342,11 @@ class _Trial:
         """The contract's bounds the run breaks (:mod:`~balancer_cli.pack.contract`)."""
         return tuple(self.evaluation.metrics["contract"]["broken"])
 
+    def rank(self, modules: Sequence[str]) -> tuple[int, float]:
+        """How far the run is from the contract: the bounds it breaks, then how far past them
+        (:func:`~balancer_cli.pack.contract.excess`); less is nearer."""
+        return len(self.broken()), contract.excess(self.evaluation.metrics, modules)
+
 
 def _checked_pick(inputs: PackInputs, config: PackConfig, search: Any, pick: _Trial,
                   run: Callable[[np.ndarray, np.ndarray], _Trial]) -> tuple[_Trial, dict[str, Any]]:
@@ -350,7 +355,8 @@ def _checked_pick(inputs: PackInputs, config: PackConfig, search: Any, pick: _Tr
     The search ranks caps on a subsample; when the pick's full run breaks a bound, the next
     candidates (in the search's order, measured ones first) are packed in full, up to
     :func:`~balancer_cli.pack.contract.check_fallbacks` of them (2; up to 8 for small inputs),
-    and the run breaking the fewest bounds is kept (the pick on a tie). A run
+    and the run breaking the fewest bounds is kept; of runs breaking as many, the one least far
+    past them (:meth:`_Trial.rank`; the earlier on a tie, so the pick first). A run
     that drops more samples than the pick's (``--oversize drop`` under tighter caps) is never
     kept: balance is not bought with data.
 
@@ -359,7 +365,7 @@ def _checked_pick(inputs: PackInputs, config: PackConfig, search: Any, pick: _Tr
     """
     broken = pick.broken()
     record: dict[str, Any] = {"pick_broken": list(broken), "tried": [], "kept": "pick"}
-    best, best_broken = pick, broken
+    best, best_broken, best_rank = pick, broken, pick.rank(inputs.modules)
     bounds = _by_module(config.bounds, inputs.modules, "bounds")
     seen, tries = [pick.caps_K], contract.check_fallbacks(inputs.num_samples)
     for candidate in search.candidates:
@@ -373,8 +379,8 @@ def _checked_pick(inputs: PackInputs, config: PackConfig, search: Any, pick: _Tr
         trial_broken = trial.broken()
         by_module = {m: int(c) for m, c in zip(inputs.modules, caps_K)}
         record["tried"].append({"caps": by_module, "broken": list(trial_broken)})
-        if len(trial_broken) < len(best_broken) and len(trial.placement.dropped_sample) <= len(
-                pick.placement.dropped_sample):
-            best, best_broken = trial, trial_broken
+        trial_rank = trial.rank(inputs.modules)
+        if trial_rank < best_rank and len(trial.placement.dropped_sample) <= len(pick.placement.dropped_sample):
+            best, best_broken, best_rank = trial, trial_broken, trial_rank
             record["kept"] = by_module
     return best, record

@@ -16,6 +16,7 @@ from balancer_cli.pack.contract import (
     MIN_SPARSE_UTILIZATION,
     broken_bounds,
     contract_entry,
+    excess,
 )
 from balancer_cli.pack.packers.balanced import MAX_STEP_EXCESS
 
@@ -51,6 +52,26 @@ def test_each_bound_is_broken_exactly_when_its_value_is_past_it(dist, util, step
         "bounds": {"max_dist_ratio": MAX_DIST_RATIO, "min_sparse_utilization": MIN_SPARSE_UTILIZATION,
                    "max_steps_vs_lower_bound": MAX_STEP_EXCESS, "max_step_mix_vs_random": MAX_STEP_MIX},
         "broken": expected}
+
+
+@settings(max_examples=60, deadline=None)
+@given(dist=st.floats(0, 0.02), util=st.floats(0.5, 1.0), steps=st.floats(1.0, 1.1), mix=st.floats(0.0, 3.0),
+       sparse=st.booleans(), worse=st.floats(0.0, 0.5))
+def test_the_excess_is_zero_within_the_bounds_and_grows_past_each(dist, util, steps, mix, sparse, worse):
+    """``excess`` sums each broken bound's excess in units of its allowance: 0 exactly when every
+    bound is met, positive otherwise, and larger where any value moves further past its bound."""
+    modules = ("audio", "llm")
+    metrics = _metrics((dist, dist), (util, util), steps, mix, (sparse, False))
+    value = excess(metrics, modules)
+    assert (value == 0.0) == (not broken_bounds(metrics, modules)) and value >= 0.0
+    # Each value further from its ideal by ``worse`` of its allowance: the same bounds break or more,
+    # and the excess does not fall (it rises wherever a broken bound moved).
+    further = _metrics((dist + worse * MAX_DIST_RATIO,) * 2, (util - worse * (1 - MIN_SPARSE_UTILIZATION),) * 2,
+                       steps + worse * (MAX_STEP_EXCESS - 1), mix + worse * MAX_STEP_MIX, (sparse, False))
+    assert set(broken_bounds(metrics, modules)) <= set(broken_bounds(further, modules))
+    assert excess(further, modules) >= value
+    if broken_bounds(metrics, modules) and worse > 0.01:
+        assert excess(further, modules) > value
 
 
 @settings(max_examples=40, deadline=None)
@@ -197,4 +218,5 @@ def test_a_fallback_that_drops_more_samples_is_never_kept_and_the_tries_are_boun
     monkeypatch.setattr(contract, "CHECK_ROWS", 16)
     packed.clear()
     kept, record = pipeline._checked_pick(inputs, PackConfig(), search, runs[10], run)
-    assert packed == [20, 30] and kept is runs[10] and len(record["tried"]) == 2
+    # 30 breaks the mix bound as the pick does, but less far past it (1.2x against 1.5x): kept.
+    assert packed == [20, 30] and kept is runs[30] and len(record["tried"]) == 2 and record["kept"] == {"llm": 30}

@@ -143,12 +143,17 @@ def _metrics(vision, llm, mix, vision_util=1.0):
             "steps": {"vs_lower_bound": 1.0}, "step_mix": {"vs_random": mix}}
 
 
-def test_a_retry_is_kept_only_where_it_breaks_fewer_bounds_and_none_more():
+def test_a_retry_is_kept_only_where_it_breaks_fewer_bounds_or_the_same_less_far_and_none_more():
     modules = ("vision", "llm")
     improves = step_stages._improves
     assert improves(_metrics(0.001, 0.002, 0.8), _metrics(0.001, 0.001, 1.2), modules)  # the mix fixed
     assert not improves(_metrics(0.001, 0.006, 0.8), _metrics(0.001, 0.001, 1.2), modules)  # the LLM newly broken
-    assert not improves(_metrics(0.001, 0.001, 1.1), _metrics(0.001, 0.001, 1.2), modules)  # still over: no gain
+    assert improves(_metrics(0.001, 0.001, 1.1), _metrics(0.001, 0.001, 1.2), modules)  # still over, less far
+    assert not improves(_metrics(0.001, 0.001, 1.3), _metrics(0.001, 0.001, 1.2), modules)  # further
+    assert not improves(_metrics(0.001, 0.001, 1.2), _metrics(0.001, 0.001, 1.2), modules)  # no gain
+    # The mix much less far past: kept where the vision Dist is less far too, not where it is further.
+    assert improves(_metrics(0.0051, 0.001, 1.01), _metrics(0.006, 0.001, 3.0), modules)
+    assert not improves(_metrics(0.007, 0.001, 1.01), _metrics(0.006, 0.001, 3.0), modules)
     # sample_data: both over the vision bound, the retry further (0.058 -> 0.094): not kept.
     assert not improves(_metrics(0.094, 0.001, 0.7), _metrics(0.058, 0.001, 1.01), modules)
     assert improves(_metrics(0.05, 0.001, 0.7), _metrics(0.058, 0.001, 1.01), modules)
