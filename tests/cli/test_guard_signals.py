@@ -1,8 +1,10 @@
-"""SIGTERM and Ctrl-C inside LLVM's bindings: deferred until the main thread is out of them.
+"""SIGTERM and Ctrl-C end a command with its own exit code and line, wherever they land.
 
-LLVM calls back into Python through ctypes (a kernel loading from numba's cache), and ctypes
-swallows an exception raised there: a SIGTERM that landed as a kernel loaded killed ``balancer
-pack`` with a segfault (-11) instead of exit 143 and one line.
+Inside LLVM's bindings they are deferred until the main thread is out of them: LLVM calls back
+into Python through ctypes (a kernel loading from numba's cache), and ctypes swallows an
+exception raised there: a SIGTERM that landed as a kernel loaded killed ``balancer pack`` with a
+segfault (-11) instead of exit 143 and one line. Around a Ray session the command's handlers are
+put back after ``ray.init`` and ``ray.shutdown``, which replace them.
 """
 
 from __future__ import annotations
@@ -101,3 +103,35 @@ def test_sigterm_while_kernels_compile_ends_the_command_with_143_and_one_line(tm
     assert done.returncode == 143, (done.returncode, done.stderr)
     assert done.stderr.strip().splitlines()[-1] == "Error: terminated; no output was written", done.stderr
     assert "Traceback" not in done.stderr and "compiled every kernel" not in done.stdout
+
+
+@pytest.mark.parametrize("when", ["in the session", "after it"])
+def test_sigterm_around_a_ray_session_ends_the_command_with_143(tmp_path, when):
+    """``ray.init`` replaces SIGTERM's handler (Python's with ``sys.exit(15)``, the native one with
+    Ray's, which prints a C++ stack) and ``ray.shutdown`` leaves the native one at the default
+    (the process killed before any ``finally``): the session puts the command's back both times."""
+    pytest.importorskip("ray")
+    script = tmp_path / "session.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, time
+        from types import SimpleNamespace
+        from balancer_cli.cli._common import handle_errors
+        from balancer_cli.scan.engines.ray import ray_session
+
+        @handle_errors
+        def body():
+            with ray_session(SimpleNamespace(address=None, num_cpus=1, object_store_bytes=80 * 2**20)):
+                if {when == "in the session"!r}:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(60)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(60)
+            print("not terminated")
+
+        body()
+    """))
+    done = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 143, (done.returncode, done.stderr[-2000:])
+    assert done.stderr.strip().splitlines()[-1] == "Error: terminated; no output was written", done.stderr
+    assert "Traceback" not in done.stderr and "not terminated" not in done.stdout

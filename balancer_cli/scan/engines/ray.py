@@ -55,6 +55,7 @@ from balancer_cli._fsutil import (
     claim_parts_dir,
     remove_parts_dir,
 )
+from balancer_cli._signals import kept_signal_handlers
 from balancer_cli.errors import InputError, SampleError, UsageError
 
 __all__ = ["SHARD_KEY", "RayOptions", "parts_dir_for", "run_key", "block_key", "import_ray", "ray_session",
@@ -262,25 +263,8 @@ def ray_session(options: Any) -> Iterator[Any]:
     ray = import_ray()
     started = False
     if not ray.is_initialized():
-        if options.address:
-            try:
-                # Ship this very balancer_cli to the workers, so every node measures with the
-                # driver's code (its dependencies must be installed on the nodes).
-                ray.init(address=options.address, log_to_driver=False, configure_logging=False,
-                         runtime_env={"py_modules": [str(Path(__file__).resolve().parents[2])]})
-            except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise InputError(f"cannot connect to the Ray cluster at {options.address!r} ({exc})",
-                                 fix="start it with `ray start --head` or pass its address to --ray-address; a "
-                                     "cluster with token authentication also needs RAY_AUTH_MODE=token and its token "
-                                     "(~/.ray/auth_token or RAY_AUTH_TOKEN)") from None
-        else:
-            # address="local": always a fresh cluster of our own, even if `ray start` runs here.
-            # Local workers must import this very copy of balancer_cli, installed or not.
-            pythonpath = os.pathsep.join(dict.fromkeys([str(Path(__file__).resolve().parents[3]),
-                                                        *filter(None, sys.path)]))
-            ray.init(address="local", num_cpus=options.num_cpus, object_store_memory=options.object_store_bytes,
-                     include_dashboard=False, log_to_driver=False, configure_logging=False,
-                     runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+        with kept_signal_handlers():  # ray.init and shutdown replace SIGTERM's: exit 143 stays ours
+            _init(ray, options)
         started = True
     data_logger = logging.getLogger("ray.data")
     level = data_logger.level
@@ -290,7 +274,31 @@ def ray_session(options: Any) -> Iterator[Any]:
     finally:
         data_logger.setLevel(level)
         if started:
-            ray.shutdown()
+            with kept_signal_handlers():
+                ray.shutdown()
+
+
+def _init(ray: Any, options: Any) -> None:
+    """``ray.init``: connect to ``options.address``, or start a local cluster of our own."""
+    if options.address:
+        try:
+            # Ship this very balancer_cli to the workers, so every node measures with the
+            # driver's code (its dependencies must be installed on the nodes).
+            ray.init(address=options.address, log_to_driver=False, configure_logging=False,
+                     runtime_env={"py_modules": [str(Path(__file__).resolve().parents[2])]})
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise InputError(f"cannot connect to the Ray cluster at {options.address!r} ({exc})",
+                             fix="start it with `ray start --head` or pass its address to --ray-address; a "
+                                 "cluster with token authentication also needs RAY_AUTH_MODE=token and its token "
+                                 "(~/.ray/auth_token or RAY_AUTH_TOKEN)") from None
+    else:
+        # address="local": always a fresh cluster of our own, even if `ray start` runs here.
+        # Local workers must import this very copy of balancer_cli, installed or not.
+        pythonpath = os.pathsep.join(dict.fromkeys([str(Path(__file__).resolve().parents[3]),
+                                                    *filter(None, sys.path)]))
+        ray.init(address="local", num_cpus=options.num_cpus, object_store_memory=options.object_store_bytes,
+                 include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
 
 
 def _stream(ray, blocks, todo, config, parts_dir, key, measure, options) -> Iterator[list[int]]:
