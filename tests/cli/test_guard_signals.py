@@ -9,11 +9,11 @@ put back after ``ray.init`` and ``ray.shutdown``, which replace them.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import types
 
@@ -35,6 +35,12 @@ def _in_llvm(fn):
     return stand_in(fn)
 
 
+def _signal_main_thread(signum):
+    """Send ``signum`` to the main thread itself (``os.kill`` may land on another thread of the test
+    process, whose handler then waits for the scheduler): the handler runs right after this call."""
+    signal.pthread_kill(threading.main_thread().ident, signum)
+
+
 def _busy(seconds):
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
@@ -49,7 +55,7 @@ def test_a_signal_inside_llvm_raises_once_the_main_thread_is_out_of_it(signum, e
     reached = []
 
     def inside():
-        os.kill(os.getpid(), signum)  # handled right after this call returns: inside the stand-in frame
+        _signal_main_thread(signum)  # handled right after this call returns: inside the stand-in frame
         reached.append(_busy(0.2))  # several retries land here, still inside: each one waits again
 
     with pytest.raises(error), _sigterm_raises():
@@ -64,7 +70,7 @@ def test_a_signal_inside_llvm_raises_once_the_main_thread_is_out_of_it(signum, e
 
 def test_a_command_that_ends_while_a_signal_is_deferred_has_finished():
     def inside():
-        os.kill(os.getpid(), signal.SIGTERM)
+        _signal_main_thread(signal.SIGTERM)
         return "finished"
 
     with _sigterm_raises():
@@ -75,7 +81,7 @@ def test_a_command_that_ends_while_a_signal_is_deferred_has_finished():
 
 def test_a_signal_outside_llvm_raises_at_once():
     with pytest.raises(Terminated), _sigterm_raises():
-        os.kill(os.getpid(), signal.SIGTERM)
+        _signal_main_thread(signal.SIGTERM)
         _busy(5)  # not reached: the handler raises in this frame
     assert not _common._pending
 
