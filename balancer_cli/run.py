@@ -237,8 +237,8 @@ def _pack_engine_options(engine: str, out: str | os.PathLike, fingerprint: str, 
         if ray_address:
             raise UsageError("{ray_address} applies to the ray engine only", fix="add {engine} ray")
         return None
+    from balancer_cli._ray import import_ray
     from balancer_cli.pack.engines.ray import RayPackOptions
-    from balancer_cli.scan.engines.ray import import_ray
 
     import_ray()  # a clear error before any work when the extra is missing
     out = Path(out)

@@ -25,8 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from balancer_cli._ray import import_ray
 from balancer_cli.scan.pipeline import scan  # noqa: E402
-from balancer_cli.scan.engines.ray import RayOptions, import_ray  # noqa: E402
+from balancer_cli.scan.engines.ray import RayOptions  # noqa: E402
 from balancer_cli.scan.measure import ScanConfig  # noqa: E402
 
 _WORDS = ("chart", "value", "blue", "largest", "scene", "person", "number", "bottom", "increase", "cat")

@@ -48,6 +48,16 @@ def _busy(seconds):
     return "finished"
 
 
+@pytest.fixture
+def interactive_sigint():
+    """SIGINT as an interactive command starts with it (Python's default handler), whatever the
+    test run's own (a background job starts with SIGINT ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("interactive_sigint")
 @pytest.mark.parametrize(("signum", "error"), [(signal.SIGTERM, Terminated), (signal.SIGINT, KeyboardInterrupt)])
 def test_a_signal_inside_llvm_raises_once_the_main_thread_is_out_of_it(signum, error):
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM)}
@@ -66,6 +76,18 @@ def test_a_signal_inside_llvm_raises_once_the_main_thread_is_out_of_it(signum, e
     assert reached == ["finished", "out"]  # nothing was raised inside
     assert not _common._pending and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     assert {s: signal.getsignal(s) for s in before} == before  # the command's handlers are uninstalled
+
+
+def test_an_ignored_sigint_stays_ignored():
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a background job or nohup starts
+    try:
+        with _sigterm_raises():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            _signal_main_thread(signal.SIGINT)
+            assert _busy(0.05) == "finished" and not _common._pending
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_command_that_ends_while_a_signal_is_deferred_has_finished():
@@ -122,7 +144,7 @@ def test_sigterm_around_a_ray_session_ends_the_command_with_143(tmp_path, when):
         import os, signal, time
         from types import SimpleNamespace
         from balancer_cli.cli._common import handle_errors
-        from balancer_cli.scan.engines.ray import ray_session
+        from balancer_cli._ray import ray_session
 
         @handle_errors
         def body():

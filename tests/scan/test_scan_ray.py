@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from balancer_cli._ray import import_ray
 from balancer_cli.errors import InputError, SampleError, UsageError
 from balancer_cli.lengths import write_lengths
 from balancer_cli.scan import measure as measure_module
-from balancer_cli.scan.engines.ray import RayOptions, import_ray, parts_dir_for
+from balancer_cli.scan.engines.ray import RayOptions, parts_dir_for
 from balancer_cli.scan.measure import ScanConfig
 from balancer_cli.scan.pipeline import scan
 

@@ -112,7 +112,7 @@ def run_windows(tasks: Sequence[WindowTask], view_of: Callable[[int], SampleView
         BalancerError: a window's data or options are bad (as in the local engine).
         InputError: some windows failed after their retries (rerunning resumes).
     """
-    from balancer_cli.scan.engines.ray import ray_session
+    from balancer_cli._ray import ray_session
 
     options = options or RayPackOptions(run_key="")
     results: list[WindowResult | None] = [None] * len(tasks)

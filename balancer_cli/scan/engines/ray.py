@@ -32,13 +32,10 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import os
 import pickle
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, is_dataclass
@@ -55,16 +52,14 @@ from balancer_cli._fsutil import (
     claim_parts_dir,
     remove_parts_dir,
 )
-from balancer_cli._signals import kept_signal_handlers
-from balancer_cli.errors import InputError, SampleError, UsageError
+from balancer_cli._ray import ray_session
+from balancer_cli.errors import InputError, SampleError
 
-__all__ = ["SHARD_KEY", "RayOptions", "parts_dir_for", "run_key", "block_key", "import_ray", "ray_session",
-           "run_blocks", "remove_parts"]
+__all__ = ["SHARD_KEY", "RayOptions", "parts_dir_for", "run_key", "block_key", "run_blocks", "remove_parts"]
 
 #: Schema metadata key of a shard: JSON with the run key, block key and block index.
 SHARD_KEY = b"balancer_shard"
 _MANIFEST = "manifest.json"
-_INSTALL_FIX = "install the extra: pip install 'balancer_cli[ray]'"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,16 +130,6 @@ def block_key(block: Any) -> str:
         False
     """
     return bytes_fingerprint(repr(block).encode())
-
-
-def import_ray():
-    """Import ``ray`` and ``ray.data`` or raise a :class:`UsageError` that says how to install them."""
-    try:
-        import ray
-        import ray.data  # noqa: F401  (the Data library is a separate extra of ray)
-    except ImportError as exc:
-        raise UsageError(f"--engine ray needs Ray Data, which is not installed ({exc})", fix=_INSTALL_FIX) from None
-    return ray
 
 
 def _path(parts_dir: Path, index: int, suffix: str) -> Path:
@@ -251,54 +236,6 @@ def _describe(block: Any) -> str:
     if getattr(block, "num_records", None) is not None:
         parts.append(f"{block.num_records} records")
     return ", ".join(parts)
-
-
-@contextlib.contextmanager
-def ray_session(options: Any) -> Iterator[Any]:
-    """Connect to ``options.address`` or start a local cluster (stopped on exit); reuse a live one.
-
-    ``options`` needs ``address``, ``num_cpus`` and ``object_store_bytes`` (:class:`RayOptions`;
-    ``balancer pack --engine ray`` passes its own options).
-    """
-    ray = import_ray()
-    started = False
-    if not ray.is_initialized():
-        with kept_signal_handlers():  # ray.init and shutdown replace SIGTERM's: exit 143 stays ours
-            _init(ray, options)
-        started = True
-    data_logger = logging.getLogger("ray.data")
-    level = data_logger.level
-    data_logger.setLevel(logging.ERROR)  # per-run INFO lines would drown the progress bar
-    try:
-        yield ray
-    finally:
-        data_logger.setLevel(level)
-        if started:
-            with kept_signal_handlers():
-                ray.shutdown()
-
-
-def _init(ray: Any, options: Any) -> None:
-    """``ray.init``: connect to ``options.address``, or start a local cluster of our own."""
-    if options.address:
-        try:
-            # Ship this very balancer_cli to the workers, so every node measures with the
-            # driver's code (its dependencies must be installed on the nodes).
-            ray.init(address=options.address, log_to_driver=False, configure_logging=False,
-                     runtime_env={"py_modules": [str(Path(__file__).resolve().parents[2])]})
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise InputError(f"cannot connect to the Ray cluster at {options.address!r} ({exc})",
-                             fix="start it with `ray start --head` or pass its address to --ray-address; a "
-                                 "cluster with token authentication also needs RAY_AUTH_MODE=token and its token "
-                                 "(~/.ray/auth_token or RAY_AUTH_TOKEN)") from None
-    else:
-        # address="local": always a fresh cluster of our own, even if `ray start` runs here.
-        # Local workers must import this very copy of balancer_cli, installed or not.
-        pythonpath = os.pathsep.join(dict.fromkeys([str(Path(__file__).resolve().parents[3]),
-                                                    *filter(None, sys.path)]))
-        ray.init(address="local", num_cpus=options.num_cpus, object_store_memory=options.object_store_bytes,
-                 include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
 
 
 def _stream(ray, blocks, todo, config, parts_dir, key, measure, options) -> Iterator[list[int]]:

@@ -1,0 +1,112 @@
+"""Ray for the ``--engine ray`` commands: imported on demand, and one session of it per run that
+keeps the command's own signal handlers.
+
+``ray.init`` installs a SIGTERM handler that calls ``sys.exit(15)`` (and, in its core worker, a
+native one that prints a C++ stack), and ``ray.shutdown`` leaves SIGTERM's native disposition at
+the default: a SIGTERM during ``balancer pack --engine ray`` ended with exit 15 and a stack
+dump, or after the cluster stopped killed the process (-15) before any ``finally`` ran, not the
+command's exit 143 and one line (:func:`balancer_cli.cli._common.handle_errors`). So
+:func:`ray_session` runs both inside :func:`kept_signal_handlers`: setting a handler again from
+Python installs it natively again too.
+
+Example:
+    >>> import signal
+    >>> before = signal.getsignal(signal.SIGTERM)
+    >>> with kept_signal_handlers():
+    ...     _ = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # a library's own
+    >>> signal.getsignal(signal.SIGTERM) is before
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from balancer_cli.errors import InputError, UsageError
+
+__all__ = ["import_ray", "kept_signal_handlers", "ray_session"]
+
+_INSTALL_FIX = "install the extra: pip install 'balancer_cli[ray]'"
+
+
+def import_ray():
+    """Import ``ray`` and ``ray.data`` or raise a :class:`UsageError` that says how to install them."""
+    try:
+        import ray
+        import ray.data  # (the Data library is a separate extra of ray)
+    except ImportError as exc:
+        raise UsageError(f"--engine ray needs Ray Data, which is not installed ({exc})", fix=_INSTALL_FIX) from None
+    return ray
+
+
+@contextlib.contextmanager
+def ray_session(options: Any) -> Iterator[Any]:
+    """Connect to ``options.address`` or start a local cluster (stopped on exit); reuse a live one.
+
+    ``options`` needs ``address``, ``num_cpus`` and ``object_store_bytes``
+    (:class:`~balancer_cli.scan.engines.ray.RayOptions`; ``balancer pack --engine ray`` passes its
+    own options).
+    """
+    ray = import_ray()
+    started = False
+    if not ray.is_initialized():
+        with kept_signal_handlers():  # ray.init and shutdown replace SIGTERM's: exit 143 stays ours
+            _init(ray, options)
+        started = True
+    data_logger = logging.getLogger("ray.data")
+    level = data_logger.level
+    data_logger.setLevel(logging.ERROR)  # per-run INFO lines would drown the progress bar
+    try:
+        yield ray
+    finally:
+        data_logger.setLevel(level)
+        if started:
+            with kept_signal_handlers():
+                ray.shutdown()
+
+
+def _init(ray: Any, options: Any) -> None:
+    """``ray.init``: connect to ``options.address``, or start a local cluster of our own."""
+    if options.address:
+        try:
+            # Ship this very balancer_cli to the workers, so every node measures with the
+            # driver's code (its dependencies must be installed on the nodes).
+            ray.init(address=options.address, log_to_driver=False, configure_logging=False,
+                     runtime_env={"py_modules": [str(Path(__file__).resolve().parent)]})
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise InputError(f"cannot connect to the Ray cluster at {options.address!r} ({exc})",
+                             fix="start it with `ray start --head` or pass its address to --ray-address; a "
+                                 "cluster with token authentication also needs RAY_AUTH_MODE=token and its token "
+                                 "(~/.ray/auth_token or RAY_AUTH_TOKEN)") from None
+    else:
+        # address="local": always a fresh cluster of our own, even if `ray start` runs here.
+        # Local workers must import this very copy of balancer_cli, installed or not.
+        pythonpath = os.pathsep.join(dict.fromkeys([str(Path(__file__).resolve().parents[1]),
+                                                    *filter(None, sys.path)]))
+        ray.init(address="local", num_cpus=options.num_cpus, object_store_memory=options.object_store_bytes,
+                 include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+
+
+@contextlib.contextmanager
+def kept_signal_handlers() -> Iterator[None]:
+    """Put SIGTERM's and SIGINT's handlers back as they were on entry once the block ends (in the
+    main thread, where Python's handlers run; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            if handler is not None:  # None: a native handler, not set from Python, left as it is
+                signal.signal(signum, handler)
