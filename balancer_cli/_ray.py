@@ -6,16 +6,8 @@ native one that prints a C++ stack), and ``ray.shutdown`` leaves SIGTERM's nativ
 the default: a SIGTERM during ``balancer pack --engine ray`` ended with exit 15 and a stack
 dump, or after the cluster stopped killed the process (-15) before any ``finally`` ran, not the
 command's exit 143 and one line (:func:`balancer_cli.cli._common.handle_errors`). So
-:func:`ray_session` runs both inside :func:`kept_signal_handlers`: setting a handler again from
-Python installs it natively again too.
-
-Example:
-    >>> import signal
-    >>> before = signal.getsignal(signal.SIGTERM)
-    >>> with kept_signal_handlers():
-    ...     _ = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # a library's own
-    >>> signal.getsignal(signal.SIGTERM) is before
-    True
+:func:`ray_session` runs both inside :func:`~balancer_cli._signals.kept_signal_handlers`:
+setting a handler again from Python installs it natively again too.
 """
 
 from __future__ import annotations
@@ -25,16 +17,18 @@ import logging
 import os
 import signal
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from balancer_cli._signals import kept_signal_handlers
 from balancer_cli.errors import InputError, UsageError
 
-__all__ = ["import_ray", "kept_signal_handlers", "ray_session"]
+__all__ = ["import_ray", "ray_session"]
 
 _INSTALL_FIX = "install the extra: pip install 'balancer_cli[ray]'"
+#: The signals whose handlers Ray replaces and a command sets (a command's exit 143 and 130).
+_HELD = (signal.SIGTERM, signal.SIGINT)
 
 
 def import_ray():
@@ -58,7 +52,7 @@ def ray_session(options: Any) -> Iterator[Any]:
     ray = import_ray()
     started = False
     if not ray.is_initialized():
-        with kept_signal_handlers():  # ray.init and shutdown replace SIGTERM's: exit 143 stays ours
+        with kept_signal_handlers(*_HELD):  # ray.init and shutdown replace SIGTERM's: exit 143 stays ours
             _init(ray, options)
         started = True
     data_logger = logging.getLogger("ray.data")
@@ -69,7 +63,7 @@ def ray_session(options: Any) -> Iterator[Any]:
     finally:
         data_logger.setLevel(level)
         if started:
-            with kept_signal_handlers():
+            with kept_signal_handlers(*_HELD):
                 ray.shutdown()
 
 
@@ -95,18 +89,3 @@ def _init(ray: Any, options: Any) -> None:
                  include_dashboard=False, log_to_driver=False, configure_logging=False,
                  runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
 
-
-@contextlib.contextmanager
-def kept_signal_handlers() -> Iterator[None]:
-    """Put SIGTERM's and SIGINT's handlers back as they were on entry once the block ends (in the
-    main thread, where Python's handlers run; elsewhere a no-op)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for signum, handler in saved.items():
-            if handler is not None:  # None: a native handler, not set from Python, left as it is
-                signal.signal(signum, handler)

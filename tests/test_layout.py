@@ -11,7 +11,7 @@ import balancer_cli
 PACKAGE = Path(balancer_cli.__file__).parent
 #: Top-level modules and folders, from the bottom layer up (the order of docs/architecture.md).
 LAYERS = (
-    ("errors", "_jit", "_sort", "_index", "_columns", "_fsutil", "_memory", "_procs", "_ray", "commit"),
+    ("errors", "_jit", "_sort", "_index", "_columns", "_fsutil", "_memory", "_procs", "_signals", "_ray", "commit"),
     ("omnibal_json", "lengths", "manifest", "metrics"),
     ("scan",),
     ("cost",),

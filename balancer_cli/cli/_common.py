@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 import click
 
+from balancer_cli._signals import kept_signal_handlers
 from balancer_cli.errors import BalancerError
 
 __all__ = ["handle_errors", "json_option", "emit", "fail", "command_flags", "progress", "check_output_option",
@@ -85,8 +86,9 @@ _terminated = threading.Event()
 #: there and returns to LLVM with nothing: ``balancer pack`` died of a segfault (-11) instead of
 #: exiting 143 when SIGTERM landed as a kernel loaded. (numba's own Python code unwinds as any.)
 _DEFERRED_IN = frozenset({"llvmlite"})
-#: Seconds between the checks whether a deferred signal may raise yet.
+#: Seconds between the checks whether a deferred signal may raise yet; SIGALRM (POSIX) checks.
 _RETRY_S = 0.02
+_CAN_DEFER = hasattr(signal, "setitimer")
 #: The exception a deferred signal raises once the main thread is out of those frames.
 _pending: list[type[BaseException]] = []
 
@@ -103,7 +105,7 @@ def _in_deferred(frame: Any) -> bool:
 def _raise_when_safe(error: type[BaseException], frame: Any) -> None:
     """Raise ``error`` now, or where the main thread is inside LLVM's bindings, once it is out
     (checked every :data:`_RETRY_S` by SIGALRM)."""
-    if _in_deferred(frame) and hasattr(signal, "setitimer"):
+    if _CAN_DEFER and _in_deferred(frame):
         _pending[:] = [error]
         signal.signal(signal.SIGALRM, _on_retry)
         signal.setitimer(signal.ITIMER_REAL, _RETRY_S)
@@ -134,20 +136,18 @@ def _sigterm_raises():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _on_sigterm)}
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where the host ignores it
-        previous[signal.SIGINT] = signal.signal(signal.SIGINT, _on_sigint)
-    if hasattr(signal, "setitimer"):
-        previous[signal.SIGALRM] = signal.getsignal(signal.SIGALRM)
-    try:
-        yield
-    finally:
-        if hasattr(signal, "setitimer"):
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        _pending.clear()
-        for signum, handler in previous.items():
-            if handler is not None:  # None: a handler not set from Python, left as it is
-                signal.signal(signum, handler)
+    held = (signal.SIGTERM, signal.SIGINT) + ((signal.SIGALRM,) if _CAN_DEFER else ())
+    with kept_signal_handlers(*held):
+        interactive = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not where the host ignores it
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        if interactive:
+            signal.signal(signal.SIGINT, _on_sigint)
+        try:
+            yield
+        finally:
+            if _CAN_DEFER:
+                signal.setitimer(signal.ITIMER_REAL, 0)  # before SIGALRM's own handler is back
+            _pending.clear()
 
 
 def handle_errors(fn: F) -> F:

@@ -363,24 +363,22 @@ def _checked_pick(inputs: PackInputs, config: PackConfig, search: Any, pick: _Tr
     Returns:
         ``(trial, record)``: the kept run, and what was checked (for the manifest's metadata).
     """
-    broken = pick.broken()
-    record: dict[str, Any] = {"pick_broken": list(broken), "tried": [], "kept": "pick"}
-    best, best_broken, best_rank = pick, broken, pick.rank(inputs.modules)
+    record: dict[str, Any] = {"pick_broken": list(pick.broken()), "tried": [], "kept": "pick"}
+    best, best_rank = pick, pick.rank(inputs.modules)
     bounds = _by_module(config.bounds, inputs.modules, "bounds")
     seen, tries = [pick.caps_K], contract.check_fallbacks(inputs.num_samples)
     for candidate in search.candidates:
-        if not best_broken or len(record["tried"]) == tries:
+        if best_rank[0] == 0 or len(record["tried"]) == tries:
             break
         caps_K = np.asarray(candidate.caps_K, dtype=np.int64)
         if any(np.array_equal(caps_K, s) for s in seen):
             continue
         seen.append(caps_K)
         trial = run(caps_K, _bounds_for(inputs, caps_K, bounds))
-        trial_broken = trial.broken()
         by_module = {m: int(c) for m, c in zip(inputs.modules, caps_K)}
-        record["tried"].append({"caps": by_module, "broken": list(trial_broken)})
+        record["tried"].append({"caps": by_module, "broken": list(trial.broken())})
         trial_rank = trial.rank(inputs.modules)
         if trial_rank < best_rank and len(trial.placement.dropped_sample) <= len(pick.placement.dropped_sample):
-            best, best_broken, best_rank = trial, trial_broken, trial_rank
+            best, best_rank = trial, trial_rank
             record["kept"] = by_module
     return best, record

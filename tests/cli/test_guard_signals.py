@@ -41,6 +41,15 @@ def _signal_main_thread(signum):
     signal.pthread_kill(threading.main_thread().ident, signum)
 
 
+def _assert_terminated(script, unreached):
+    """Run ``script`` (a command body sent SIGTERM): exit 143 and the command's line, no traceback,
+    and the line it prints past the signal (``unreached``) never printed."""
+    done = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 143, (done.returncode, done.stderr[-2000:])
+    assert done.stderr.strip().splitlines()[-1] == "Error: terminated; no output was written", done.stderr
+    assert "Traceback" not in done.stderr and unreached not in done.stdout
+
+
 def _busy(seconds):
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
@@ -126,11 +135,7 @@ def test_sigterm_while_kernels_compile_ends_the_command_with_143_and_one_line(tm
 
         body()
     """))
-    done = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 143, (done.returncode, done.stderr)
-    assert done.stderr.strip().splitlines()[-1] == "Error: terminated; no output was written", done.stderr
-    assert "Traceback" not in done.stderr and "compiled every kernel" not in done.stdout
+    _assert_terminated(script, "compiled every kernel")
 
 
 @pytest.mark.parametrize("when", ["in the session", "after it"])
@@ -158,8 +163,4 @@ def test_sigterm_around_a_ray_session_ends_the_command_with_143(tmp_path, when):
 
         body()
     """))
-    done = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 143, (done.returncode, done.stderr[-2000:])
-    assert done.stderr.strip().splitlines()[-1] == "Error: terminated; no output was written", done.stderr
-    assert "Traceback" not in done.stderr and "not terminated" not in done.stdout
+    _assert_terminated(script, "not terminated")
