@@ -80,38 +80,68 @@ class Terminated(KeyboardInterrupt):
 
 _terminated = threading.Event()
 
-#: Top-level packages in whose frames a signal's exception is not raised but deferred: LLVM's
-#: bindings call back into Python through ctypes (a kernel loading from numba's cache,
-#: ``ExecutionEngine._raw_object_cache_getbuffer``), and ctypes swallows an exception raised
-#: there and returns to LLVM with nothing: ``balancer pack`` died of a segfault (-11) instead of
-#: exiting 143 when SIGTERM landed as a kernel loaded. (numba's own Python code unwinds as any.)
-_DEFERRED_IN = frozenset({"llvmlite"})
+#: Top-level packages in whose frames (or their callees') a signal's exception is not raised but
+#: deferred, since it would not unwind cleanly from there:
+#:
+#: - ``llvmlite``: LLVM's bindings call back into Python through ctypes (a kernel loading from
+#:   numba's cache, ``ExecutionEngine._raw_object_cache_getbuffer``), and ctypes swallows an
+#:   exception raised there and returns to LLVM with nothing: ``balancer pack`` died of a
+#:   segfault (-11) instead of exiting 143 when SIGTERM landed as a kernel loaded.
+#: - ``importlib``: every import runs under its frames. An extension module's init turns the
+#:   exception into an ImportError (numpy's: ``PyCapsule_Import could not import module
+#:   "datetime"``) and is left half-initialized; a library that catches ImportError for an
+#:   optional dependency then carries on with the signal lost and a half-built module.
+#:
+#: numba's own Python code (a compile) unwinds as any, so a long compile loop is still interrupted.
+_DEFERRED_IN = frozenset({"llvmlite", "importlib"})
 #: Seconds between the checks whether a deferred signal may raise yet; SIGALRM (POSIX) checks.
 _RETRY_S = 0.02
 _CAN_DEFER = hasattr(signal, "setitimer")
-#: The exception a deferred signal raises once the main thread is out of those frames.
+#: The exception a signal raises once the main thread is out of those frames, and again until it
+#: is seen on its way out (:func:`_raise_when_safe`).
 _pending: list[type[BaseException]] = []
+#: The frame that runs the command (its ``with`` block): only frames below it are looked at, so a
+#: command run from code that is itself being imported (a script's module-level call) is not held.
+_outer: list[Any] = []
 
 
 def _in_deferred(frame: Any) -> bool:
-    """Whether ``frame`` or a caller of it runs code of :data:`_DEFERRED_IN`."""
-    while frame is not None:
+    """Whether ``frame`` or a caller of it, up to the command's own frame, runs code of
+    :data:`_DEFERRED_IN`."""
+    outer = _outer[0] if _outer else None
+    while frame is not None and frame is not outer:
         if str(frame.f_globals.get("__name__", "")).partition(".")[0] in _DEFERRED_IN:
             return True
         frame = frame.f_back
     return False
 
 
+def _unwinding(error: type[BaseException]) -> bool:
+    """Whether an ``error`` is on its way out: handled by an ``except``, ``finally`` or ``__exit__``
+    (itself or as the context of the exception handled there)."""
+    handled = sys.exc_info()[1]
+    while handled is not None:
+        if isinstance(handled, error):
+            return True
+        handled = handled.__context__
+    return False
+
+
 def _raise_when_safe(error: type[BaseException], frame: Any) -> None:
-    """Raise ``error`` now, or where the main thread is inside LLVM's bindings, once it is out
-    (checked every :data:`_RETRY_S` by SIGALRM)."""
-    if _CAN_DEFER and _in_deferred(frame):
-        _pending[:] = [error]
-        signal.signal(signal.SIGALRM, _on_retry)
-        signal.setitimer(signal.ITIMER_REAL, _RETRY_S)
-        return
-    _pending.clear()
-    raise error()
+    """Raise ``error`` now, or where the main thread is inside LLVM's bindings or an import, once
+    it is out; then again at each check (every :data:`_RETRY_S`, by SIGALRM) until it is seen on
+    its way out, since an exception raised in a weakref callback, ``__del__`` or a garbage
+    collector's callback is printed and dropped ("Exception ignored in ...": a SIGTERM as
+    matplotlib's transforms were collected, and the pack ran on to exit 0). A check that finds it
+    on its way out raises nothing, so cleanup (``finally``) runs undisturbed; the command's end
+    stops the checks."""
+    if not _CAN_DEFER:
+        raise error()
+    _pending[:] = [error]
+    signal.signal(signal.SIGALRM, _on_retry)
+    signal.setitimer(signal.ITIMER_REAL, _RETRY_S)
+    if not _in_deferred(frame) and not _unwinding(error):
+        raise error()
 
 
 def _on_retry(signum: int, frame: Any) -> None:
@@ -131,14 +161,16 @@ def _on_sigint(signum: int, frame: Any) -> None:
 @contextlib.contextmanager
 def _sigterm_raises():
     """While a command runs, SIGTERM raises :class:`Terminated` and Ctrl-C KeyboardInterrupt, both
-    deferred out of LLVM's frames (then the previous handlers are back; a command that ends
-    while one is deferred has finished, and ends as it would have)."""
+    deferred out of LLVM's frames and imports (then the previous handlers are back; a command that
+    ends while one is deferred has finished, and ends as it would have)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     held = (signal.SIGTERM, signal.SIGINT) + ((signal.SIGALRM,) if _CAN_DEFER else ())
+    outer = _outer[:]
     with kept_signal_handlers(*held):
         interactive = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not where the host ignores it
+        _outer[:] = [sys._getframe(2)]  # this generator's, contextmanager's __enter__, then the `with`'s
         signal.signal(signal.SIGTERM, _on_sigterm)
         if interactive:
             signal.signal(signal.SIGINT, _on_sigint)
@@ -148,6 +180,7 @@ def _sigterm_raises():
             if _CAN_DEFER:
                 signal.setitimer(signal.ITIMER_REAL, 0)  # before SIGALRM's own handler is back
             _pending.clear()
+            _outer[:] = outer
 
 
 def handle_errors(fn: F) -> F:
@@ -179,8 +212,8 @@ def handle_errors(fn: F) -> F:
 def _exit_terminated() -> None:
     """End the process after SIGTERM once every ``finally`` has run (temporary outputs removed).
 
-    The signal may land inside an import, where an extension module turns it into an ImportError
-    and is left half-initialized; the interpreter's normal shutdown can then abort, so exit at once.
+    The process exits at once, without the interpreter's shutdown: a library interrupted part way
+    (a thread pool, a native extension) need not be in a state its finalizers can tear down.
     """
     click.echo("Error: terminated; no output was written", err=True)
     with contextlib.suppress(Exception):

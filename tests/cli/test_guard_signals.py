@@ -3,12 +3,16 @@
 Inside LLVM's bindings they are deferred until the main thread is out of them: LLVM calls back
 into Python through ctypes (a kernel loading from numba's cache), and ctypes swallows an
 exception raised there: a SIGTERM that landed as a kernel loaded killed ``balancer pack`` with a
-segfault (-11) instead of exit 143 and one line. Around a Ray session the command's handlers are
-put back after ``ray.init`` and ``ray.shutdown``, which replace them.
+segfault (-11) instead of exit 143 and one line. Inside an import they are deferred until the
+module is imported: an extension module turns the exception into an ImportError, and a library
+that takes it for an optional dependency missing carries on with the signal lost (pyarrow's
+import of pandas). Around a Ray session the command's handlers are put back after ``ray.init``
+and ``ray.shutdown``, which replace them.
 """
 
 from __future__ import annotations
 
+import importlib
 import signal
 import subprocess
 import sys
@@ -43,11 +47,12 @@ def _signal_main_thread(signum):
 
 def _assert_terminated(script, unreached):
     """Run ``script`` (a command body sent SIGTERM): exit 143 and the command's line, no traceback,
-    and the line it prints past the signal (``unreached``) never printed."""
+    and the line it prints past the signal (``unreached``) never printed; returns its stdout."""
     done = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 143, (done.returncode, done.stderr[-2000:])
     assert done.stderr.strip().splitlines()[-1] == "Error: terminated; no output was written", done.stderr
     assert "Traceback" not in done.stderr and unreached not in done.stdout
+    return done.stdout
 
 
 def _busy(seconds):
@@ -87,6 +92,41 @@ def test_a_signal_inside_llvm_raises_once_the_main_thread_is_out_of_it(signum, e
     assert {s: signal.getsignal(s) for s in before} == before  # the command's handlers are uninstalled
 
 
+class _SignalsWhenCollected:
+    """Sends ``signum`` to the main thread from ``__del__``: the handler's exception is raised in
+    ``__del__``, where Python prints and drops it ("Exception ignored in ...")."""
+
+    def __init__(self, signum):
+        self.signum = signum
+
+    def __del__(self):
+        _signal_main_thread(self.signum)
+        _busy(0.001)  # the handler runs here, inside __del__
+
+
+@pytest.mark.usefixtures("interactive_sigint")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the one dropped
+@pytest.mark.parametrize(("signum", "error"), [(signal.SIGTERM, Terminated), (signal.SIGINT, KeyboardInterrupt)])
+def test_a_signal_whose_exception_is_dropped_raises_again(signum, error):
+    with pytest.raises(error), _sigterm_raises():
+        _SignalsWhenCollected(signum)  # collected at once: its __del__ drops the first exception
+        started = time.perf_counter()
+        _busy(5)  # the next check raises it again (within _RETRY_S), not after 5 s
+    assert time.perf_counter() - started < 1.0
+    assert not _common._pending and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_cleanup_on_the_way_out_is_not_interrupted():
+    cleaned = []
+    with pytest.raises(Terminated), _sigterm_raises():
+        try:
+            _signal_main_thread(signal.SIGTERM)
+            _busy(5)
+        finally:
+            cleaned.append(_busy(0.2))  # ~10 checks land here and find Terminated on its way out
+    assert cleaned == ["finished"]
+
+
 def test_an_ignored_sigint_stays_ignored():
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a background job or nohup starts
     try:
@@ -115,6 +155,86 @@ def test_a_signal_outside_llvm_raises_at_once():
         _signal_main_thread(signal.SIGTERM)
         _busy(5)  # not reached: the handler raises in this frame
     assert not _common._pending
+
+
+def _slow_module(folder, name, signum):
+    """A module whose import signals the main thread, then runs on (0.2 s) and ends with
+    ``WHOLE = True``."""
+    (folder / f"{name}.py").write_text(textwrap.dedent(f"""
+        import signal, threading, time
+        signal.pthread_kill(threading.main_thread().ident, {int(signum)})
+        end = time.perf_counter() + 0.2
+        while time.perf_counter() < end:  # several retries land here, still inside the import
+            pass
+        print("module imported whole", flush=True)
+        WHOLE = True
+    """))
+
+
+@pytest.mark.usefixtures("interactive_sigint")
+@pytest.mark.parametrize(("signum", "error"), [(signal.SIGTERM, Terminated), (signal.SIGINT, KeyboardInterrupt)])
+def test_a_signal_inside_an_import_raises_once_the_module_is_imported(tmp_path, monkeypatch, signum, error):
+    name = f"balancer_test_slow_import_{int(signum)}"
+    _slow_module(tmp_path, name, signum)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reached = []
+    try:
+        with pytest.raises(error), _sigterm_raises():
+            reached.append(importlib.import_module(name).WHOLE)
+            time.sleep(5)  # out of it: the next retry raises (within _RETRY_S), not after 5 s
+    finally:
+        sys.modules.pop(name, None)
+    assert reached == [True]
+    assert not _common._pending and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_a_command_run_by_a_module_being_imported_is_not_held(tmp_path, monkeypatch):
+    """Only the command's own imports hold a signal: one that runs as a script's module is
+    imported (all of it under the import's frames) ends at once."""
+    name = "balancer_test_command_at_import"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent("""
+        import signal, threading, time
+        from balancer_cli.cli._common import Terminated, _sigterm_raises
+
+        ENDED_AT = None
+        try:
+            with _sigterm_raises():
+                started = time.perf_counter()
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+                while time.perf_counter() < started + 5:
+                    pass
+        except Terminated:
+            ENDED_AT = time.perf_counter() - started
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        ended_at = importlib.import_module(name).ENDED_AT
+    finally:
+        sys.modules.pop(name, None)
+    assert ended_at is not None and ended_at < 1.0
+
+
+def test_sigterm_inside_an_import_ends_the_command_with_143_and_one_line(tmp_path):
+    """A command body whose import (an optional dependency, ImportError caught) is sent SIGTERM:
+    the import completes, then the command ends with 143; the signal is never lost."""
+    _slow_module(tmp_path, "optional_dependency", signal.SIGTERM)
+    script = tmp_path / "body.py"
+    script.write_text(textwrap.dedent("""
+        import time
+        from balancer_cli.cli._common import handle_errors
+
+        @handle_errors
+        def body():
+            try:
+                import optional_dependency
+            except ImportError:
+                pass
+            time.sleep(60)
+            print("not terminated")
+
+        body()
+    """))
+    assert "module imported whole" in _assert_terminated(script, "not terminated")
 
 
 def test_sigterm_while_kernels_compile_ends_the_command_with_143_and_one_line(tmp_path):
