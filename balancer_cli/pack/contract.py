@@ -20,7 +20,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from balancer_cli.pack.packers.balanced import MAX_STEP_EXCESS
@@ -55,6 +55,24 @@ def check_fallbacks(num_samples: int) -> int:
     return max(CHECK_FALLBACKS, min(CHECK_MAX_FALLBACKS, CHECK_ROWS // max(int(num_samples), 1)))
 
 
+def _bounds(metrics: Mapping[str, Any], modules: Sequence[str]) -> Iterator[tuple[str, bool, float]]:
+    """Each bound the metrics are checked against, in :func:`broken_bounds`' order: its name,
+    whether it is broken and how far past it they are in units of its allowance (:func:`excess`)."""
+    for module in modules:
+        m = metrics["modules"][module]
+        if m["sparse"]:
+            busy = m["utilization"]
+            yield f"util:{module}", busy < MIN_SPARSE_UTILIZATION, (1.0 - busy) / (1.0 - MIN_SPARSE_UTILIZATION) - 1.0
+        else:
+            dist = m["dist_ratio"]
+            yield f"dist:{module}", dist > MAX_DIST_RATIO, dist / MAX_DIST_RATIO - 1.0
+    steps = metrics["steps"]["vs_lower_bound"]
+    yield "steps", steps > MAX_STEP_EXCESS, (steps - 1.0) / (MAX_STEP_EXCESS - 1.0) - 1.0
+    mix = metrics.get("step_mix", {}).get("vs_random")
+    if mix is not None:
+        yield "mix", mix > MAX_STEP_MIX, mix / MAX_STEP_MIX - 1.0
+
+
 def broken_bounds(metrics: Mapping[str, Any], modules: Sequence[str]) -> tuple[str, ...]:
     """The contract's bounds a placed manifest breaks, in a fixed order (empty: it meets them all).
 
@@ -67,19 +85,7 @@ def broken_bounds(metrics: Mapping[str, Any], modules: Sequence[str]) -> tuple[s
         ``"dist:<module>"`` / ``"util:<module>"`` per module out of bounds, then ``"steps"`` and
         ``"mix"``.
     """
-    broken = []
-    for module in modules:
-        m = metrics["modules"][module]
-        if m["sparse"] and m["utilization"] < MIN_SPARSE_UTILIZATION:
-            broken.append(f"util:{module}")
-        elif not m["sparse"] and m["dist_ratio"] > MAX_DIST_RATIO:
-            broken.append(f"dist:{module}")
-    if metrics["steps"]["vs_lower_bound"] > MAX_STEP_EXCESS:
-        broken.append("steps")
-    mix = metrics.get("step_mix", {}).get("vs_random")
-    if mix is not None and mix > MAX_STEP_MIX:
-        broken.append("mix")
-    return tuple(broken)
+    return tuple(name for name, broken, _ in _bounds(metrics, modules) if broken)
 
 
 def excess(metrics: Mapping[str, Any], modules: Sequence[str]) -> float:
@@ -99,16 +105,9 @@ def excess(metrics: Mapping[str, Any], modules: Sequence[str]) -> float:
         1.0
     """
     total = 0.0
-    for bound in broken_bounds(metrics, modules):
-        kind, _, module = bound.partition(":")
-        if kind == "dist":
-            total += metrics["modules"][module]["dist_ratio"] / MAX_DIST_RATIO - 1.0
-        elif kind == "util":
-            total += (1.0 - metrics["modules"][module]["utilization"]) / (1.0 - MIN_SPARSE_UTILIZATION) - 1.0
-        elif kind == "steps":
-            total += (metrics["steps"]["vs_lower_bound"] - 1.0) / (MAX_STEP_EXCESS - 1.0) - 1.0
-        else:
-            total += metrics["step_mix"]["vs_random"] / MAX_STEP_MIX - 1.0
+    for _, broken, past in _bounds(metrics, modules):
+        if broken:
+            total += past
     return total
 
 
