@@ -129,18 +129,21 @@ def _unwinding(error: type[BaseException]) -> bool:
 
 def _raise_when_safe(error: type[BaseException], frame: Any) -> None:
     """Raise ``error`` now, or where the main thread is inside LLVM's bindings or an import, once
-    it is out; then again at each check (every :data:`_RETRY_S`, by SIGALRM) until it is seen on
-    its way out, since an exception raised in a weakref callback, ``__del__`` or a garbage
+    it is out; then again at each check (every :data:`_RETRY_S`, by SIGALRM) until a check finds
+    it on its way out, since an exception raised in a weakref callback, ``__del__`` or a garbage
     collector's callback is printed and dropped ("Exception ignored in ...": a SIGTERM as
-    matplotlib's transforms were collected, and the pack ran on to exit 0). A check that finds it
-    on its way out raises nothing, so cleanup (``finally``) runs undisturbed; the command's end
-    stops the checks."""
+    matplotlib's transforms were collected, and the pack ran on to exit 0). That check raises
+    nothing and ends the checks, so cleanup (``finally``) runs undisturbed, its system calls not
+    interrupted again; the command's end ends them too."""
     if not _CAN_DEFER:
         raise error()
+    if _unwinding(error):
+        _pending.clear()
+        return
     _pending[:] = [error]
     signal.signal(signal.SIGALRM, _on_retry)
     signal.setitimer(signal.ITIMER_REAL, _RETRY_S)
-    if not _in_deferred(frame) and not _unwinding(error):
+    if not _in_deferred(frame):
         raise error()
 
 
