@@ -27,16 +27,16 @@ def _peak(load_X, base, R):  # pragma: no cover
 @njit
 def shave_steps(steps, R, load_X, sum_S, peak_S, norm_S, slot_first_X, slot_pos_P, kind_first, pool_F, value_F, valid_F,
                 pool_at_P, kind_P, value_P, order_P, group_P, slot_P, gload_GK, load_NK, caps_K, goal, near,
-                max_swaps, guard_P, guard_X, guard_peak_S):  # pragma: no cover
+                max_swaps, guard_P, guard_X, guard_peak_S, guard_room):  # pragma: no cover
     """Swap samples of one kind from each step's heaviest rank to lighter ranks, in place.
 
     Steps are visited in the order ``steps``; while a step's idle share ``(max - mean) / max`` is
     above ``goal``, its heaviest rank p gives: each of its samples x is paired with the ``near``
     pool samples y of x's kind whose value is nearest to ``value(x) - (L_p - mean)`` (less than
-    x's), and of the pairs that keep every cap, raise no step's maximum (nor a guarded module's:
-    the LLM, whose tokens an audio swap changes too) and lower the squared
-    spread ``sum_s sum_r (L_sr - mean_s)^2 / norm_s^2`` (the exact change, step means included),
-    the one that lowers it most swaps. A step whose heaviest rank finds none is left.
+    x's), and of the pairs that keep every cap, raise no step's maximum (nor a guarded module's
+    past ``guard_room`` x its step's maximum: the LLM, whose tokens an audio swap changes too)
+    and lower the squared spread ``sum_s sum_r (L_sr - mean_s)^2 / norm_s^2`` (the exact change,
+    step means included), the one that lowers it most swaps. A step whose heaviest rank finds none is left.
 
     Args:
         steps: (V,) steps to visit, in order.
@@ -67,6 +67,8 @@ def shave_steps(steps, R, load_X, sum_S, peak_S, norm_S, slot_first_X, slot_pos_
             or empty for none: no rank's load of it may pass its step's maximum.
         guard_X: (S * R,) each slot's load of the guarded module (updated in place).
         guard_peak_S: (S,) each step's maximum of it (updated in place).
+        guard_room: the most a rank's guarded load may reach, as a multiple of its step's maximum
+            (1: not past it; ``inf``: the guard only tracks the loads).
 
     Returns:
         The number of swaps made.
@@ -116,7 +118,8 @@ def shave_steps(steps, R, load_X, sum_S, peak_S, norm_S, slot_first_X, slot_pos_
                         continue
                     if guarded:
                         d2 = guard_P[x] - guard_P[y]
-                        if (guard_X[base + p] - d2 > guard_peak_S[s]) or (guard_X[q] + d2 > guard_peak_S[t]):
+                        if (guard_X[base + p] - d2 > guard_peak_S[s] * guard_room
+                                or guard_X[q] + d2 > guard_peak_S[t] * guard_room):
                             continue
                     fits = True
                     gx, gy = group_P[x], group_P[y]
