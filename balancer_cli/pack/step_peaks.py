@@ -24,8 +24,8 @@ An encoder whose tokens are part of the LLM sequence (audio) swaps under a guard
 load may pass its step's maximum. Where that leaves the encoder uneven (one micro-batch, many
 ranks: few of its samples' pairs keep the LLM too), the window is shaved again with the LLM's
 ranks allowed past their maxima (:data:`PEAKS_LOOSE_ROOMS`), the LLM's own round after the
-encoder's evening out what it can, and the attempt with fewer modules over the contract's Dist
-bound, then the lower worst Dist Ratio, is kept.
+encoder's evening out what it can; an attempt is kept where it takes no module over the
+contract's Dist bound newly and leaves fewer over or a lower worst Dist Ratio.
 
 Example:
     >>> import numpy as np
@@ -69,10 +69,10 @@ PEAKS_ROUNDS = ((0.0, 16, 0.0005, 3), (0.002, 64, 0.0001, 8))
 PEAKS_SLACK = 0.0005
 #: Where a guarded encoder's Dist Ratio stays above this (the second round's threshold), the
 #: window is shaved again with the LLM's ranks let past their steps' maxima
-#: (:data:`PEAKS_LOOSE_ROOMS`), and the attempt with fewer modules over the Dist bound, then the
-#: lower worst Dist Ratio, kept (``speech`` 104, 81k at ``--dp 64`` x 1: audio 0.0142 -> 0.0067,
-#: LLM 0.0009 -> 0.0004; where the LLM's round cannot repair what the encoder's swaps did, the
-#: guarded attempt).
+#: (:data:`PEAKS_LOOSE_ROOMS`), and an attempt that takes no module over the Dist bound newly,
+#: with fewer over or a lower worst Dist Ratio, kept (``speech`` 104, 81k at ``--dp 64`` x 1:
+#: audio 0.0142 -> 0.0048, LLM 0.0009 -> 0.0004; where the LLM's round cannot repair what the
+#: encoder's swaps did, the guarded attempt).
 PEAKS_LOOSE_ABOVE = 0.002
 #: The LLM's room in those attempts, in order, as a share of its step's maximum; the first that
 #: leaves no module over the bound ends them (``speech`` 105, 281k at 32 x 1: audio / LLM 0.0050 /
@@ -125,13 +125,13 @@ def shave_step_peaks(packing: Packing, assignment: Assignment, cost_NK: np.ndarr
     guarded = [k for k in modules if k < cost.shape[1] - 1]
     if guarded and max(dist_K[k] for k in guarded) > PEAKS_LOOSE_ABOVE:
         # The LLM's guard held the encoder back: try again with the LLM's ranks free to rise
-        # (its own round follows) and keep the attempt with fewer modules over the Dist bound,
-        # then the less uneven worst module.
+        # (its own round follows) and keep an attempt that takes no module over the Dist bound
+        # newly, with fewer over or a less uneven worst module.
         for room in PEAKS_LOOSE_ROOMS:
-            if _rank(dist_K)[0] == 0:
+            if not _over(dist_K):
                 break
             loose, loose_K = _shave(state, layout, cost, modules, room=room)
-            if _rank(loose_K) < _rank(dist_K):
+            if _better(loose_K, dist_K):
                 order, dist_K = loose, loose_K
     if order is None:
         return packing
@@ -139,9 +139,17 @@ def shave_step_peaks(packing: Packing, assignment: Assignment, cost_NK: np.ndarr
                    dropped_reason=packing.dropped_reason)
 
 
-def _rank(dist_K: dict) -> tuple[int, float]:
-    """An attempt's modules over the contract's Dist bound, then its worst module's Dist Ratio."""
-    return sum(d > MAX_DIST_RATIO for d in dist_K.values()), max(dist_K.values())
+def _over(dist_K: dict) -> set:
+    """The modules whose Dist Ratio is over the contract's bound."""
+    return {k for k, d in dist_K.items() if d > MAX_DIST_RATIO}
+
+
+def _better(new_K: dict, old_K: dict) -> bool:
+    """Whether an attempt takes no module over the Dist bound that ``old_K`` keeps within it (the
+    LLM's balance is not traded for an encoder's), with fewer modules over or, as many, a lower
+    worst Dist Ratio (as :func:`~balancer_cli.pack.step_stages.place_steps` keeps a retry)."""
+    over, old_over = _over(new_K), _over(old_K)
+    return over <= old_over and (len(over), max(new_K.values())) < (len(old_over), max(old_K.values()))
 
 
 @dataclass(frozen=True, kw_only=True)
