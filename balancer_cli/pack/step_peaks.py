@@ -75,9 +75,9 @@ PEAKS_SLACK = 0.0005
 #: encoder's swaps did, the guarded attempt).
 PEAKS_LOOSE_ABOVE = 0.002
 #: The LLM's room in those attempts, in order, as a share of its step's maximum; the first that
-#: leaves no module over the bound ends them (``speech`` 105, 281k at 32 x 1: audio / LLM 0.0050 /
-#: 0.0008 guarded, 0.0026 / 0.0030 with 0.2%, 0.0021 / 0.0089 unguarded; 104: 0.0127 / 0.0010
-#: with 0.2%, 0.0067 / 0.0004 unguarded).
+#: leaves no module over the bound ends them (with :data:`PEAKS_ROUNDS` in every attempt:
+#: ``speech`` 105, 281k at 32 x 1, audio / LLM 0.0050 / 0.0008 guarded, 0.0026 / 0.0030 with
+#: 0.2%, 0.0021 / 0.0089 unguarded; 104: 0.0127 / 0.0010 with 0.2%, 0.0067 / 0.0004 unguarded).
 PEAKS_LOOSE_ROOMS = (0.002, np.inf)
 #: The rounds of those attempts: the second with 1,024 candidates a sample and 32 sweeps, since
 #: only a few windows get there (``speech`` 104 / 102 / 204 at 64 x 1, audio: 0.0067 / 0.0105 /
