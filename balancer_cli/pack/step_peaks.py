@@ -67,9 +67,9 @@ PEAKS_ROUNDS = ((0.0, 16, 0.0005, 3), (0.002, 64, 0.0001, 8))
 #: An encoder's swaps are kept only where the guarded LLM's Dist Ratio rises by at most this
 #: (its steps' means move; the LLM's own round follows).
 PEAKS_SLACK = 0.0005
-#: Where a guarded encoder's Dist Ratio stays above this (the second round's threshold), the
-#: window is shaved again with the LLM's ranks let past their steps' maxima
-#: (:data:`PEAKS_LOOSE_ROOMS`), and an attempt that takes no module over the Dist bound newly,
+#: Where a guarded encoder's Dist Ratio stays above this (the second round's threshold) and a
+#: module is over the Dist bound, the window is shaved again with the LLM's ranks let past their
+#: steps' maxima (:data:`PEAKS_LOOSE_ROOMS`), and an attempt that takes no module over the Dist bound newly,
 #: with fewer over or a lower worst Dist Ratio, kept (``speech`` 104, 81k at ``--dp 64`` x 1:
 #: audio 0.0142 -> 0.0048, LLM 0.0009 -> 0.0004; where the LLM's round cannot repair what the
 #: encoder's swaps did, the guarded attempt).
@@ -123,16 +123,17 @@ def shave_step_peaks(packing: Packing, assignment: Assignment, cost_NK: np.ndarr
     state = _State.of(packing, layout, load_NK, caps_K, source_N)
     order, dist_K = _shave(state, layout, cost, modules, room=0.0)
     guarded = [k for k in modules if k < cost.shape[1] - 1]
-    if guarded and max(dist_K[k] for k in guarded) > PEAKS_LOOSE_ABOVE:
-        # The LLM's guard held the encoder back: try again with the LLM's ranks free to rise
-        # (its own round follows) and keep an attempt that takes no module over the Dist bound
-        # newly, with fewer over or a less uneven worst module.
+    if guarded and max(dist_K[k] for k in guarded) > PEAKS_LOOSE_ABOVE and _over(dist_K):
+        # The LLM's guard held the encoder back and a module is over the bound: try again with
+        # the LLM's ranks free to rise (its own round follows) and keep an attempt that takes no
+        # module over the Dist bound newly, with fewer over or a less uneven worst module; one
+        # that leaves none over ends the attempts.
         for room in PEAKS_LOOSE_ROOMS:
-            if not _over(dist_K):
-                break
             loose, loose_K = _shave(state, layout, cost, modules, room=room)
             if _better(loose_K, dist_K):
                 order, dist_K = loose, loose_K
+                if not _over(dist_K):
+                    break
     if order is None:
         return packing
     return Packing(order=order, group_offsets=layout.offsets, isolated=packing.isolated, dropped=packing.dropped,
@@ -146,8 +147,9 @@ def _over(dist_K: dict) -> set:
 
 def _better(new_K: dict, old_K: dict) -> bool:
     """Whether an attempt takes no module over the Dist bound that ``old_K`` keeps within it (the
-    LLM's balance is not traded for an encoder's), with fewer modules over or, as many, a lower
-    worst Dist Ratio (as :func:`~balancer_cli.pack.step_stages.place_steps` keeps a retry)."""
+    LLM's balance is not traded for an encoder's, as no retry of
+    :func:`~balancer_cli.pack.step_stages.place_steps` breaks a bound newly), with fewer modules
+    over or, as many, a lower worst Dist Ratio."""
     over, old_over = _over(new_K), _over(old_K)
     return over <= old_over and (len(over), max(new_K.values())) < (len(old_over), max(old_K.values()))
 
