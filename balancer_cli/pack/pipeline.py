@@ -119,12 +119,16 @@ def _check_caps_fit(inputs: PackInputs, caps_K: np.ndarray) -> None:
             fix=f"raise {{caps[{module}]}} to at least {smallest}, typically to several samples' worth")
 
 
+def _largest(inputs: PackInputs) -> np.ndarray:
+    """(K,) the largest load of a sample without error, per module."""
+    load = _ok_rows(inputs, inputs.load_NK)
+    return np.array([load[:, k].max() for k in range(load.shape[1])], dtype=np.int64)  # per column: ~10x faster
+
+
 def _default_max_caps(inputs: PackInputs) -> np.ndarray:
     """Upper limits for the search when the user gives none: the largest sample, at least a few typical ones."""
-    load = _ok_rows(inputs, inputs.load_NK)
-    largest = np.array([load[:, k].max() for k in range(load.shape[1])])  # per column: ~10x faster
-    typical = np.percentile(load, 90, axis=0) * 8
-    return np.maximum(np.maximum(largest, typical), 1).astype(np.int64)
+    typical = np.percentile(_ok_rows(inputs, inputs.load_NK), 90, axis=0) * 8
+    return np.maximum(np.maximum(_largest(inputs), typical), 1).astype(np.int64)
 
 
 def run_search(inputs: PackInputs, config: PackConfig, **search_options: Any) -> Any:
@@ -140,12 +144,18 @@ def run_search(inputs: PackInputs, config: PackConfig, **search_options: Any) ->
 
     caps = _by_module(config.caps, inputs.modules, "caps")
     max_caps_K = _default_max_caps(inputs)
+    min_caps_K = None
+    if config.oversize == "error":
+        # "error" asks that no sample be over a cap: the searched caps fit the largest one (only a
+        # cap the user gave can then be too small, and the error names it).
+        min_caps_K = np.where([m in caps for m in inputs.modules], 1, _largest(inputs))
     for k, module in enumerate(inputs.modules):
         max_caps_K[k] = caps.get(module, max_caps_K[k])
     algorithm = config.algorithm if config.algorithm in ("balanced", "isf") else "balanced"
     return search_thresholds(
         _ok_rows(inputs, inputs.load_NK), _ok_rows(inputs, inputs.cost_NK), world_size=config.world_size,
-        micro_batches=config.micro_batches, max_caps_K=max_caps_K, target_group_size=config.target_group_size,
+        micro_batches=config.micro_batches, max_caps_K=max_caps_K, min_caps_K=min_caps_K,
+        target_group_size=config.target_group_size,
         seed=config.epoch_seed(0, "search"), algorithm=algorithm,
         source_N=_ok_rows(inputs, inputs.source_codes_N), **search_options)
 

@@ -63,7 +63,7 @@ from balancer_cli.pack.contract import (
 from balancer_cli.pack.packers.balanced import MAX_STEP_EXCESS, deal_balanced
 from balancer_cli.pack.polish import polish_passes
 
-__all__ = ["SearchResult", "Candidate", "search_thresholds", "default_caps", "DEFAULT_GROUP_SIZE"]
+__all__ = ["SearchResult", "Candidate", "search_thresholds", "default_caps", "DEFAULT_GROUP_SIZE", "SUBSAMPLE_STEPS"]
 
 #: Weight of groups beyond ``MAX_STEP_EXCESS`` x the lower bound: steps past it are a cost the
 #: user did not ask for (a contract, not a preference), so they outweigh any other term.
@@ -76,6 +76,10 @@ _DEALS_KEPT_BYTES = 32 << 20
 _WHOLE_INPUT_TOP = 1 + CHECK_FALLBACKS
 #: OmniBal's search stops when the average group holds micro_bs..micro_bs+1 samples (micro_bs 4).
 DEFAULT_GROUP_SIZE = 4.5
+#: Steps a subsample holds at least, at the target group size: the sample size is raised to it for
+#: many groups a step (a 12k subsample at ``--dp 1000 x 2`` fills barely one step, and every
+#: candidate failed on 19k samples that pack into 9; its splits to whole steps added a quarter).
+SUBSAMPLE_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,7 @@ def search_thresholds(
     world_size: int,
     micro_batches: int,
     max_caps_K: np.ndarray,
+    min_caps_K: np.ndarray | None = None,
     target_group_size: float | None = None,
     seed: int = 0,
     algorithm: str = "balanced",
@@ -191,13 +196,15 @@ def search_thresholds(
         cost_NK: (N, K) float costs to balance.
         world_size, micro_batches: R and M of the training job.
         max_caps_K: (K,) memory limits: the largest cap allowed per module.
+        min_caps_K: (K,) the smallest cap allowed per module (default 1; at most ``max_caps_K``).
         target_group_size: desired mean samples per group (default 4.5, OmniBal's 4..5);
             it centers the grid and weighs in the objective.
         seed: subsample and packing seed.
         algorithm: ``balanced`` (our packer; bounds are reported equal to the caps) or ``isf``.
         grid: points per module axis (``grid ** K`` cap candidates).
         sample_size: samples evaluated per candidate (a seeded subsample; an input of up to 1.5x
-            this many is evaluated whole, exactly as it will be packed).
+            this many is evaluated whole, exactly as it will be packed). Raised to hold
+            :data:`SUBSAMPLE_STEPS` steps of ``target_group_size`` samples a group.
         pad_ratio_weight, size_weight: objective weights.
         passes: refinement passes of our packer during the search.
         source_N: (N,) source code per sample: groups and steps are mixed by source and the
@@ -233,15 +240,17 @@ def search_thresholds(
     shape = StepShape(world_size=world_size, micro_batches=micro_batches)
     R, M = shape.world_size, shape.micro_batches
     rng = np.random.default_rng(seed)
+    target = float(target_group_size or DEFAULT_GROUP_SIZE)
+    size = max(int(sample_size), int(np.ceil(SUBSAMPLE_STEPS * R * M * target)))
     # Up to 1.5x the sample size the whole input is cheap enough, and evaluated exactly.
-    n = len(load) if len(load) <= 1.5 * int(sample_size) else int(sample_size)
+    n = len(load) if len(load) <= 1.5 * size else size
     pick = np.sort(rng.choice(len(load), n, replace=False)) if n < len(load) else np.arange(len(load))
     sub_load, sub_cost = load[pick].astype(np.int64), cost[pick].astype(np.float64)
     sub_source = None if source_N is None else np.asarray(source_N)[pick].astype(np.int64)
-    # Make sure the subsample yields enough groups for a few steps at the largest caps.
-    target = float(target_group_size or DEFAULT_GROUP_SIZE)
     centers = default_caps(sub_load, target)
     floors = np.maximum(1, sub_load.mean(axis=0))
+    if min_caps_K is not None:
+        floors = np.maximum(floors, np.minimum(np.asarray(min_caps_K, dtype=np.int64).reshape(-1), max_caps))
     axes = tuple(_axis(int(max_caps[k]), float(centers[k]), grid, float(floors[k])) for k in range(load.shape[1]))
     exact = n == len(load)
     # The subsample's share of a step's groups: it holds as many steps as the full data

@@ -392,6 +392,30 @@ def test_search_packs_a_subsample_to_its_share_of_a_step():
     assert whole.sample_size == n
 
 
+def test_the_subsample_holds_steps_of_many_ranks():
+    """Many groups a step raise the sample size to ``SUBSAMPLE_STEPS`` steps of the target group
+    size: 19k samples at 1000 x 2 are searched whole (a 12k subsample filled about one step, and
+    no candidate could split to whole steps: "no candidate caps" though 9 steps fit), and 60k at
+    1000 x 1 on a 36k subsample."""
+    from balancer_cli.pack.search import DEFAULT_GROUP_SIZE, SUBSAMPLE_STEPS
+
+    rng = np.random.default_rng(4)
+
+    def load(n):
+        items = rng.choice([0, 1, 2], n)
+        return np.stack([items, 256 * items + rng.integers(5, 200, n)], 1)
+
+    whole = load(19_060)
+    res = search_thresholds(whole, whole.astype(float), world_size=1000, micro_batches=2, grid=2,
+                            max_caps_K=np.array([24, 8192]))
+    assert res.sample_size == len(whole) and res.candidates
+    sub = load(60_000)
+    res = search_thresholds(sub, sub.astype(float), world_size=1000, micro_batches=1, grid=2,
+                            max_caps_K=np.array([24, 8192]))
+    assert res.sample_size == SUBSAMPLE_STEPS * 1000 * DEFAULT_GROUP_SIZE == 36_000
+    assert all(c.steps_over_lower_bound < 1.5 for c in res.candidates if not c.pruned)
+
+
 def _harsh_303():
     """``bench/bench_pack_random.py --family harsh`` case 303: 75,922 samples of 7 sources, 3 of
     them text-only, tiles coupled to LLM tokens (256 a tile), 128 ranks x 1 micro-batch."""

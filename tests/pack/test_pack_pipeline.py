@@ -176,6 +176,25 @@ def test_pack_config_round_trips_through_manifest_metadata():
     assert PackConfig.from_meta(config.to_meta(), seed=2).seed == 2
 
 
+def test_oversize_error_searches_caps_that_fit_every_sample():
+    """``oversize="error"`` asks that no sample be over a cap: the searched caps fit the largest
+    sample (isolating allows caps below a long tail), so only a cap given too small fails."""
+    lt = _table(3000, 5)
+    tail = lt.table.column("llm_tokens").to_numpy().copy()
+    tail[[0, 1500]] = 12_000  # two samples (under the 99.9th percentile) of ~1.5 groups' tokens
+    lt = make_lengths_table(tail, {"vision": (lt.table.column("vision_tokens").to_numpy(),
+                                              lt.table.column("vision_items").to_numpy())},
+                            source=lt.table.column("source").to_numpy(zero_copy_only=False))
+    isolated = pack_manifest(lt, PackConfig(world_size=4))
+    assert isolated.meta["params"]["caps"]["llm"] < 12_000  # the tail is isolated under the searched cap
+    strict = pack_manifest(lt, PackConfig(world_size=4, oversize="error"))
+    caps = strict.meta["params"]["caps"]
+    assert caps["llm"] >= 12_000 and caps["vision"] >= 6 and len(strict.dropped_sample) == 0
+    assert len(strict.rows.sample) == lt.num_samples
+    with pytest.raises(InputError, match=r"sample 0 has llm load 12000 > cap 4096 \(2 sample"):
+        pack_manifest(lt, PackConfig(world_size=4, oversize="error", caps=(("llm", 4096),)))
+
+
 def test_error_rows_only_is_an_input_error():
     lt = make_lengths_table(np.array([5, 6]), error=["bad record", "bad record"])
     with pytest.raises(InputError, match="all 2 samples have a scan error"):
