@@ -29,6 +29,11 @@ __all__ = ["import_ray", "ray_session"]
 _INSTALL_FIX = "install the extra: pip install 'balancer_cli[ray]'"
 #: The signals whose handlers Ray replaces and a command sets (a command's exit 143 and 130).
 _HELD = (signal.SIGTERM, signal.SIGINT)
+#: Ray's notice that a new local cluster uses token authentication (its default), printed on every
+#: run: our cluster lives for one command, so the notice is kept off the command's output. Ray's
+#: setting stays as it is (``RAY_AUTH_MODE``, which Ray sets for the process, is restored afterwards).
+_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+_AUTH_MODE = "RAY_AUTH_MODE"
 
 
 def import_ray():
@@ -51,6 +56,7 @@ def ray_session(options: Any) -> Iterator[Any]:
     """
     ray = import_ray()
     started = False
+    auth_mode = os.environ.get(_AUTH_MODE)
     if not ray.is_initialized():
         with kept_signal_handlers(*_HELD):  # ray.init and shutdown replace SIGTERM's: exit 143 stays ours
             _init(ray, options)
@@ -65,6 +71,8 @@ def ray_session(options: Any) -> Iterator[Any]:
         if started:
             with kept_signal_handlers(*_HELD):
                 ray.shutdown()
+            if auth_mode is None:  # a new local cluster sets it for the process (token mode)
+                os.environ.pop(_AUTH_MODE, None)
 
 
 def _init(ray: Any, options: Any) -> None:
@@ -85,7 +93,20 @@ def _init(ray: Any, options: Any) -> None:
         # Local workers must import this very copy of balancer_cli, installed or not.
         pythonpath = os.pathsep.join(dict.fromkeys([str(Path(__file__).resolve().parents[1]),
                                                     *filter(None, sys.path)]))
-        ray.init(address="local", num_cpus=options.num_cpus, object_store_memory=options.object_store_bytes,
-                 include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+        with _quiet_logger(_AUTH_LOGGER):
+            ray.init(address="local", num_cpus=options.num_cpus, object_store_memory=options.object_store_bytes,
+                     include_dashboard=False, log_to_driver=False, configure_logging=False,
+                     runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str) -> Iterator[None]:
+    """Only errors from logger ``name`` meanwhile."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
