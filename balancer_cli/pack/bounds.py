@@ -23,9 +23,10 @@ _last_whole: tuple = (None, b"", 0)
 
 
 def groups_lower_bound(load_NK: np.ndarray, caps_K: np.ndarray, rows: np.ndarray | None = None) -> int:
-    """No packing under the caps has fewer groups: ``max_k ceil(sum load_k / cap_k)``, and the
-    count of samples over half a cap (no two of them can share a group), and the coupled
-    item/token bound of :func:`_bound_kernel` (items that long texts leave unused).
+    """No packing under the caps has fewer groups: over the samples that fit, ``max_k ceil(sum
+    load_k / cap_k)``, the count of samples over half a cap (no two of them can share a group) and
+    the coupled item/token bound of :func:`_bound_kernel` (items that long texts leave unused),
+    plus one group for each sample over a cap (alone in its group, isolated).
 
     Args:
         load_NK: (N, K) integer loads (any integer type).
@@ -76,28 +77,35 @@ def _bound_kernel(load_NK, caps_K, mask_N):  # pragma: no cover - compiled
     A group's items are at most ``(Qt - sum rest) / a``, so it leaves at least
     ``(sum rest - (Qt - a * Qv_k)) / a`` of its Qv_k items unused; that waste is superadditive in
     the members, so the groups waste at least ``sum_i max(0, rest_i - (Qt - a Qv_k)) / a`` items in
-    total, and ``G >= (sum items + waste) / Qv_k``. Samples over a cap are left out (they are
-    isolated or dropped). Pass 1 sums loads, counts samples over half a cap and finds each
-    encoder's steepest slope; pass 2 sums the waste at four slopes per encoder.
+    total, and ``G >= (sum items + waste) / Qv_k``. A sample over a cap is alone in its group
+    (isolated): it adds one group to each bound, not its load (summed, a 3x-cap sample counted three
+    groups, and steps came out at 0.98x the bound). Pass 1 sums the loads of the rows that fit
+    and counts those over half a cap (and the rows that do not fit), and finds each encoder's
+    steepest slope; pass 2 sums the waste at four slopes per encoder.
     """
     K = len(caps_K)
     every = len(mask_N) == 0
-    sums = np.zeros(K, np.int64)
+    sums = np.zeros(K, np.int64)  # loads of the rows that fit, per module
     halves = np.zeros(K, np.int64)
     items = np.zeros(K, np.int64)  # items of the rows that fit, per encoder
     a_max = np.full(K, np.inf)
+    over = 0  # rows over a cap: each alone in a group (isolated), whatever its load
     for i in range(len(load_NK)):
         if not every and not mask_N[i]:
             continue
         fit = True
         for k in range(K):
+            if load_NK[i, k] > caps_K[k]:
+                fit = False
+        if not fit:
+            over += 1
+            continue
+        for k in range(K):
             v = np.int64(load_NK[i, k])
             sums[k] += v
             if 2 * v > caps_K[k]:
                 halves[k] += 1
-            if v > caps_K[k]:
-                fit = False
-        if fit and K > 1:
+        if K > 1:
             llm = np.float64(load_NK[i, K - 1])
             for k in range(K - 1):
                 v = np.int64(load_NK[i, k])
@@ -106,7 +114,7 @@ def _bound_kernel(load_NK, caps_K, mask_N):  # pragma: no cover - compiled
                     a_max[k] = min(a_max[k], llm / v)
     best = 1
     for k in range(K):
-        best = max(best, (sums[k] + caps_K[k] - 1) // caps_K[k], halves[k])
+        best = max(best, (sums[k] + caps_K[k] - 1) // caps_K[k] + over, halves[k] + over)
     if K < 2:
         return best
     shares = np.array([1.0, 0.9, 0.75, 0.5])
@@ -137,5 +145,5 @@ def _bound_kernel(load_NK, caps_K, mask_N):  # pragma: no cover - compiled
             if a > 0 and caps_K[K - 1] - a * caps_K[k] >= 0:
                 # floor of the float waste keeps the bound valid against rounding
                 total = items[k] + np.int64(np.floor(waste[k, s] / a * (1 - 1e-9)))
-                best = max(best, (total + caps_K[k] - 1) // caps_K[k])
+                best = max(best, (total + caps_K[k] - 1) // caps_K[k] + over)
     return best

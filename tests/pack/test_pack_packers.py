@@ -79,6 +79,22 @@ def test_balanced_group_multiple(data, multiple):
         assert packed >= groups_lower_bound(load[~(load > caps).any(axis=1)], caps)
 
 
+@pytest.mark.parametrize("name", ["isf", "balanced"])
+@SETTINGS
+@given(data=loads(), seed=st.integers(0, 3))
+def test_lower_bound_counts_an_isolated_sample_as_one_group(name, data, seed):
+    """Every packing that isolates its oversize samples has at least the bound's groups, and the
+    bound is the fitting samples' bound plus one group each for the others (not their load: a
+    3x-cap sample counted three, and steps came out below 1.0x their bound)."""
+    load, caps = data
+    over = (load > caps).any(axis=1)
+    bound = groups_lower_bound(load, caps)
+    assert _pack(name, load, caps, seed=seed).num_groups >= bound
+    fit = load[~over]
+    assert bound == int(over.sum()) + (groups_lower_bound(fit, caps) if len(fit) else 0)
+    assert groups_lower_bound(np.array([[10_991]] + [[100]] * 40), np.array([3763])) == 1 + 2
+
+
 @SETTINGS
 @given(data=loads(), seed=st.integers(0, 3), multiple=st.integers(1, 4), passes=st.integers(0, 3),
        sources=st.integers(0, 3))
