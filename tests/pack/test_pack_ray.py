@@ -8,6 +8,7 @@ cleanly when it is not installed (CI installs it).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -101,3 +102,32 @@ def test_ray_options_without_the_ray_engine_are_usage_errors(lengths, tmp_path):
         _pack(lengths, tmp_path / "x", ray_address="auto")
     with pytest.raises(UsageError, match="applies to the ray engine only"):
         _pack(lengths, tmp_path / "y", keep_parts=True)
+
+
+def test_a_local_cluster_prints_no_token_notice_and_leaves_the_environment(tmp_path):
+    """Ray prints that a new local cluster uses token authentication on every start; the session
+    keeps that notice off the command's output, keeps Ray's mode while the cluster runs and
+    restores ``RAY_AUTH_MODE`` (which Ray sets for the process) afterwards."""
+    import subprocess
+    import sys
+    import textwrap
+
+    pytest.importorskip("ray")
+    script = tmp_path / "session.py"
+    script.write_text(textwrap.dedent("""
+        import os
+        from types import SimpleNamespace
+        from balancer_cli._ray import ray_session
+
+        with ray_session(SimpleNamespace(address=None, num_cpus=1, object_store_bytes=80 * 2**20)):
+            print("inside", os.environ.get("RAY_AUTH_MODE"))
+        print("after", os.environ.get("RAY_AUTH_MODE"))
+    """))
+    import balancer_cli
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+    env["PYTHONPATH"] = str(Path(balancer_cli.__file__).resolve().parents[1])  # this tree, installed or not
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=240, check=False)
+    assert run.returncode == 0, run.stderr
+    assert "Token authentication" not in run.stderr + run.stdout
+    assert "inside token" in run.stdout and "after None" in run.stdout
