@@ -132,3 +132,31 @@ def test_a_text_only_mix_whose_sources_differ_in_length_packs_steps_mixed_like_r
         assert summary["step_mix"]["vs_random"] < 1.0, (R, M)
         assert summary["modules"]["llm"]["dist_ratio"] < 0.005
         assert summary["steps"]["vs_lower_bound"] <= 1.03
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), S=st.integers(1, 4), R=st.integers(1, 40), ties=st.booleans())
+def test_the_spread_check_from_step_stats_is_the_one_over_all_ranks(seed, S, R, ties):
+    """``_spread_kept`` reads a step's largest loads and total (O(1)) instead of its R loads: the
+    same verdict as the spread over all ranks, before and after changes that refresh the stats."""
+    from balancer_cli.pack.step_mix import _refresh, _spread_kept, _step_stats
+
+    rng = np.random.default_rng(seed)
+    load_SR = rng.choice([0.0, 5.0, 7.0], (S, R)) if ties else rng.uniform(0, 100, (S, R))
+
+    def spread(row):
+        top = max(0.0, float(row.max()))
+        return (top - sum(row.tolist()) / R) / top if top > 0 else 0.0  # summed in order, as the kernels do
+
+    stat = _step_stats(load_SR)
+    for _ in range(20):
+        s, r = int(rng.integers(S)), int(rng.integers(R))
+        delta = float(rng.choice([-1.0, 1.0]) * rng.uniform(0, 3) * (load_SR[s].mean() + 1) / R)
+        changed = load_SR[s].copy()
+        changed[r] += delta
+        new, bar = spread(changed), max(SPREAD, spread(load_SR[s]))
+        # (a change summed last, not in its rank's place, may round a tie the other way)
+        assert _spread_kept(load_SR, stat, s, r, delta) == (new <= bar) or abs(new - bar) < 1e-12
+        load_SR[s, r] += delta
+        _refresh(load_SR, stat, s)
+        assert stat[s, 0] == max(0.0, load_SR[s].max()) and stat[s, 3] == sum(load_SR[s].tolist())
