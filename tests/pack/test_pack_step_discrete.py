@@ -135,3 +135,17 @@ def test_a_swap_never_breaks_a_cap():
     load = np.column_stack([cost[:, 0] // 256, cost[:, 1]]).astype(np.int64)
     q = even_discrete_steps(p, a, cost, load, np.array([8, 4000]), np.zeros(4, np.int64))
     assert (group_sums(q, load) <= [8, 4000]).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(codes=st.lists(st.integers(0, 500), min_size=1, max_size=60, unique=True), pick=st.integers(0, 10**6),
+       by=st.integers(1, 100))
+def test_a_takers_code_moves_up_in_place_as_a_sort_would_place_it(codes, pick, by):
+    """The chains keep their takers' codes sorted as one quantum more moves a code up by a key
+    (``step_discrete._move_up``): the same array as sorting the changed codes again."""
+    code_T = np.sort(np.array(codes, np.int64))
+    code = int(code_T[pick % len(code_T)])
+    expect = np.sort(np.where(code_T == code, code + by, code_T))
+    assume(len(np.unique(expect)) == len(expect))  # codes stay distinct (each ends in its taker's index)
+    step_discrete._move_up(code_T, code, by)
+    assert np.array_equal(code_T, expect)
