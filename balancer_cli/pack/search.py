@@ -77,8 +77,8 @@ _WHOLE_INPUT_TOP = 1 + CHECK_FALLBACKS
 #: OmniBal's search stops when the average group holds micro_bs..micro_bs+1 samples (micro_bs 4).
 DEFAULT_GROUP_SIZE = 4.5
 #: Steps a subsample holds at least, at the target group size: the sample size is raised to it for
-#: many groups a step (a 12k subsample at ``--dp 1000 x 2`` fills barely one step, and every
-#: candidate failed on 19k samples that pack into 9; its splits to whole steps added a quarter).
+#: many groups a step (a 12k subsample at ``--dp 1000 x 2`` fills about one step, and every
+#: candidate failed on 19k samples, which fill up to 9 steps of one sample a group).
 SUBSAMPLE_STEPS = 8
 
 
