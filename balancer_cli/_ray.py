@@ -61,13 +61,10 @@ def ray_session(options: Any) -> Iterator[Any]:
         with kept_signal_handlers(*_HELD):  # ray.init and shutdown replace SIGTERM's: exit 143 stays ours
             _init(ray, options)
         started = True
-    data_logger = logging.getLogger("ray.data")
-    level = data_logger.level
-    data_logger.setLevel(logging.ERROR)  # per-run INFO lines would drown the progress bar
     try:
-        yield ray
+        with _quiet_logger("ray.data"):  # per-run INFO lines would drown the progress bar
+            yield ray
     finally:
-        data_logger.setLevel(level)
         if started:
             with kept_signal_handlers(*_HELD):
                 ray.shutdown()

@@ -125,10 +125,11 @@ def _largest(inputs: PackInputs) -> np.ndarray:
     return np.array([load[:, k].max() for k in range(load.shape[1])], dtype=np.int64)  # per column: ~10x faster
 
 
-def _default_max_caps(inputs: PackInputs) -> np.ndarray:
-    """Upper limits for the search when the user gives none: the largest sample, at least a few typical ones."""
+def _default_max_caps(inputs: PackInputs, largest_K: np.ndarray) -> np.ndarray:
+    """Upper limits for the search when the user gives none: the largest sample (``largest_K``,
+    :func:`_largest`), at least a few typical ones."""
     typical = np.percentile(_ok_rows(inputs, inputs.load_NK), 90, axis=0) * 8
-    return np.maximum(np.maximum(_largest(inputs), typical), 1).astype(np.int64)
+    return np.maximum(np.maximum(largest_K, typical), 1).astype(np.int64)
 
 
 def run_search(inputs: PackInputs, config: PackConfig, **search_options: Any) -> Any:
@@ -143,12 +144,13 @@ def run_search(inputs: PackInputs, config: PackConfig, **search_options: Any) ->
     )
 
     caps = _by_module(config.caps, inputs.modules, "caps")
-    max_caps_K = _default_max_caps(inputs)
+    largest_K = _largest(inputs)
+    max_caps_K = _default_max_caps(inputs, largest_K)
     min_caps_K = None
     if config.oversize == "error":
         # "error" asks that no sample be over a cap: the searched caps fit the largest one (only a
         # cap the user gave can then be too small, and the error names it).
-        min_caps_K = np.where([m in caps for m in inputs.modules], 1, _largest(inputs))
+        min_caps_K = np.where([m in caps for m in inputs.modules], 1, largest_K)
     for k, module in enumerate(inputs.modules):
         max_caps_K[k] = caps.get(module, max_caps_K[k])
     algorithm = config.algorithm if config.algorithm in ("balanced", "isf") else "balanced"
