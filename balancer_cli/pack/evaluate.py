@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from balancer_cli._index import take_rows
+from balancer_cli._index import search_sorted, take_rows
 from balancer_cli.lengths import LLM
 from balancer_cli.manifest import ManifestRows, StepShape, is_slot_sorted
 from balancer_cli.metrics import (
@@ -301,7 +301,7 @@ def _steps(inputs, rows: ManifestRows, caps_K: np.ndarray, per_step: int, epoch_
 
     bounds, first = [], 0
     for steps in epoch_num_steps:
-        lo, hi = np.searchsorted(rows.step, [first, first + steps])
+        lo, hi = search_sorted(rows.step, [first, first + steps])
         # Every sample placed (each once an epoch): the bound of all rows, without a mask of them.
         every = hi - lo == inputs.num_samples
         groups = groups_lower_bound(inputs.load_NK, np.asarray(caps_K), rows=None if every else rows.sample[lo:hi]

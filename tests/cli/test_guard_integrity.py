@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from click.testing import CliRunner
 
 from balancer_cli.cli import main
@@ -199,3 +202,41 @@ def test_row_checks_in_blocks_judge_like_one_block(packed, monkeypatch, block):
             check(rows.step, rank)
     with pytest.raises(ManifestError, match="step 0 has 4 groups, expected 3 ranks x 2 micro-batches"):
         check(rows.step, rows.rank, world_size=3)
+
+
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(1, 12), epochs=st.integers(1, 3), data=st.data())
+def test_conservation_verdicts_are_those_of_plain_counts(n, epochs, data):
+    """Any placements and dropped list (duplicates, samples both placed and dropped, missing ones,
+    a sample placed 300 times) get the verdict that counting each sample's placements names."""
+    from balancer_cli.replay import integrity
+
+    steps = data.draw(st.lists(st.lists(st.integers(0, n - 1), min_size=1, max_size=2 * n), min_size=epochs,
+                               max_size=epochs))
+    if data.draw(st.booleans()):
+        steps[0] = steps[0] + [steps[0][0]] * 300
+    dropped = data.draw(st.lists(st.integers(0, n - 1), max_size=n))
+    sample = np.array([s for epoch in steps for s in epoch], np.int32)
+    step = np.repeat(np.arange(epochs), [len(e) for e in steps]).astype(np.int32)
+    verdict = None
+    counts_D = np.bincount(np.array(dropped, np.int64), minlength=n)
+    if len(dropped) and counts_D.max() > 1:
+        verdict = f"sample {int(np.argmax(counts_D))} is listed twice"
+    else:
+        for epoch, placed in enumerate(steps):
+            count_N = np.bincount(np.array(placed, np.int64), minlength=n) + counts_D
+            bad = np.flatnonzero(count_N != 1)
+            if len(bad):
+                s = int(bad[count_N[bad] > 1][0] if (count_N[bad] > 1).any() else bad[0])
+                state = ("neither placed nor dropped" if count_N[s] == 0 else "placed and also dropped"
+                         if counts_D[s] else f"placed {count_N[s]} times")
+                verdict = f"sample {s} is {state} in epoch {epoch} ({len(bad)} samples differ"
+                break
+    check = {"world_size": 1, "micro_batches": 1, "num_samples": n, "epoch_num_steps": [1] * epochs,
+             "dropped_sample": np.array(dropped, np.int64), "dropped_reason": ["r"] * len(dropped)}
+    zeros = np.zeros(len(sample), np.int32)
+    if verdict is None:
+        integrity.check_rows("m", step, zeros, zeros, sample, **check)
+    else:
+        with pytest.raises(ManifestError, match=re.escape(verdict)):
+            integrity.check_rows("m", step, zeros, zeros, sample, **check)

@@ -225,6 +225,23 @@ def test_radix_sort_is_numpys_sort(words, shift):
 
 
 @SETTINGS
+@given(values=st.lists(st.integers(-2**40, 2**40), max_size=60), needles=st.lists(st.integers(-2**40, 2**40), max_size=8),
+       dtype=st.sampled_from(["int8", "uint8", "int16", "int32", "uint32", "int64"]), side=st.sampled_from(["left", "right"]),
+       scalar=st.booleans())
+def test_search_sorted_is_numpys_searchsorted_in_the_arrays_type(values, needles, dtype, side, scalar):
+    """Needles inside and outside the sorted array's type (Python ints, int64 arrays, scalars) give
+    numpy's own positions."""
+    from balancer_cli._index import search_sorted
+
+    info = np.iinfo(dtype)
+    a = np.sort(np.clip(values, info.min, info.max)).astype(dtype)
+    v = (needles[0] if needles else 0) if scalar else np.array(needles, np.int64)
+    expected = np.searchsorted(a.astype(np.int64), v, side=side)
+    assert np.array_equal(search_sorted(a, v, side), expected)
+    assert np.array_equal(search_sorted(a, v.tolist() if not scalar else v, side), expected)
+
+
+@SETTINGS
 @given(n=st.integers(0, 300), k=st.integers(1, 5), m=st.integers(0, 400), rows=st.integers(1, 50),
        dtype=st.sampled_from(["float64", "float32", "int64", "int32", "int8"]), seed=st.integers(0, 10**6))
 def test_index_helpers_are_numpys_indexing_and_add_at(n, k, m, rows, dtype, seed):

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from balancer_cli._index import search_sorted
 from balancer_cli.errors import PlanError
 from balancer_cli.lengths import LLM
 from balancer_cli.manifest import ManifestRows
@@ -93,7 +94,7 @@ def manifest_phase_ranks(
     bounds = _step_bounds(rows)
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         # rows of one step are sorted by rank: each rank's rows are one contiguous slice
-        cuts = lo + np.searchsorted(rank[lo:hi], np.arange(world_size + 1), side="left")
+        cuts = lo + search_sorted(rank[lo:hi], np.arange(world_size + 1))
         plan = plan_post_balance([cost_PK[a:b] for a, b in zip(cuts[:-1], cuts[1:])], ranks_per_node,
                                  modules=order, attention=attention)
         out[:, lo:hi] = plan.dest_KN[:-1]
