@@ -34,8 +34,6 @@ Example:
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 
 from balancer_cli._index import concat_ranges, sum_rows
@@ -44,11 +42,14 @@ from balancer_cli.pack._layout import rank_layout
 from balancer_cli.pack.step_trade import row_kinds
 from balancer_cli.pack.types import Assignment, Packing
 
-__all__ = ["DISCRETE_MAX_SWAPS", "even_discrete_steps"]
+__all__ = ["DISCRETE_MAX_SWAPS", "MAX_QUANTA", "even_discrete_steps"]
 
 #: Swaps one window may make (each a few vectorized lookups): where more would be needed, the
 #: module is far from exact and the first swaps already take its worst steps.
 DISCRETE_MAX_SWAPS = 20_000
+#: Quanta one sample may hold for its module to count as tiles (the bench families hold at most 13;
+#: token counts of gcd 1 or FLOPs hold thousands to millions, and are balanced as costs instead).
+MAX_QUANTA = 1024
 #: Through a third rank (:meth:`_Swapper._chain`): candidates per sample, pool positions at most,
 #: and windows above this many rows skip it (its setup reads every row: 1.2M, 0.13 s, for a
 #: Dist Ratio of 0.0000 either way; the polish stops at the same size).
@@ -105,11 +106,13 @@ def even_discrete_steps(packing: Packing, assignment: Assignment, cost_NK: np.nd
 
 def _quantum(cost_N: np.ndarray) -> float | None:
     """The module's quantum: the greatest common divisor of its per-sample costs (one tile's
-    tokens), or None where the costs are not whole numbers."""
+    tokens), or None where the costs are not whole numbers or a sample holds more than
+    :data:`MAX_QUANTA` of it (FLOPs, float32 multiples of 2^17: a swap per unit of rounding)."""
     values = cost_N[cost_N > 0]
     if len(values) == 0 or not np.array_equal(values, np.rint(values)) or values.max() >= 2.0**53:
         return None
-    return float(np.gcd.reduce(values.astype(np.int64)))
+    quantum = float(np.gcd.reduce(values.astype(np.int64)))
+    return quantum if values.max() <= MAX_QUANTA * quantum else None
 
 
 def _deviations(load_SR: np.ndarray) -> np.ndarray:
@@ -192,15 +195,15 @@ class _Swapper:
                 mine = pos_V[first:end]
                 mine = mine[quanta_P[mine] > 0]
                 best = None
-                for x, step_by in itertools.product(mine.tolist(), range(1, int(dev_X[slot]) + 1)):
-                    if step_by > quanta_P[x]:
-                        continue
-                    want = kind_P[x] * span + quanta_P[x] - step_by
-                    lo, hi = np.searchsorted(key_T, [want, want + 1])
-                    if lo == hi:
-                        continue
+                for x in mine.tolist():
+                    # Takers of x's kind 1 .. min(dev, quanta) quanta below it: one range of keys.
+                    top = min(int(dev_X[slot]), int(quanta_P[x]))
+                    key = kind_P[x] * span + quanta_P[x]
+                    lo, hi = np.searchsorted(key_T, [key - top, key])
+                    step_C = key - key_T[lo:hi]
                     cand = pos_T[lo:hi]
-                    cand = cand[(quanta_P[cand] == quanta_P[x] - step_by) & (dev_X[self.slot_P[cand]] <= -step_by)]
+                    ok = (quanta_P[cand] == quanta_P[x] - step_C) & (dev_X[self.slot_P[cand]] <= -step_C)
+                    cand, step_C, at_C = cand[ok], step_C[ok], np.flatnonzero(ok)
                     if len(cand) == 0:
                         continue
                     delta_CK = self._delta(x, cand)
@@ -209,9 +212,11 @@ class _Swapper:
                     if not fits.any():
                         continue
                     gap = np.where(fits, self._gap(x, cand, others, weight), np.inf)
-                    j = int(np.argmin(gap))
-                    if best is None or gap[j] / step_by < best[0]:
-                        best = (float(gap[j]) / step_by, x, int(cand[j]), step_by)
+                    score = gap / step_C
+                    # Least gap per quantum; ties to fewer quanta, then to less gap, then to the earlier taker.
+                    j = int(np.lexsort((at_C, gap, step_C, score))[0])
+                    if best is None or score[j] < best[0]:
+                        best = (float(score[j]), x, int(cand[j]), int(step_C[j]))
                 if best is None:
                     break
                 _, x, y, step_by = best

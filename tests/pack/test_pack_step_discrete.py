@@ -149,3 +149,93 @@ def test_a_takers_code_moves_up_in_place_as_a_sort_would_place_it(codes, pick, b
     assume(len(np.unique(expect)) == len(expect))  # codes stay distinct (each ends in its taker's index)
     step_discrete._move_up(code_T, code, by)
     assert np.array_equal(code_T, expect)
+
+
+def test_costs_of_many_quanta_a_sample_are_not_tiles():
+    """Tiles' tokens have a quantum; FLOPs (float32 multiples of 2^17) and token counts of gcd 1
+    would have millions or thousands of quanta a sample, and are left to the cost balancing:
+    evening them swapped a pair per unit of rounding and a 40k pack never ended."""
+    tiles = np.arange(1, 13, dtype=np.float64)
+    assert step_discrete._quantum(tiles * 256) == 256
+    assert step_discrete._quantum((tiles * 1.37e11).astype(np.float32)) is None
+    assert step_discrete._quantum(np.array([391.0, 1024.0, 1500.0])) is None
+    flops = np.array([[4, 900.0], [1, 880.0], [3, 500.0], [2, 505.0]]) * [1.37e11, 1.0]
+    cost = flops.astype(np.float32)
+    p = Packing(order=np.arange(4), group_offsets=np.arange(5), isolated=np.zeros(4, bool),
+                dropped=np.zeros(0, np.int64), dropped_reason=())
+    a = Assignment(step=np.array([0, 0, 1, 1]), rank=np.array([0, 1, 0, 1]), micro=np.zeros(4, np.int64),
+                   num_steps=2)
+    load = np.column_stack([flops[:, 0] / 1.37e11, flops[:, 1]]).astype(np.int64)
+    assert even_discrete_steps(p, a, cost, load, np.array([8, 4000]), np.zeros(4, np.int64)) is p
+
+
+def _even_by_quanta(self, k, quantum, dev_X):
+    """:meth:`step_discrete._Swapper.even` as a plain loop over each giver and each count of quanta
+    it may give (one lookup each), for the vectorized search to be checked against."""
+    pos_U = np.flatnonzero(self.live_P & (dev_X[np.maximum(self.slot_P, 0)] != 0))
+    group_U = self.group_P[pos_U]
+    self.gload_GK[np.unique(group_U)] = 0
+    np.add.at(self.gload_GK, group_U, self.load[self.order[pos_U]].astype(np.int64))
+    kind_P = np.full(len(self.order), -1, np.int64)
+    kind_P[pos_U] = self._kinds(k, pos_U)
+    quanta_P = np.zeros(len(self.order), np.int64)
+    quanta_P[pos_U] = np.rint(self.cost[self.order[pos_U], k] / quantum)
+    span = int(quanta_P.max()) + 2
+    pos_T = pos_U[dev_X[self.slot_P[pos_U]] < 0]
+    key_T = kind_P[pos_T] * span + quanta_P[pos_T]
+    by_key = np.argsort(key_T, kind="stable")
+    pos_T, key_T = pos_T[by_key], key_T[by_key]
+    others = np.ones(self.cost.shape[1], bool)
+    others[k] = False
+    weight = self.weight_K[others]
+    pos_V = pos_U[dev_X[self.slot_P[pos_U]] > 0]
+    pos_V = pos_V[np.argsort(self.slot_P[pos_V], kind="stable")]
+    slot_V = self.slot_P[pos_V]
+    for slot in np.flatnonzero(dev_X > 0).tolist():
+        first, end = np.searchsorted(slot_V, [slot, slot + 1])
+        while dev_X[slot] > 0 and self.swapped < step_discrete.DISCRETE_MAX_SWAPS:
+            mine = pos_V[first:end]
+            best = None
+            for x in mine[quanta_P[mine] > 0].tolist():
+                for step_by in range(1, min(int(dev_X[slot]), int(quanta_P[x])) + 1):
+                    want = kind_P[x] * span + quanta_P[x] - step_by
+                    lo, hi = np.searchsorted(key_T, [want, want + 1])
+                    cand = pos_T[lo:hi]
+                    cand = cand[(quanta_P[cand] == quanta_P[x] - step_by) & (dev_X[self.slot_P[cand]] <= -step_by)]
+                    if len(cand) == 0:
+                        continue
+                    delta_CK = self._delta(x, cand)
+                    fits = ((self.gload_GK[self.group_P[cand]] + delta_CK <= self.caps).all(axis=1)
+                            & (self.gload_GK[self.group_P[x]] - delta_CK <= self.caps).all(axis=1))
+                    if not fits.any():
+                        continue
+                    gap = np.where(fits, self._gap(x, cand, others, weight), np.inf)
+                    j = int(np.argmin(gap))
+                    if best is None or gap[j] / step_by < best[0]:
+                        best = (float(gap[j]) / step_by, x, int(cand[j]), step_by)
+            if best is None:
+                break
+            _, x, y, step_by = best
+            self._swap(x, y)
+            quanta_P[x], quanta_P[y] = quanta_P[y], quanta_P[x]
+            dev_X[slot] -= step_by
+            dev_X[self.slot_P[y]] += step_by
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), n=st.integers(200, 2500), R=st.integers(2, 12), M=st.sampled_from([1, 2]),
+       sources=st.integers(1, 3), top=st.integers(2, 12))
+def test_the_swap_search_picks_what_a_loop_over_quanta_picks(seed, n, R, M, sources, top):
+    """Each giver's takers of 1 .. min(deviation, its quanta) quanta less are one range of keys:
+    the same swaps as looking each count of quanta up apart, ties included."""
+    load, cost, source = _tiles_and_clips(seed, n, sources, tiles=tuple(range(1, top + 1)))
+    caps = np.array([3 * top, 6, 6000])
+    try:
+        p, a = _placed(load, cost, source, caps, R, M, seed)
+    except InputError:
+        assume(False)
+    with mock.patch.object(step_discrete, "CHAIN_MAX_ROWS", 0):  # the search alone
+        q = even_discrete_steps(p, a, cost, load, caps, source)
+        with mock.patch.object(step_discrete._Swapper, "even", _even_by_quanta):
+            ref = even_discrete_steps(p, a, cost, load, caps, source)
+    assert np.array_equal(q.order, ref.order)
