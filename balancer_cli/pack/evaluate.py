@@ -23,19 +23,21 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from balancer_cli._index import search_sorted, take_rows
+from balancer_cli._index import search_sorted
+from balancer_cli.errors import ManifestError
 from balancer_cli.lengths import LLM
 from balancer_cli.manifest import ManifestRows, StepShape, is_slot_sorted
 from balancer_cli.metrics import (
     dist_ratio,
-    step_loads,
     step_utilization,
     utilization,
 )
 from balancer_cli.pack._blocks import sparse_shares
+from balancer_cli.pack._evaluate_kernel import new_tally, tally_rows
 from balancer_cli.pack.bounds import groups_lower_bound
 from balancer_cli.pack.contract import contract_entry
 
@@ -147,11 +149,6 @@ def _dropped(dropped_sample: np.ndarray, dropped_reason: Sequence[str], num_samp
     }
 
 
-#: Rows evaluated at a time (whole steps): the metrics' int64/float64 temporaries stay ~15 MB
-#: (at 1M rows they were ~60 MB, the peak of a run under a small ``--memory-gb``).
-_CHUNK = 1 << 18
-
-
 def evaluate_rows(
     inputs,
     rows: ManifestRows,
@@ -165,8 +162,9 @@ def evaluate_rows(
 ) -> Evaluation:
     """All report metrics of one manifest (or baseline) from its rows and the per-sample lengths.
 
-    Rows are read a block of whole steps at a time (every metric sums over steps, groups or
-    (step, rank) cells), so the memory beyond the rows themselves stays bounded at any size.
+    Every metric sums over steps, groups or (step, rank) cells: one compiled pass over the rows
+    fills them all (:mod:`~balancer_cli.pack._evaluate_kernel`), holding a byte per row beyond
+    the rows themselves (their sources, shuffled).
 
     Args:
         inputs: :class:`~balancer_cli.pack.pipeline.PackInputs` of the lengths table.
@@ -181,46 +179,25 @@ def evaluate_rows(
     R, M = world_size, micro_batches
     rows = _by_slot(rows)
     modules = inputs.modules
-    phase_ranks = {m: rows.extra[f"{m}_rank"] for m in modules if m != LLM and f"{m}_rank" in rows.extra}
-    loads = {m: np.zeros((num_steps, R)) for m in modules}
-    post = {m: np.zeros((num_steps, R)) for m in phase_ranks}
-    padded_K, total_K = np.zeros(len(modules)), np.zeros(len(modules))
-    held_K = np.zeros(len(modules), np.int64)  # groups that hold each module
-    groups = _GroupTally(len(caps_K))
+    phased = [m for m in modules if m != LLM and f"{m}_rank" in rows.extra]
     num_sources = len(inputs.source_names)
-    mix_SO, reference_SO = np.zeros((num_steps, num_sources)), np.zeros((num_steps, num_sources))
+    (loads_KSR, post_QSR, mix_2SO, padded_K, total_K, held_K, groups_4) = tally = new_tally(
+        num_modules=len(modules), num_steps=num_steps, world_size=R, num_sources=num_sources, num_phases=len(phased))
     # Random batching of the same steps: the placed samples' sources in a seeded shuffle (1 B/row).
     source_P = inputs.source_codes_N[rows.sample]
-    shuffled_P = source_P.copy()
     # In place: the same shuffle as source_P[permutation(P)], without the (P,) int64 permutation.
-    np.random.default_rng(0).shuffle(shuffled_P)
-    for lo, hi in _step_blocks(rows.step):
-        step = np.asarray(rows.step[lo:hi], np.int64)
-        s0, s1 = (int(step[0]), int(step[-1]) + 1) if hi > lo else (0, 0)
-        step -= s0
-        rank = np.asarray(rows.rank[lo:hi], np.int64)
-        sample = np.asarray(rows.sample[lo:hi], np.int64)
-        group = (step * R + rank) * M + np.asarray(rows.micro[lo:hi], np.int64)
-        starts = np.flatnonzero(np.concatenate([[True], group[1:] != group[:-1]])) if hi > lo else np.zeros(0, int)
-        sizes = np.diff(np.append(starts, hi - lo))
-        # Whole rows, once: every column of a sample lies in one cache line, and these random
-        # gathers were most of the evaluation (10M: 1.9 s with each column gathered apart, 1.2-1.4 s).
-        cost_nK = take_rows(inputs.cost_NK, sample)
-        for k, module in enumerate(modules):
-            cost = cost_nK[:, k].astype(np.float64)
-            loads[module][s0:s1] = step_loads(step, rank, cost, num_steps=s1 - s0, world_size=R)
-            if module in post:
-                phase = np.asarray(phase_ranks[module][lo:hi], np.int64)
-                post[module][s0:s1] = step_loads(step, phase, cost, num_steps=s1 - s0, world_size=R)
-            if len(starts):
-                largest = np.maximum.reduceat(cost, starts)  # costs are >= 0: a group holds k where > 0
-                padded_K[k] += float((largest * sizes).sum())
-                total_K[k] += float(cost.sum())
-                held_K[k] += int(np.count_nonzero(largest > 0))
-        groups.add(take_rows(inputs.load_NK, sample), starts, sizes, caps_K)
-        for target, src in ((mix_SO, source_P), (reference_SO, shuffled_P)):
-            target[s0:s1] = np.bincount(step * num_sources + src[lo:hi], minlength=(s1 - s0) * num_sources
-                                        ).reshape(s1 - s0, num_sources)
+    np.random.default_rng(0).shuffle(source_P)
+    phase_QP = np.stack([np.asarray(rows.extra[f"{m}_rank"]) for m in phased]) if phased else np.zeros((0, 0), np.int32)
+    phase_of_K = np.array([phased.index(m) if m in phased else -1 for m in modules], np.int64)
+    if tally_rows(rows.step, rows.rank, rows.micro, rows.sample, inputs.cost_NK, inputs.load_NK,
+                  inputs.source_codes_N, source_P, phase_QP, phase_of_K, np.asarray(caps_K, np.int64), R, *tally):
+        raise ManifestError(f"rows name a step outside 0..{num_steps - 1} or a rank outside 0..{R - 1}",
+                            fix="check the manifest first (balancer_cli.replay.integrity.check_manifest)")
+    del source_P, phase_QP
+    loads = dict(zip(modules, loads_KSR))
+    post = dict(zip(phased, post_QSR))
+    mix_SO, reference_SO = mix_2SO
+    groups = _GroupTally(*groups_4.tolist())
     share_K = held_K / max(groups.count, 1)
     sparse_K = sparse_shares(share_K)
     metrics = {
@@ -259,34 +236,13 @@ def _by_slot(rows: ManifestRows) -> ManifestRows:
                         {name: column[order] for name, column in rows.extra.items()})
 
 
-def _step_blocks(step_P: np.ndarray):
-    """``(lo, hi)`` row ranges of about :data:`_CHUNK` rows, each whole steps (rows sorted by step)."""
-    P = len(step_P)
-    if P == 0:
-        yield 0, 0
-        return
-    cuts = np.unique(np.searchsorted(step_P, step_P[np.arange(_CHUNK, P, _CHUNK)], side="left"))
-    bounds = [0, *[int(c) for c in cuts if 0 < c < P], P]
-    yield from zip(bounds[:-1], bounds[1:])
+class _GroupTally(NamedTuple):
+    """Group count, samples and over-cap groups (all, and those of several samples)."""
 
-
-class _GroupTally:
-    """Group count, sizes and over-cap groups, summed over blocks of whole groups."""
-
-    def __init__(self, num_modules: int) -> None:
-        self.count, self.samples, self.over, self.over_multi = 0, 0, 0, 0
-
-    def add(self, load_nK, starts, sizes, caps_K) -> None:
-        """Tally the groups of a block: ``load_nK`` its rows' loads, groups from ``starts``."""
-        if len(starts) == 0:
-            return
-        load_GK = np.stack([np.add.reduceat(load_nK[:, k].astype(np.int64), starts)
-                            for k in range(load_nK.shape[1])], axis=1)
-        over = (load_GK > np.asarray(caps_K)[None, :]).any(axis=1)
-        self.count += len(starts)
-        self.samples += int(sizes.sum())
-        self.over += int(over.sum())
-        self.over_multi += int((over & (sizes > 1)).sum())
+    count: int
+    samples: int
+    over: int
+    over_multi: int
 
     def summary(self) -> dict:
         if self.count == 0:
