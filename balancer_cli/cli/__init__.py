@@ -24,7 +24,7 @@ from typing import Any
 import click
 
 from balancer_cli import __version__
-from balancer_cli._memory import keep_freed_memory
+from balancer_cli._memory import keep_freed_memory, use_small_pages
 from balancer_cli.errors import BalancerError
 
 __all__ = ["DEBUG_ENV", "main"]
@@ -53,6 +53,7 @@ class _LazyGroup(click.Group):
         user's input) ends as one ``Error:`` line and exit 1, its traceback only with
         ``BALANCER_DEBUG=1``."""
         keep_freed_memory()  # a command is one job: its freed arrays are reused, not zeroed again
+        use_small_pages()  # and its large arrays cost no huge-page faults (_memory's docstring)
         try:
             return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort,
