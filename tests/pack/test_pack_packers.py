@@ -373,6 +373,31 @@ def test_a_probed_fill_share_that_fails_in_full_deals_the_later_shares(monkeypat
     assert np.array_equal(probed.order, unprobed.order) and np.array_equal(probed.group_offsets, unprobed.group_offsets)
 
 
+@pytest.mark.parametrize("first_fits", [True, False])
+def test_the_probe_deals_the_shares_before_the_last_only(monkeypatch, first_fits):
+    """The probe's answer is the last share whether that share's deal fits or not: it deals the
+    shares before it, stopping at the first that fits, and never the last."""
+    from balancer_cli.pack.packers import balanced
+
+    rng = np.random.default_rng(5)
+    load = np.stack([rng.integers(0, 14, 3000), rng.integers(8, 4000, 3000)], 1)
+    load_c = np.column_stack([load, np.ones(len(load), np.int64)])
+    caps_c = np.array([23, 6001, 40])
+    dealt = []
+    deal = balanced._deal
+
+    def counted(rows, load, weight, caps, G, rng, share):
+        dealt.append(share)
+        queue, gid = deal(rows, load, weight, caps, G, rng, share)
+        return queue, np.zeros_like(gid) if first_fits else gid + 10 * G  # one group (fits), or far too many
+
+    monkeypatch.setattr(balanced, "_deal", counted)
+    monkeypatch.setattr(balanced, "_PROBE_SIZE", 1000)
+    share = balanced._probe_fill_share(np.arange(3000), load_c, load_c[:, :2].astype(float), caps_c, 0)
+    assert dealt == list(balanced._FILL_SHARES[:1 if first_fits else -1])
+    assert share == balanced._FILL_SHARES[0 if first_fits else -1]
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_first_fit_keeps_the_fewer_groups_of_its_two_orders(monkeypatch, seed):
     """Where dealing needs too many groups, first fit decreasing runs in the order of the rows'

@@ -338,7 +338,7 @@ def _probe_fill_share(rows, load, weight, caps, seed):
     rng = np.random.default_rng([seed, 7])
     sub = np.sort(rng.choice(rows, _PROBE_SIZE, replace=False))
     lb = groups_lower_bound(load[sub][:, :-1], caps[:-1])
-    for share in _FILL_SHARES:
+    for share in _FILL_SHARES[:-1]:  # the last is the answer whether its deal fits or not: not dealt
         _, gid = _deal(sub, load, weight, caps, lb, rng, share)
         if int(gid.max()) + 1 <= np.ceil(lb * MAX_STEP_EXCESS):
             return share
