@@ -12,7 +12,7 @@ A manifest is consistent when:
 
 Both ``balancer report`` and the sampler (:class:`~balancer_cli.replay.reader.ManifestReader`)
 run :func:`check_manifest` when they open a manifest: a few vectorized passes and one compiled
-count per epoch into a byte per sample (10M rows: 0.4 s, 10 MB beside the rows; two int64
+count per epoch into a byte per sample (10M rows: 0.3 s with the read, 10 MB beside the rows; two int64
 ``bincount`` columns were 160 MB, the peak of a 10M pack's report).
 
 Example:
