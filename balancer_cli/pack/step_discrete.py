@@ -34,6 +34,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from balancer_cli._index import concat_ranges, sum_rows
@@ -137,6 +139,20 @@ def _deviations(load_SR: np.ndarray) -> np.ndarray:
     return load_SR - (base_S + up_S)[:, None]
 
 
+class _Takers(NamedTuple):
+    """The taker positions of one module's pass (``pos_T``), sorted by their ``key_T`` =
+    kind x span + quanta, with the positions' kinds and quanta (updated swap by swap) and the
+    other modules' weights for the gap."""
+
+    pos_T: np.ndarray
+    key_T: np.ndarray
+    kind_P: np.ndarray
+    quanta_P: np.ndarray
+    span: int
+    others: np.ndarray
+    weight: np.ndarray
+
+
 class _Swapper:
     """The swap search's state: which sample sits at each position of ``order`` and the groups'
     load sums, updated swap by swap."""
@@ -182,10 +198,10 @@ class _Swapper:
         pos_T = pos_U[dev_X[self.slot_P[pos_U]] < 0]
         key_T = kind_P[pos_T] * span + quanta_P[pos_T]
         by_key = np.argsort(key_T, kind="stable")
-        pos_T, key_T = pos_T[by_key], key_T[by_key]
         others = np.ones(self.cost.shape[1], bool)
         others[k] = False
         weight = self.weight_K[others]
+        takers = _Takers(pos_T[by_key], key_T[by_key], kind_P, quanta_P, span, others, weight)
         pos_V = pos_U[dev_X[self.slot_P[pos_U]] > 0]
         pos_V = pos_V[np.argsort(self.slot_P[pos_V], kind="stable")]  # the givers' positions, slot by slot
         slot_V = self.slot_P[pos_V]
@@ -193,30 +209,11 @@ class _Swapper:
             first, end = np.searchsorted(slot_V, [slot, slot + 1])
             while dev_X[slot] > 0 and self.swapped < DISCRETE_MAX_SWAPS:
                 mine = pos_V[first:end]
-                mine = mine[quanta_P[mine] > 0]
                 best = None
-                for x in mine.tolist():
-                    # Takers of x's kind 1 .. min(dev, quanta) quanta below it: one range of keys.
-                    top = min(int(dev_X[slot]), int(quanta_P[x]))
-                    key = kind_P[x] * span + quanta_P[x]
-                    lo, hi = np.searchsorted(key_T, [key - top, key])
-                    step_C = key - key_T[lo:hi]
-                    cand = pos_T[lo:hi]
-                    ok = (quanta_P[cand] == quanta_P[x] - step_C) & (dev_X[self.slot_P[cand]] <= -step_C)
-                    cand, step_C, at_C = cand[ok], step_C[ok], np.flatnonzero(ok)
-                    if len(cand) == 0:
-                        continue
-                    delta_CK = self._delta(x, cand)
-                    fits = ((self.gload_GK[self.group_P[cand]] + delta_CK <= self.caps).all(axis=1)
-                            & (self.gload_GK[self.group_P[x]] - delta_CK <= self.caps).all(axis=1))
-                    if not fits.any():
-                        continue
-                    gap = np.where(fits, self._gap(x, cand, others, weight), np.inf)
-                    score = gap / step_C
-                    # Least gap per quantum; ties to fewer quanta, then to less gap, then to the earlier taker.
-                    j = int(np.lexsort((at_C, gap, step_C, score))[0])
-                    if best is None or score[j] < best[0]:
-                        best = (float(score[j]), x, int(cand[j]), int(step_C[j]))
+                for x in mine[quanta_P[mine] > 0].tolist():
+                    found = self._best_taker(x, int(dev_X[slot]), dev_X, takers)
+                    if found is not None and (best is None or found[0] < best[0]):
+                        best = (found[0], x, *found[1:])
                 if best is None:
                     break
                 _, x, y, step_by = best
@@ -226,6 +223,38 @@ class _Swapper:
                 dev_X[self.slot_P[y]] += step_by
         if (dev_X > 0).any() and (dev_X < 0).any() and len(self.order) <= CHAIN_MAX_ROWS:
             self._chain(k, quantum, dev_X, others, weight)
+
+    def _best_taker(self, x, dev, dev_X, takers):
+        """The taker for giver position ``x`` (``dev`` quanta over its target) of least gap per
+        quantum, within every cap: ``(gap per quantum, its position, quanta given)``, or None.
+
+        Its takers of 1 .. min(dev, its quanta) quanta less are one range of keys; ties go to
+        fewer quanta, then to less gap, then to the earlier taker.
+        """
+        t = takers
+        top = min(dev, int(t.quanta_P[x]))
+        key = t.kind_P[x] * t.span + t.quanta_P[x]
+        lo, hi = np.searchsorted(t.key_T, [key - top, key])
+        step_C = key - t.key_T[lo:hi]
+        cand = t.pos_T[lo:hi]
+        ok = (t.quanta_P[cand] == t.quanta_P[x] - step_C) & (dev_X[self.slot_P[cand]] <= -step_C)
+        cand, step_C, at_C = cand[ok], step_C[ok], np.flatnonzero(ok)
+        if len(cand) == 0:
+            return None
+        fits = self._fits(x, cand)
+        if not fits.any():
+            return None
+        gap = np.where(fits, self._gap(x, cand, t.others, t.weight), np.inf)
+        score = gap / step_C
+        j = int(np.lexsort((at_C, gap, step_C, score))[0])
+        return float(score[j]), int(cand[j]), int(step_C[j])
+
+    def _fits(self, x, cand):
+        """(len(cand),) whether swapping the sample at ``x`` with each at ``cand`` keeps both groups
+        within every cap."""
+        delta_CK = self._delta(x, cand)
+        return ((self.gload_GK[self.group_P[cand]] + delta_CK <= self.caps).all(axis=1)
+                & (self.gload_GK[self.group_P[x]] - delta_CK <= self.caps).all(axis=1))
 
     def _chain(self, k, quantum, dev_X, others, weight):
         """Where no pair of a giver's and a taker's samples fits the caps (a rank's one group at

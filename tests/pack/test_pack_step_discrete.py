@@ -169,57 +169,24 @@ def test_costs_of_many_quanta_a_sample_are_not_tiles():
     assert even_discrete_steps(p, a, cost, load, np.array([8, 4000]), np.zeros(4, np.int64)) is p
 
 
-def _even_by_quanta(self, k, quantum, dev_X):
-    """:meth:`step_discrete._Swapper.even` as a plain loop over each giver and each count of quanta
-    it may give (one lookup each), for the vectorized search to be checked against."""
-    pos_U = np.flatnonzero(self.live_P & (dev_X[np.maximum(self.slot_P, 0)] != 0))
-    group_U = self.group_P[pos_U]
-    self.gload_GK[np.unique(group_U)] = 0
-    np.add.at(self.gload_GK, group_U, self.load[self.order[pos_U]].astype(np.int64))
-    kind_P = np.full(len(self.order), -1, np.int64)
-    kind_P[pos_U] = self._kinds(k, pos_U)
-    quanta_P = np.zeros(len(self.order), np.int64)
-    quanta_P[pos_U] = np.rint(self.cost[self.order[pos_U], k] / quantum)
-    span = int(quanta_P.max()) + 2
-    pos_T = pos_U[dev_X[self.slot_P[pos_U]] < 0]
-    key_T = kind_P[pos_T] * span + quanta_P[pos_T]
-    by_key = np.argsort(key_T, kind="stable")
-    pos_T, key_T = pos_T[by_key], key_T[by_key]
-    others = np.ones(self.cost.shape[1], bool)
-    others[k] = False
-    weight = self.weight_K[others]
-    pos_V = pos_U[dev_X[self.slot_P[pos_U]] > 0]
-    pos_V = pos_V[np.argsort(self.slot_P[pos_V], kind="stable")]
-    slot_V = self.slot_P[pos_V]
-    for slot in np.flatnonzero(dev_X > 0).tolist():
-        first, end = np.searchsorted(slot_V, [slot, slot + 1])
-        while dev_X[slot] > 0 and self.swapped < step_discrete.DISCRETE_MAX_SWAPS:
-            mine = pos_V[first:end]
-            best = None
-            for x in mine[quanta_P[mine] > 0].tolist():
-                for step_by in range(1, min(int(dev_X[slot]), int(quanta_P[x])) + 1):
-                    want = kind_P[x] * span + quanta_P[x] - step_by
-                    lo, hi = np.searchsorted(key_T, [want, want + 1])
-                    cand = pos_T[lo:hi]
-                    cand = cand[(quanta_P[cand] == quanta_P[x] - step_by) & (dev_X[self.slot_P[cand]] <= -step_by)]
-                    if len(cand) == 0:
-                        continue
-                    delta_CK = self._delta(x, cand)
-                    fits = ((self.gload_GK[self.group_P[cand]] + delta_CK <= self.caps).all(axis=1)
-                            & (self.gload_GK[self.group_P[x]] - delta_CK <= self.caps).all(axis=1))
-                    if not fits.any():
-                        continue
-                    gap = np.where(fits, self._gap(x, cand, others, weight), np.inf)
-                    j = int(np.argmin(gap))
-                    if best is None or gap[j] / step_by < best[0]:
-                        best = (float(gap[j]) / step_by, x, int(cand[j]), step_by)
-            if best is None:
-                break
-            _, x, y, step_by = best
-            self._swap(x, y)
-            quanta_P[x], quanta_P[y] = quanta_P[y], quanta_P[x]
-            dev_X[slot] -= step_by
-            dev_X[self.slot_P[y]] += step_by
+def _best_by_quanta(self, x, dev, dev_X, t):
+    """:meth:`step_discrete._Swapper._best_taker` as a plain loop over each count of quanta the giver
+    may give (one lookup each, the least gap of each count first), for the range search to be
+    checked against."""
+    best = None
+    for step_by in range(1, min(dev, int(t.quanta_P[x])) + 1):
+        want = t.kind_P[x] * t.span + t.quanta_P[x] - step_by
+        lo, hi = np.searchsorted(t.key_T, [want, want + 1])
+        cand = t.pos_T[lo:hi]
+        cand = cand[(t.quanta_P[cand] == t.quanta_P[x] - step_by) & (dev_X[self.slot_P[cand]] <= -step_by)]
+        fits = self._fits(x, cand)
+        if not fits.any():
+            continue
+        gap = np.where(fits, self._gap(x, cand, t.others, t.weight), np.inf)
+        j = int(np.argmin(gap))
+        if best is None or gap[j] / step_by < best[0]:
+            best = (float(gap[j]) / step_by, int(cand[j]), step_by)
+    return best
 
 
 @settings(max_examples=25, deadline=None)
@@ -236,6 +203,6 @@ def test_the_swap_search_picks_what_a_loop_over_quanta_picks(seed, n, R, M, sour
         assume(False)
     with mock.patch.object(step_discrete, "CHAIN_MAX_ROWS", 0):  # the search alone
         q = even_discrete_steps(p, a, cost, load, caps, source)
-        with mock.patch.object(step_discrete._Swapper, "even", _even_by_quanta):
+        with mock.patch.object(step_discrete._Swapper, "_best_taker", _best_by_quanta):
             ref = even_discrete_steps(p, a, cost, load, caps, source)
     assert np.array_equal(q.order, ref.order)
