@@ -58,9 +58,8 @@ def merge_windows(inputs: PackInputs, results_by_epoch: Sequence[Sequence[Window
     """
     windows, epoch_num_steps = [], []  # (result, its first step's global number)
     # sample -> reason -> epochs it applied to; a reason that held in every epoch is written plain.
+    # Samples with a scan error are not here: no packer sees them (their text is their reason).
     dropped: dict[int, dict[str, list[int]]] = {}
-    for sample in np.flatnonzero(~inputs.ok_N):
-        dropped[int(sample)] = {str(inputs.error_N[sample]): list(range(epochs))}
     offset = 0
     for epoch, results in enumerate(results_by_epoch):
         epoch_steps = 0
@@ -77,9 +76,14 @@ def merge_windows(inputs: PackInputs, results_by_epoch: Sequence[Sequence[Window
             epoch_steps += result.num_steps
         epoch_num_steps.append(int(epoch_steps))
     rows = _expand_groups(windows)
-    dropped_sample = np.array(sorted(dropped), dtype=np.int64)
-    reasons = tuple(_drop_reason(dropped[int(s)], epochs) for s in dropped_sample)
-    return Placement(rows, dropped_sample, reasons, epoch_num_steps)
+    left_out = np.array(sorted(dropped), dtype=np.int64)
+    reasons = np.empty(len(left_out), dtype=object)
+    reasons[:] = [_drop_reason(dropped[int(s)], epochs) for s in left_out]
+    # The failed samples as arrays (a dataset may fail by the million): the same texts in every epoch.
+    dropped_sample = np.concatenate([inputs.error_rows, left_out])
+    by_sample = np.argsort(dropped_sample, kind="stable")
+    reasons = np.concatenate([inputs.error_texts, reasons])[by_sample]
+    return Placement(rows, dropped_sample[by_sample], tuple(reasons), epoch_num_steps)
 
 
 def _kept_groups(result: WindowResult, offset: int):

@@ -188,6 +188,7 @@ def search_thresholds(
     source_N: np.ndarray | None = None,
     mix_weight: float = 1.0,
     prune: bool = False,
+    rows: np.ndarray | None = None,
 ) -> SearchResult:
     """Grid-search caps (and ISF bounds) on a subsample; see the module docstring.
 
@@ -219,6 +220,8 @@ def search_thresholds(
             evaluated whole) is the same as without pruning; the others are only ranked among
             the ones evaluated, then the pruned ones (``Candidate.pruned``). ``balancer pack``
             prunes, ``balancer search`` evaluates every candidate.
+        rows: the rows of ``load_NK``, ``cost_NK`` and ``source_N`` to search over, ascending
+            (default all): the same search as over those rows' copies, without them.
 
     Raises:
         InputError: no samples.
@@ -227,7 +230,8 @@ def search_thresholds(
     # Only the subsample is converted to the kernels' types: at 10M samples a converted copy of the
     # whole (N, K) inputs would be ~0.4 GB for rows the search never reads.
     load, cost = np.asarray(load_NK), np.asarray(cost_NK)
-    if load.ndim != 2 or len(load) == 0:
+    N = len(load) if rows is None else len(rows)
+    if load.ndim != 2 or N == 0:
         raise InputError("no samples to search thresholds on", fix="check the lengths table with `balancer scan`")
     if algorithm not in ("balanced", "isf"):
         raise UsageError(f"unknown {{algorithm}} {algorithm!r}", fix="use balanced or isf")
@@ -243,8 +247,9 @@ def search_thresholds(
     target = float(target_group_size or DEFAULT_GROUP_SIZE)
     size = max(int(sample_size), int(np.ceil(SUBSAMPLE_STEPS * R * M * target)))
     # Up to 1.5x the sample size the whole input is cheap enough, and evaluated exactly.
-    n = len(load) if len(load) <= 1.5 * size else size
-    pick = np.sort(rng.choice(len(load), n, replace=False)) if n < len(load) else np.arange(len(load))
+    n = N if N <= 1.5 * size else size
+    pick = np.sort(rng.choice(N, n, replace=False)) if n < N else np.arange(N)
+    pick = pick if rows is None else np.asarray(rows)[pick]
     sub_load, sub_cost = load[pick].astype(np.int64), cost[pick].astype(np.float64)
     sub_source = None if source_N is None else np.asarray(source_N)[pick].astype(np.int64)
     centers = default_caps(sub_load, target)
@@ -252,10 +257,10 @@ def search_thresholds(
     if min_caps_K is not None:
         floors = np.maximum(floors, np.minimum(np.asarray(min_caps_K, dtype=np.int64).reshape(-1), max_caps))
     axes = tuple(_axis(int(max_caps[k]), float(centers[k]), grid, float(floors[k])) for k in range(load.shape[1]))
-    exact = n == len(load)
+    exact = n == N
     # The subsample's share of a step's groups: it holds as many steps as the full data
     # (:func:`~balancer_cli.pack._search_eval.packed`).
-    multiple = R * M if exact else max(1, round(R * M * n / len(load)))
+    multiple = R * M if exact else max(1, round(R * M * n / N))
     points = []  # (grid index, caps, bounds), in grid order
     for idx in np.ndindex(*tuple(len(a) for a in axes)):
         caps = np.array([axes[k][i] for k, i in enumerate(idx)], dtype=np.int64)

@@ -290,6 +290,30 @@ def test_column_helpers_are_numpys_axis_0_reductions(n, k, dtype, fortran, seed)
         column_sums(np.zeros(3))
 
 
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10**6), share=st.floats(0.05, 1.0), whole=st.booleans())
+def test_a_search_over_rows_is_the_search_over_their_copies(seed, share, whole):
+    """``rows`` (the samples without a scan error) searches as the rows' copies do, without them."""
+    rng = np.random.default_rng(seed)
+    n = 3000
+    items = rng.integers(0, 6, n)
+    load = np.stack([items, 256 * items + rng.integers(20, 900, n)], 1)
+    rows = np.flatnonzero(rng.random(n) < share)
+    if len(rows) == 0:
+        rows = np.array([0])
+    source = rng.integers(0, 3, n)
+    kw = {"world_size": 2, "micro_batches": 1, "max_caps_K": np.array([30, 9000]), "grid": 2, "seed": seed % 5,
+          "sample_size": 3000 if whole else 600, "prune": True}
+    try:
+        copied = search_thresholds(load[rows], load[rows].astype(float), source_N=source[rows], **kw)
+    except UsageError:  # too few samples for a step: the same refusal either way
+        with pytest.raises(UsageError):
+            search_thresholds(load, load.astype(float), source_N=source, rows=rows, **kw)
+        return
+    viewed = search_thresholds(load, load.astype(float), source_N=source, rows=rows, **kw)
+    assert repr(viewed.candidates) == repr(copied.candidates) and viewed.sample_size == copied.sample_size
+
+
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 10**6), R=st.sampled_from([2, 4, 8]), M=st.integers(1, 2), sources=st.integers(1, 4),
        text_share=st.floats(0.0, 0.6), whole=st.booleans())

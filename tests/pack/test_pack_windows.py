@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from balancer_cli.errors import UsageError
 from balancer_cli.lengths import make_lengths_table
 from balancer_cli.pack.config import PackConfig, stream_seed
-from balancer_cli.pack.inputs import prepare_inputs
+from balancer_cli.pack.inputs import EMPTY_ERROR_REASON, prepare_inputs
 from balancer_cli.pack.pipeline import pack_manifest, place_packer, resolve_thresholds
 from balancer_cli.pack.windows import (
     BASE_BYTES,
@@ -193,6 +193,37 @@ def test_conservation_for_any_mixture_and_window_count(n, R, M, windows, sources
         assert not set(placed.tolist()) & {int(s) for s, r in zip(dropped, reasons) if "epoch" not in r}
         assert set(placed.tolist()) | set(dropped.tolist()) == set(range(n))
         first += steps
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(300, 1200), windows=st.integers(1, 3), failed=st.floats(0.0, 0.5), seed=st.integers(0, 50),
+       packer=st.sampled_from(["balanced", "isf", "llm-ffd"]))
+def test_failed_samples_change_nothing_but_the_ids(n, windows, failed, seed, packer):
+    """A table with failed samples packs as the table of the others alone (the same windows, groups
+    and slots; only the sample ids are the table's own), and lists each failed sample once, with
+    its text: one string object per distinct text, an empty text given a reason of its own."""
+    rng = np.random.default_rng(seed)
+    items = rng.integers(0, 6, n)
+    tokens, source = 256 * items + rng.integers(5, 700, n), rng.choice(["a", "b", "c"], n)
+    bad = rng.random(n) < failed
+    bad[:3], source[:3] = False, ["a", "b", "c"]  # the sources' codes (first seen first) the same in both tables
+    texts = np.array(["missing_file: x.jpg", "", "decode: truncated"])
+    error = [str(texts[i % 3]) if b else None for i, b in enumerate(bad)]
+    config = PackConfig(world_size=2, seed=seed, window_samples=max(1, (n - int(bad.sum())) // windows),
+                        caps=(("vision", 30), ("llm", 9000)), algorithm=packer)
+    whole = pack_manifest(make_lengths_table(tokens, {"vision": (256 * items, items)}, source=source, error=error),
+                          config)
+    good = np.flatnonzero(~bad)
+    alone = pack_manifest(make_lengths_table(tokens[good], {"vision": (256 * items[good], items[good])},
+                                             source=source[good]), config)
+    assert np.array_equal(whole.rows.step, alone.rows.step) and np.array_equal(whole.rows.rank, alone.rows.rank)
+    assert np.array_equal(whole.rows.sample, good[alone.rows.sample])
+    failed_here = {int(s): r for s, r in zip(whole.dropped_sample, whole.dropped_reason) if bad[s]}
+    assert sorted(failed_here) == np.flatnonzero(bad).tolist()
+    assert all(r == (texts[s % 3] or EMPTY_ERROR_REASON) for s, r in failed_here.items())
+    inputs = prepare_inputs(make_lengths_table(tokens, {"vision": (256 * items, items)}, error=error))
+    assert np.array_equal(inputs.error_rows, np.flatnonzero(bad))
+    assert len({id(t) for t in inputs.error_texts}) == len(set(inputs.error_texts.tolist()))
 
 
 @settings(max_examples=40, deadline=None)
