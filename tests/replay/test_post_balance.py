@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -16,12 +17,15 @@ from balancer_cli.errors import PlanError, UsageError
 from balancer_cli.lengths import read_lengths
 from balancer_cli.manifest import ManifestRows
 from balancer_cli.replay.post_balance import (
+    kernels,
     manifest_phase_ranks,
+    offline,
     phase_loads,
     phase_utilization,
+    placement_kernels,
     plan_post_balance,
+    search,
 )
-from balancer_cli.replay.post_balance import kernels, placement_kernels, search
 
 try:
     import scipy  # noqa: F401  (matching="hungarian")
@@ -289,6 +293,29 @@ def test_manifest_phase_ranks_balances_each_step(internvl_lengths):
                                                    costs["llm"][rows.sample[sel & (rows.rank == r)]]])
                                   for r in range(8)], 4, modules=("vision", "llm"))
         assert np.array_equal(ranks["vision"][sel], plan.dest_KN[0])
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), world=st.integers(1, 6), steps=st.integers(1, 9), block=st.integers(1, 40))
+def test_manifest_phase_ranks_gathers_costs_a_block_of_steps_at_a_time(seed, world, steps, block):
+    """Costs gathered a block of whole steps at a time (any block size, steps of any size, the
+    manifest's own int32 columns, float32 cost columns of a wider table) plan each step as its
+    own rows' costs do."""
+    rng = np.random.default_rng(seed)
+    per_step = rng.integers(world, 5 * world + 1, steps)
+    step = np.repeat(np.arange(steps), per_step).astype(np.int32)
+    rank = np.concatenate([np.sort(rng.integers(0, world, n)) for n in per_step]).astype(np.int32)
+    rows = ManifestRows(step=step, rank=rank, micro=np.zeros_like(step), sample=rng.permutation(len(step)).astype(np.int32))
+    cost_NK = np.column_stack([rng.integers(0, 6, len(step)) * 256, rng.integers(50, 3000, (len(step), 2))]).astype(
+        np.float32)
+    costs = {"vision": cost_NK[:, 0], "audio": cost_NK[:, 1], "llm": cost_NK[:, 2]}
+    with mock.patch.object(offline, "_BLOCK_ROWS", block):
+        ranks = manifest_phase_ranks(rows, costs, world_size=world)
+    for s in range(steps):
+        sel = step == s
+        own = cost_NK[rows.sample[sel]].astype(np.float64)
+        plan = plan_post_balance([own[rank[sel] == r] for r in range(world)], modules=("vision", "audio", "llm"))
+        assert np.array_equal(ranks["vision"][sel], plan.dest_KN[0]) and np.array_equal(ranks["audio"][sel], plan.dest_KN[1])
 
 
 def test_manifest_phase_ranks_names_missing_costs():
