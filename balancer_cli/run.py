@@ -169,7 +169,8 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
         from balancer_cli.pack.windows import resolve_window_samples
 
         config = dataclasses.replace(config, window_samples=resolve_window_samples(
-            table.num_samples, config.window_samples, memory_gb, num_modules=len(table.modules) + 1))
+            table.num_samples, config.window_samples, memory_gb, num_modules=len(table.modules) + 1,
+            epochs=config.epochs))
         engine_options = _pack_engine_options(engine, out, table.fingerprint, ray_address, notify)
         if keep_parts and engine_options is None:
             raise UsageError("{keep_parts} applies to the ray engine only", fix="add {engine} ray")

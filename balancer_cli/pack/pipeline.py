@@ -251,6 +251,7 @@ def place_packer(name: str, inputs: PackInputs, config: PackConfig, caps_K: np.n
     members.clear()  # the window slices are no longer needed
     release_freed_memory()  # the windows' working arrays, before the merge builds the rows
     by_epoch = [[r for t, r in zip(tasks, results) if t.epoch == epoch] for epoch in range(config.epochs)]
+    del results  # merge_windows frees each window as it merges it
     return merge_windows(inputs, by_epoch, epochs=config.epochs)
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "HELD_BYTES_PER_SAMPLE",
     "TAIL_BYTES_PER_SAMPLE",
     "MODULE_BYTES_PER_SAMPLE",
+    "EPOCH_BYTES_PER_SAMPLE",
     "BASE_BYTES",
     "DEFAULT_MEMORY_GB",
     "MAX_WINDOW_SAMPLES",
@@ -76,6 +77,10 @@ TAIL_BYTES_PER_SAMPLE = 68
 #: (3M three-module samples in windows of 375k: 387 B per window sample; their costs and loads
 #: 8 B more per sample).
 MODULE_BYTES_PER_SAMPLE = (200, 8, 8)
+#: What each epoch past the first adds per sample while the windows pack and once they are packed:
+#: its window plan and placed windows (12.5 B measured at 10M), then its rows, per-step loads and
+#: the report's check reading the rows back (17.6 B measured at 10M in three epochs); rounded up.
+EPOCH_BYTES_PER_SAMPLE = (14, 20)
 #: The libraries' own memory (numpy, Arrow, numba and its loaded kernels, matplotlib drawing
 #: report.png in the process): a run of 2,000 samples peaks at 304 MiB; rounded up.
 BASE_BYTES = 320 * 2**20
@@ -101,11 +106,12 @@ def min_window_samples(load_nK: np.ndarray, caps_K: np.ndarray, groups_per_step:
     return int(np.ceil(MIN_WINDOW_STEPS * groups_per_step * n / groups))
 
 
-def window_samples_for(memory_gb: float, num_samples: int = 0, num_modules: int = 2) -> int:
+def window_samples_for(memory_gb: float, num_samples: int = 0, num_modules: int = 2, epochs: int = 1) -> int:
     """Samples per window so that a run over ``num_samples`` of ``num_modules`` modules (the LLM
     counted) peaks within ``memory_gb`` GiB: the budget less :data:`BASE_BYTES` and
     :data:`HELD_BYTES_PER_SAMPLE` per sample, over :data:`BYTES_PER_SAMPLE`; and the packed run
-    (:data:`TAIL_BYTES_PER_SAMPLE`) must fit too. Modules past two add :data:`MODULE_BYTES_PER_SAMPLE`.
+    (:data:`TAIL_BYTES_PER_SAMPLE`) must fit too. Modules past two add :data:`MODULE_BYTES_PER_SAMPLE`,
+    epochs past one :data:`EPOCH_BYTES_PER_SAMPLE`.
 
     Raises:
         UsageError: a budget that is not positive, or too small to hold the samples at all.
@@ -115,26 +121,30 @@ def window_samples_for(memory_gb: float, num_samples: int = 0, num_modules: int 
         (41271951, 12271951)
         >>> window_samples_for(8.0, 100_000_000, num_modules=3)  # vision, audio and the LLM
         4135975
+        >>> window_samples_for(8.0, 50_000_000), window_samples_for(8.0, 50_000_000, epochs=2)
+        (26771951, 23271951)
     """
     if not memory_gb > 0:
         raise UsageError(f"{{memory_gb}} must be > 0, not {memory_gb!r}", fix="pass the memory budget in GiB, e.g. 8")
-    n, extra = int(num_samples), max(0, int(num_modules) - 2)
+    n, extra, more_epochs = int(num_samples), max(0, int(num_modules) - 2), max(0, int(epochs) - 1)
     window, held, tail = (base + extra * more for base, more in zip(
         (BYTES_PER_SAMPLE, HELD_BYTES_PER_SAMPLE, TAIL_BYTES_PER_SAMPLE), MODULE_BYTES_PER_SAMPLE))
+    held, tail = (b + more_epochs * more for b, more in zip((held, tail), EPOCH_BYTES_PER_SAMPLE))
     budget = int(memory_gb * 2**30)
     free = budget - BASE_BYTES - held * n
     if free < window * min(n, 100_000) or BASE_BYTES + tail * n > budget:
         need = max(BASE_BYTES + held * n + window * min(n, 100_000), BASE_BYTES + tail * n) / 2**30
-        raise UsageError(f"{{memory_gb}} {memory_gb:g} GiB cannot hold {n:,} samples of {int(num_modules)} modules "
-                         f"(~{need:.2f} GiB at the least)",
+        in_epochs = f" in {int(epochs)} epochs" if more_epochs else ""
+        raise UsageError(f"{{memory_gb}} {memory_gb:g} GiB cannot hold {n:,} samples of {int(num_modules)} modules"
+                         f"{in_epochs} (~{need:.2f} GiB at the least)",
                          fix=f"raise {{memory_gb}} to {math.ceil(need * 10) / 10:g} or more")
     return max(1, free // window)
 
 
 def resolve_window_samples(num_samples: int, window_samples: int | None, memory_gb: float | None,
-                           num_modules: int = 2) -> int | None:
+                           num_modules: int = 2, epochs: int = 1) -> int | None:
     """W for a run: the given one, else the one ``memory_gb`` (default :data:`DEFAULT_MEMORY_GB`)
-    allows for ``num_modules`` modules (:func:`window_samples_for`), at most
+    allows for ``num_modules`` modules and ``epochs`` epochs (:func:`window_samples_for`), at most
     :data:`MAX_WINDOW_SAMPLES`; None (one window) when all ``num_samples`` fit in one.
 
     Example:
@@ -148,8 +158,8 @@ def resolve_window_samples(num_samples: int, window_samples: int | None, memory_
                          fix="give one of them")
     if window_samples is not None:
         return int(window_samples)
-    budget = min(window_samples_for(DEFAULT_MEMORY_GB if memory_gb is None else memory_gb, num_samples, num_modules),
-                 MAX_WINDOW_SAMPLES)
+    budget = min(window_samples_for(DEFAULT_MEMORY_GB if memory_gb is None else memory_gb, num_samples, num_modules,
+                                    epochs), MAX_WINDOW_SAMPLES)
     return budget if num_samples > budget else None
 
 

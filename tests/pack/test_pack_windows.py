@@ -15,6 +15,7 @@ from balancer_cli.pack.pipeline import pack_manifest, place_packer, resolve_thre
 from balancer_cli.pack.windows import (
     BASE_BYTES,
     BYTES_PER_SAMPLE,
+    EPOCH_BYTES_PER_SAMPLE,
     HELD_BYTES_PER_SAMPLE,
     MAX_WINDOW_SAMPLES,
     num_windows,
@@ -90,6 +91,14 @@ def test_window_counts_and_budget():
         window_samples_for(0.34, 1_200_000)
     free = 0.6 * 2**30 - BASE_BYTES - HELD_BYTES_PER_SAMPLE * 10**6
     assert window_samples_for(0.6, 10**6) == int(free // BYTES_PER_SAMPLE)
+    # every epoch past the first holds its plan, windows and rows too
+    held = EPOCH_BYTES_PER_SAMPLE[0]
+    free = 0.8 * 2**30 - BASE_BYTES - (HELD_BYTES_PER_SAMPLE + 2 * held) * 3 * 10**6
+    assert resolve_window_samples(3 * 10**6, None, 0.8, epochs=3) == window_samples_for(0.8, 3 * 10**6, epochs=3) == int(
+        free // BYTES_PER_SAMPLE) < window_samples_for(0.8, 3 * 10**6)
+    with pytest.raises(UsageError, match=r"cannot hold 10,000,000 samples of 2 modules in 3 epochs .*raise .*to 1\.4"):
+        window_samples_for(1.0, 10**7, epochs=3)
+    assert window_samples_for(1.0, 10**7) == 790_987  # one epoch: as before
     with pytest.raises(UsageError, match="both set the window size"):
         resolve_window_samples(10, 5, 1.0)
     with pytest.raises(UsageError):
