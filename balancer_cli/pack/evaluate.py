@@ -181,22 +181,25 @@ def evaluate_rows(
     modules = inputs.modules
     phased = [m for m in modules if m != LLM and f"{m}_rank" in rows.extra]
     num_sources = len(inputs.source_names)
-    (loads_KSR, post_QSR, mix_2SO, padded_K, total_K, held_K, groups_4) = tally = new_tally(
-        num_modules=len(modules), num_steps=num_steps, world_size=R, num_sources=num_sources, num_phases=len(phased))
+    (loads_KSR, post_QSR, dist_2S, padded_K, total_K, held_K, groups_4) = tally = new_tally(
+        num_modules=len(modules), num_steps=num_steps, world_size=R, num_phases=len(phased))
     # Random batching of the same steps: the placed samples' sources in a seeded shuffle (1 B/row).
     source_P = inputs.source_codes_N[rows.sample]
+    share_O = np.bincount(source_P, minlength=num_sources) / max(len(source_P), 1)
+    if len(source_P):
+        dist_2S[:] = 0.5 * share_O.sum()  # a step without rows: as far as a step of no source
     # In place: the same shuffle as source_P[permutation(P)], without the (P,) int64 permutation.
     np.random.default_rng(0).shuffle(source_P)
     phase_QP = np.stack([np.asarray(rows.extra[f"{m}_rank"]) for m in phased]) if phased else np.zeros((0, 0), np.int32)
     phase_of_K = np.array([phased.index(m) if m in phased else -1 for m in modules], np.int64)
     if tally_rows(rows.step, rows.rank, rows.micro, rows.sample, inputs.cost_NK, inputs.load_NK,
-                  inputs.source_codes_N, source_P, phase_QP, phase_of_K, np.asarray(caps_K, np.int64), R, *tally):
+                  inputs.source_codes_N, source_P, share_O, phase_QP, phase_of_K, np.asarray(caps_K, np.int64), R,
+                  *tally):
         raise ManifestError(f"rows name a step outside 0..{num_steps - 1} or a rank outside 0..{R - 1}",
                             fix="check the manifest first (balancer_cli.replay.integrity.check_manifest)")
     del source_P, phase_QP
     loads = dict(zip(modules, loads_KSR))
     post = dict(zip(phased, post_QSR))
-    mix_SO, reference_SO = mix_2SO
     groups = _GroupTally(*groups_4.tolist())
     share_K = held_K / max(groups.count, 1)
     sparse_K = sparse_shares(share_K)
@@ -215,7 +218,7 @@ def evaluate_rows(
                         epoch_num_steps),
         "groups": groups.summary(),
         "dropped": _dropped(np.asarray(dropped_sample), dropped_reason, inputs.num_samples),
-        "step_mix": _step_mix(mix_SO, reference_SO, num_sources),
+        "step_mix": _step_mix(*dist_2S, num_sources),
     }
     metrics["contract"] = contract_entry(metrics, modules)
     if post:
@@ -269,8 +272,8 @@ def _steps(inputs, rows: ManifestRows, caps_K: np.ndarray, per_step: int, epoch_
             "lower_bound_per_epoch": bounds, "vs_lower_bound": _round(total / bound) if bound else 1.0}
 
 
-def _step_mix(mix_SO: np.ndarray, reference_SO: np.ndarray, num_sources: int) -> dict:
-    distances, reference = _distances(mix_SO), _distances(reference_SO)
+def _step_mix(distances: np.ndarray, reference: np.ndarray, num_sources: int) -> dict:
+    """The report's step mix of the steps' distances and those of the shuffle (:func:`tally_rows`)."""
     mean, shuffled = _mean(distances), _mean(reference)
     return {"mean_distance": _round(mean),
             "max_distance": _round(distances.max()) if len(distances) else 0.0,

@@ -6,6 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from balancer_cli.errors import ManifestError
 from balancer_cli.lengths import make_lengths_table
@@ -46,6 +48,34 @@ def test_evaluate_counts_over_cap_groups_and_post_balance_ranks():
     assert m["modules"]["vision"]["utilization"] == 0.5
     assert m["post_balance"]["modules"]["vision"] == {"dist_ratio": 0.0, "utilization": 1.0}
     assert ev.loads["vision"].tolist() == [[1024.0, 0.0]]
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), sources=st.integers(1, 300), steps=st.integers(1, 12), world=st.integers(1, 5))
+def test_the_step_mix_is_the_distance_of_each_steps_counts(seed, sources, steps, world):
+    """The evaluation measures each step's mix while its rows pass (no (S, O) table): the same
+    distances as the steps' source counts give, for many sources (some in no row), steps of any
+    size and the seeded shuffle of random batching."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(steps * world, 40 * steps * world + 1))
+    source = np.array([f"s{i}" for i in rng.integers(0, sources, n)])
+    inputs = prepare_inputs(make_lengths_table(rng.integers(1, 500, n), source=source))
+    step = np.sort(np.concatenate([np.arange(steps).repeat(world), rng.integers(0, steps, n - steps * world)]))
+    rank = np.concatenate([np.sort(np.concatenate([np.arange(world), rng.integers(0, world, c - world)]))
+                           for c in np.bincount(step, minlength=steps)])
+    rows = ManifestRows(step, rank, np.zeros(n, int), rng.permutation(n))
+    mix = evaluate_rows(inputs, rows, np.array([], np.int64), (), caps_K=np.array([10**6]), world_size=world,
+                        micro_batches=1, epoch_num_steps=[steps]).metrics["step_mix"]
+    O = len(inputs.source_names)
+    source_P = inputs.source_codes_N[rows.sample]
+    placed = step_mix_distances(step, source_P, steps, O)
+    shuffled = source_P.copy()
+    np.random.default_rng(0).shuffle(shuffled)
+    reference = step_mix_distances(step, shuffled, steps, O)
+    assert mix["mean_distance"] == pytest.approx(placed.mean(), abs=2e-6)
+    assert mix["max_distance"] == pytest.approx(placed.max(), abs=2e-6)
+    assert mix["shuffled_mean_distance"] == pytest.approx(reference.mean(), abs=2e-6)
+    assert mix["num_sources"] == O
 
 
 def test_drop_reasons_are_counted_by_kind():
