@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from unittest import mock
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from balancer_cli import omnibal_json
 from balancer_cli.cli import main
 from balancer_cli.errors import InputError, ManifestError
 from balancer_cli.lengths import (
@@ -21,7 +25,13 @@ from balancer_cli.lengths import (
     read_lengths,
     write_lengths,
 )
-from balancer_cli.manifest import ManifestRows, open_manifest, read_dropped, write_manifest
+from balancer_cli.manifest import (
+    ManifestRows,
+    open_manifest,
+    read_dropped,
+    write_manifest,
+)
+from balancer_cli.omnibal_json import read_omnibal_json
 from balancer_cli.pack.inputs import prepare_inputs
 
 
@@ -152,6 +162,35 @@ def test_omnibal_json_with_a_byte_order_mark_reads(tmp_path):
     assert (lt.items("vision").tolist(), lt.llm_tokens().tolist()) == ([2], [600])
 
 
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), chunk=st.sampled_from([3, 16, 64, 1 << 20]))
+def test_omnibal_json_read_a_chunk_at_a_time_is_the_whole_parse(tmp_path_factory, data, chunk):
+    """Records read a chunk of bytes at a time (cut at ``},``, even inside a string or a nested
+    object) give what parsing the whole file gives: the same fields, or the same error."""
+    records = data.draw(st.lists(st.fixed_dictionaries(
+        {"vit_num": st.integers(0, 12),
+         "token_num": st.one_of(st.integers(0, 9999), st.integers(0, 9), st.sampled_from([None, 1.5, "7"]))},
+        optional={"note": st.sampled_from(["}, {", "a},b", "x"]), "flags": st.just({"y": 1})}), max_size=40))
+    text = json.dumps(records, indent=data.draw(st.sampled_from([None, 1]))).encode()
+    if data.draw(st.booleans()):  # break it somewhere
+        at = data.draw(st.integers(0, max(0, len(text) - 1)))
+        text = text[:at] + data.draw(st.sampled_from([b",", b"}", b"]", b"", b" ,"])) + text[at + 1:]
+    path = tmp_path_factory.mktemp("json") / "src.json"
+    path.write_bytes(text)
+
+    def outcome():
+        try:
+            table = read_omnibal_json(path)
+            return table.column("vision_items").to_pylist(), table.column("llm_tokens").to_pylist()
+        except InputError as error:
+            return error.message
+
+    with mock.patch.object(omnibal_json, "_CHUNK_BYTES", chunk):
+        streamed = outcome()
+    with mock.patch.object(omnibal_json, "_streamed_fields", lambda path: None):
+        assert streamed == outcome()
+
+
 def test_manifest_row_groups_hold_whole_steps_and_seek(tmp_path):
     steps, ranks, micros, per_group = 50, 4, 2, 3
     step, rank, micro = (a.ravel() for a in np.meshgrid(np.arange(steps), np.arange(ranks), np.arange(micros),
@@ -187,6 +226,7 @@ def test_manifest_rejects_unsorted_rows_and_missing_dir(tmp_path):
 
 def test_atomic_outputs_respect_the_umask(tmp_path):
     import os
+
     from balancer_cli._fsutil import atomic_path
     old = os.umask(0o022)
     try:
