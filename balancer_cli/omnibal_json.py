@@ -75,11 +75,16 @@ def read_omnibal_json(path: str | os.PathLike) -> pa.Table:
     })
 
 
+def _columns(records: list) -> tuple[np.ndarray, np.ndarray]:
+    """(vit_num, token_num) of ``records`` as int64 arrays (KeyError, TypeError or ValueError where one is bad)."""
+    return (np.fromiter((r["vit_num"] for r in records), dtype=np.int64, count=len(records)),
+            np.fromiter((r["token_num"] for r in records), dtype=np.int64, count=len(records)))
+
+
 def _fields(path: Path, records: list) -> tuple[np.ndarray, np.ndarray]:
-    """(vit_num, token_num) of ``records`` as int64 arrays (raises :class:`InputError` naming the first bad record)."""
+    """:func:`_columns`, or an :class:`InputError` naming the first bad record."""
     try:
-        return (np.fromiter((r["vit_num"] for r in records), dtype=np.int64, count=len(records)),
-                np.fromiter((r["token_num"] for r in records), dtype=np.int64, count=len(records)))
+        return _columns(records)
     except (KeyError, TypeError, ValueError):
         bad = next(i for i, r in enumerate(records) if not (
             isinstance(r, dict) and isinstance(r.get("vit_num"), int) and isinstance(r.get("token_num"), int)))
@@ -121,10 +126,10 @@ def _streamed_fields(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
                 part = part[:-1]
             if part.strip():
                 try:
-                    records = json.loads(b"[" + part + b"]")
-                    items.append(np.fromiter((r["vit_num"] for r in records), dtype=np.int64, count=len(records)))
-                    llm.append(np.fromiter((r["token_num"] for r in records), dtype=np.int64, count=len(records)))
+                    columns = _columns(json.loads(b"[" + part + b"]"))
                 except (ValueError, KeyError, TypeError):  # json.JSONDecodeError is a ValueError
                     return None
+                items.append(columns[0])
+                llm.append(columns[1])
             if not more:
                 return (np.concatenate(items), np.concatenate(llm)) if items else None

@@ -54,7 +54,7 @@ def merge_windows(inputs: PackInputs, results_by_epoch: Sequence[Sequence[Window
 
     Args:
         inputs: the load/cost matrices (for the samples with a scan error).
-        results_by_epoch: per epoch, its windows in order. The lists are emptied: each window's
+        results_by_epoch: per epoch, its windows in order. Lists are emptied: each window's
             arrays are freed once its rows are written (where the caller holds no other reference).
         epochs: number of epochs (a reason that held in every epoch is written plain).
     """
@@ -77,7 +77,8 @@ def merge_windows(inputs: PackInputs, results_by_epoch: Sequence[Sequence[Window
             offset += result.num_steps
             epoch_steps += result.num_steps
         epoch_num_steps.append(int(epoch_steps))
-        results.clear()  # ``windows`` holds them now, and lets each go once merged
+        if isinstance(results, list):  # ``windows`` holds them now, and lets each go once merged
+            results.clear()
     rows = _expand_groups(windows)
     left_out = np.array(sorted(dropped), dtype=np.int64)
     reasons = np.empty(len(left_out), dtype=object)
