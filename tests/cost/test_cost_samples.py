@@ -42,3 +42,25 @@ def test_a_module_without_a_model_names_a_parameter_that_exists():
     assert "encoders={'video': <preset>}" in str(info.value) and "--video" not in str(info.value)
     costs = sample_costs(lt, "flops", llm="qwen2-7b", encoders={"video": "internvit-300m"})
     assert list(costs) == ["video", "llm"]
+
+
+@pytest.mark.parametrize("block", [1, 7, 1000])
+def test_model_costs_computed_a_block_of_samples_at_a_time_are_the_whole_tables(monkeypatch, block):
+    """``prepare_inputs`` computes the FLOPs of a block of samples at a time (bounded memory): a
+    sample's cost is its own, so any block size gives the costs of the whole table, failed
+    samples (null lengths) and an item's own sequence lengths included."""
+    from balancer_cli.pack import inputs as pack_inputs
+
+    rng = np.random.default_rng(block)
+    n = 57
+    items = rng.integers(0, 4, n)
+    seqlens = [[int(x) for x in rng.integers(64, 1025, k)] for k in items]
+    tokens = np.array([sum(s) for s in seqlens])
+    lengths = make_lengths_table(rng.integers(10, 3000, n) + tokens, {"vision": (tokens, items)},
+                                 seqlens={"vision": seqlens}, error=[None if rng.random() > 0.1 else "bad" for _ in range(n)])
+    presets = (("llm", "qwen2-7b"), ("vision", "qwen2-vl-vit"))
+    whole = pack_inputs.prepare_inputs(lengths, "flops", presets).cost_NK
+    monkeypatch.setattr(pack_inputs, "_COST_BLOCK", block)
+    assert np.array_equal(pack_inputs.prepare_inputs(lengths, "flops", presets).cost_NK, whole)
+    direct = sample_costs(lengths, "flops", vision="qwen2-vl-vit", llm="qwen2-7b")
+    assert np.array_equal(whole, np.column_stack([direct["vision"], direct["llm"]]).astype(np.float32))
