@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["RUNS_BLOCK", "concat_ranges", "search_sorted", "sorted_runs", "sum_rows", "take_column", "take_rows"]
+__all__ = ["RUNS_BLOCK", "concat_ranges", "run_blocks", "search_sorted", "sorted_runs", "sum_rows", "take_column", "take_rows"]
 
 #: Rows whose keys :func:`sorted_runs` computes at a time (~8 MB of int64 keys at any size).
 RUNS_BLOCK = 1 << 20
@@ -41,6 +41,24 @@ def concat_ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     ends = np.cumsum(sizes)
     total = int(ends[-1]) if len(ends) else 0
     return np.arange(total, dtype=np.int64) + np.repeat(np.asarray(starts, dtype=np.int64) - (ends - sizes), sizes)
+
+
+def run_blocks(starts: np.ndarray, rows_per_block: int) -> list[int]:
+    """Cut S runs of rows (``starts``: each run's first row, then the row count; S + 1 ascending
+    values) into blocks of whole runs: each block ends at the first run boundary at least
+    ``rows_per_block`` rows past its start (one run at least). Returns the runs that start a
+    block, then S.
+
+    Example:
+        >>> run_blocks(np.array([0, 3, 5, 9, 10]), 4)  # runs of 3, 2, 4 and 1 rows: blocks of 5, 4 and 1
+        [0, 2, 3, 4]
+    """
+    S = len(starts) - 1
+    cuts = [0]
+    while cuts[-1] < S:
+        after = int(np.searchsorted(starts, starts[cuts[-1]] + rows_per_block, side="left"))
+        cuts.append(min(max(after, cuts[-1] + 1), S))
+    return cuts
 
 
 def search_sorted(sorted_a: np.ndarray, values, side: str = "left") -> np.ndarray:

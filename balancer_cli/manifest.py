@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 
 from balancer_cli import __version__
 from balancer_cli._fsutil import atomic_path
-from balancer_cli._index import search_sorted, sorted_runs
+from balancer_cli._index import run_blocks, search_sorted, sorted_runs
 from balancer_cli._memory import release_freed_memory
 from balancer_cli.commit import verify_commit, write_commit
 from balancer_cli.errors import ManifestError, check_int
@@ -241,11 +241,7 @@ def write_manifest(
     # Step boundaries: start row of every step, then cut row groups at the first step boundary
     # at or after each multiple of rows_per_row_group.
     step_start = search_sorted(step, np.arange(num_steps + 1))
-    cuts = [0]
-    while cuts[-1] < num_steps:
-        target = step_start[cuts[-1]] + rows_per_row_group
-        nxt = int(np.searchsorted(step_start, target, side="left"))
-        cuts.append(min(max(nxt, cuts[-1] + 1), num_steps))
+    cuts = run_blocks(step_start, rows_per_row_group)
     full_meta = {
         **dict(meta),
         "schema_version": SCHEMA_VERSION,

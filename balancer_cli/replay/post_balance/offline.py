@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from balancer_cli._index import search_sorted
+from balancer_cli._index import run_blocks, search_sorted
 from balancer_cli.errors import PlanError
 from balancer_cli.lengths import LLM
 from balancer_cli.manifest import ManifestRows
@@ -35,7 +35,7 @@ from balancer_cli.replay.post_balance.plan import PostBalancePlan, plan_post_bal
 
 __all__ = ["manifest_phase_ranks", "phase_utilization", "plan_from_phase_ranks"]
 
-#: Rows whose costs :func:`manifest_phase_ranks` gathers at a time (whole steps; ~4 MB of them).
+#: Rows whose costs :func:`manifest_phase_ranks` gathers at a time (whole steps, a step past it at most).
 _BLOCK_ROWS = 1 << 18
 
 
@@ -101,9 +101,7 @@ def manifest_phase_ranks(
                         fix="pass the manifest's world_size")
     out = np.empty((len(order) - 1, len(rows)), np.int32)
     bounds = _step_bounds(rows)
-    first = 0  # the first step of the block
-    while first < len(bounds) - 1:
-        last = max(first + 1, int(np.searchsorted(bounds, bounds[first] + _BLOCK_ROWS, "right")) - 1)
+    for first, last in itertools.pairwise(run_blocks(bounds, _BLOCK_ROWS)):  # steps first .. last - 1
         a = bounds[first]
         cost_PK = np.stack([column[sample[a:bounds[last]]].astype(np.float64) for column in columns], axis=1)
         for lo, hi in itertools.pairwise(bounds[first:last + 1]):
@@ -112,7 +110,6 @@ def manifest_phase_ranks(
             plan = plan_post_balance([cost_PK[x:y] for x, y in itertools.pairwise(cuts)], ranks_per_node,
                                      modules=order, attention=attention)
             out[:, lo:hi] = plan.dest_KN[:-1]
-        first = last
     return {m: out[i] for i, m in enumerate(order[:-1])}
 
 
