@@ -336,6 +336,23 @@ def test_lower_bound_counts_items_that_long_texts_waste():
     assert p.num_groups >= groups_lower_bound(load, caps)
 
 
+@given(n=st.integers(1, 300), seed=st.integers(0, 2**31 - 1), dtype=st.sampled_from([np.int16, np.int32, np.int64]),
+       masked=st.booleans(), tiles=st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_the_two_module_bound_is_the_general_bound(n, seed, dtype, masked, tiles):
+    """The two-column kernel gives :func:`_bound_kernel`'s bound: rows over a cap, over half a cap,
+    without items, items of LLM tokens per tile, subsets of the rows and every integer type."""
+    from balancer_cli.pack.bounds import _bound_kernel, _two_module_bound
+
+    rng = np.random.default_rng(seed)
+    items = rng.integers(0, 4 if tiles else int(rng.integers(1, 40)), n)
+    llm = (256 * items if tiles else 0) + rng.integers(0, int(rng.integers(1, 5000)), n)
+    load = np.stack([items, llm], 1).astype(dtype)
+    caps = np.array([int(rng.integers(1, 30)), int(rng.integers(1, 6000))])
+    mask = rng.random(n) < 0.7 if masked else np.zeros(0, np.bool_)
+    assert _two_module_bound(load, caps, mask) == _bound_kernel(load, caps, mask)
+
+
 def test_balanced_options_are_validated():
     assert BalancedOptions().passes is None and BalancedOptions(passes=0, max_sources=1).max_sources == 1
     for bad in (dict(passes=-1), dict(passes=1.5), dict(passes=True), dict(max_sources=0)):
