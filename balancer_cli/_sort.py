@@ -20,7 +20,8 @@ import numpy as np
 
 from balancer_cli._jit import njit
 
-__all__ = ["stable_order", "lexsort_order", "stable_argsort", "fix_cut_ties", "radix_sort"]
+__all__ = ["stable_order", "size_order", "lexsort_order", "stable_argsort", "fix_cut_ties", "radix_sort",
+           "SIZE_BITS"]
 
 _SIGN = np.uint64(1 << 63)
 #: From this many keys the words are sorted by :func:`radix_sort` (below it numpy's sort is as fast).
@@ -50,6 +51,39 @@ def stable_order(values: np.ndarray, *, descending: bool = False) -> np.ndarray:
     else:
         word.sort()
     return fix_cut_ties(word, key, index_bits)
+
+
+#: Mantissa bits :func:`size_order` keeps: sizes within a factor ``1 + 2**-SIZE_BITS`` (0.05%) may tie.
+SIZE_BITS = 11
+
+
+def size_order(values: np.ndarray, *, descending: bool = False) -> np.ndarray:
+    """(N,) int64 indices that order non-negative ``values`` to within 0.05%: a stable sort of each
+    value's exponent and top :data:`SIZE_BITS` mantissa bits, so values that close may tie, and
+    ties keep index order. For orders by size (dealing's rounds, first fit decreasing) that only
+    need sizes near each other to be near each other: 16-bit keys (the 32 octaves below the
+    largest value; smaller values tie at the bottom) take numpy's radix sort, 3-4x faster than
+    :func:`stable_order` (1.25M keys: 18-22 ms against 60-70). Exact integer keys: the same
+    order on every machine, whatever numpy's SIMD.
+
+    Any other array (negative, NaN or infinite values, or not float64) gets :func:`stable_order`.
+
+    Example:
+        >>> size_order(np.array([2.0, 0.0, 3.0, 2.0005, 1.0]), descending=True).tolist()  # 2 and 2.0005 tie
+        [2, 0, 3, 4, 1]
+    """
+    values = np.asarray(values)
+    n = values.shape[0] if values.ndim == 1 else 0
+    if (values.ndim != 1 or n < 2 or values.dtype != np.float64 or not values.min() >= 0
+            or not np.isfinite(values.max())):
+        return stable_order(values, descending=descending)
+    # A non-negative double's bits order as its value: the top bits are a log scale.
+    words = (values + 0.0).view(np.uint64) >> np.uint64(52 - SIZE_BITS)
+    low = max(int(words.max()) - 0xFFFF, 0)
+    key = (np.maximum(words, np.uint64(low)) - np.uint64(low)).astype(np.uint16)
+    if descending:
+        key = np.uint16(0xFFFF) - key
+    return np.argsort(key, kind="stable").astype(np.int64, copy=False)
 
 
 def lexsort_order(values: np.ndarray, major: np.ndarray) -> np.ndarray:

@@ -181,6 +181,45 @@ def test_stable_order_is_numpys_stable_argsort(pool, n, seed, as_int, descending
 
 
 @SETTINGS
+@given(pool=st.lists(st.one_of(st.floats(0, 1e300), st.floats(0, 4), st.just(0.0), st.just(-0.0), st.just(5e-324)),
+                     min_size=1, max_size=30),
+       n=st.sampled_from([0, 1, 2, 10, 5000, 60000]), seed=st.integers(0, 3), descending=st.booleans(),
+       spread=st.booleans(), other=st.sampled_from([None, "negative", "nan", "inf", "int"]))
+def test_size_order_orders_to_its_precision_and_ties_by_index(pool, n, seed, descending, spread, other):
+    """A permutation in which a value comes before another only if it is larger (descending) or smaller
+    by less than 2^-SIZE_BITS, or the two share a bucket and its index is lower; values 2^16 buckets
+    below the largest tie at the bottom; anything but non-negative finite floats: :func:`stable_order`."""
+    from balancer_cli._sort import SIZE_BITS, size_order, stable_order
+
+    rng = np.random.default_rng(seed)
+    values = np.array(pool)[rng.integers(0, len(pool), n)]
+    if spread:  # many distinct sizes, some within the precision of each other
+        values = values * (1 + rng.integers(0, 4, n) * 2.0**-(SIZE_BITS + 2))
+    if other and n:
+        values = np.minimum(values, 1e15).astype(np.int64) if other == "int" else values.copy()
+        if other != "int":
+            values[rng.integers(0, n)] = {"negative": -1.0, "nan": np.nan, "inf": np.inf}[other]
+        assert np.array_equal(size_order(values, descending=descending), stable_order(values, descending=descending))
+        return
+    got = size_order(values, descending=descending)
+    assert got.dtype == np.int64 and np.array_equal(np.sort(got), np.arange(n))
+    if n < 2:
+        return
+    ordered = values[got]
+    bucket = (ordered + 0.0).view(np.uint64) >> np.uint64(52 - SIZE_BITS)  # -0.0 is 0.0
+    low = max(int(bucket.max()) - 0xFFFF, 0)
+    bucket = np.maximum(bucket, np.uint64(low))
+    step = np.diff(bucket.astype(np.int64))
+    assert (step <= 0).all() if descending else (step >= 0).all()  # buckets in order
+    same = step == 0
+    assert (np.diff(got)[same] > 0).all()  # ties (one bucket) keep index order
+    assert np.all(ordered[1:][~same] != ordered[:-1][~same])  # equal values always share a bucket
+    near = np.abs(np.diff(ordered)) <= np.maximum(ordered[1:], ordered[:-1]) * 2.0**-SIZE_BITS
+    wrong = (np.diff(ordered) > 0) if descending else (np.diff(ordered) < 0)
+    assert not (wrong & ~near & (bucket[1:] > low) & (bucket[:-1] > low)).any()  # out of order only within it
+
+
+@SETTINGS
 @given(pool=st.lists(st.one_of(st.floats(allow_nan=False), st.just(0.0), st.just(-0.0), st.just(5e-324)),
                      min_size=1, max_size=30),
        n=st.sampled_from([0, 1, 2, 10, 5000, 60000]), seed=st.integers(0, 3), near=st.booleans())

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from balancer_cli._jit import njit, prefetch
-from balancer_cli._sort import stable_argsort
+from balancer_cli._sort import size_order, stable_argsort
 from balancer_cli.pack.packers._table_kernels import ROWS_AHEAD
 
-__all__ = ["greedy_close", "first_fit", "first_fit_tree", "deal_rounds", "row_shares"]
+__all__ = ["greedy_close", "first_fit", "first_fit_tree", "deal_rounds", "row_shares", "deal_order"]
 
 
 @njit
@@ -178,6 +178,23 @@ def first_fit_tree(sizes, cap, width):  # pragma: no cover - compiled
             tree[node] = max(tree[2 * node], tree[2 * node + 1])
             node //= 2
     return bins
+
+
+def deal_order(hard_n: np.ndarray, norm_n: np.ndarray, hard_share: float) -> np.ndarray:
+    """Dealing's order of rows (:func:`row_shares`' ``hard`` and ``norm``): those over ``hard_share``
+    of a cap first, by that share, then the others by normalized size; both decreasing, to 0.05%
+    (:func:`~balancer_cli._sort.size_order`), ties by position.
+
+    Example:
+        >>> deal_order(np.array([0.2, 0.9, 0.1, 0.6]), np.array([0.5, 0.9, 0.7, 0.6]), 0.5).tolist()
+        [1, 3, 2, 0]
+    """
+    order = size_order(norm_n, descending=True)
+    is_hard = hard_n > hard_share
+    if not is_hard.any():
+        return order
+    first = np.flatnonzero(is_hard)
+    return np.concatenate([first[size_order(hard_n[first], descending=True)], order[~is_hard[order]]])
 
 
 @njit

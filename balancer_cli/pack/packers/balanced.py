@@ -12,8 +12,8 @@ Algorithm:
    total number of groups (isolated ones included) is rounded up to a multiple of
    ``group_multiple`` (the assigner wants ``world_size x micro_batches``).
 2. **Dealing** (:func:`~balancer_cli.pack.packers._fill_kernels.deal_rounds`). Samples over half
-   a cap first, then the others by decreasing normalized size ``sum_k w_ik / t_k`` (ties broken
-   by a seeded shuffle), are dealt in rounds of G: the biggest to the group with the lowest
+   a cap first, then the others by decreasing normalized size ``sum_k w_ik / t_k`` (to 0.05%: ties
+   broken by a seeded shuffle), are dealt in rounds of G: the biggest to the group with the lowest
    normalized load. A row that breaks a cap gets a second chance on the roomiest unused group,
    then waits for the next round; a few stragglers go to the lightest group with room. Every
    group gets one row per size stratum, so groups are random mixes of sources. Dealing spreads
@@ -60,7 +60,7 @@ import numpy as np
 
 from balancer_cli._columns import column_sums
 from balancer_cli._index import take_rows
-from balancer_cli._sort import stable_order
+from balancer_cli._sort import size_order
 from balancer_cli.errors import InputError, UsageError, is_int
 from balancer_cli.pack.bounds import groups_lower_bound
 from balancer_cli.pack.packers._balanced_refine import refine
@@ -71,7 +71,12 @@ from balancer_cli.pack.packers._common import (
     check_inputs,
     split_oversize,
 )
-from balancer_cli.pack.packers._fill_kernels import deal_rounds, first_fit, row_shares
+from balancer_cli.pack.packers._fill_kernels import (
+    deal_order,
+    deal_rounds,
+    first_fit,
+    row_shares,
+)
 from balancer_cli.pack.packers._table_kernels import group_tables, load_sums, suffix_min
 from balancer_cli.pack.types import Packing
 
@@ -288,8 +293,7 @@ def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed
     """Steps 1-2: G and the dealt groups of ``rows`` (first fit's when dealing needs too many):
     ``(members_GX, count_G, wsum_GK, lsum_GK)``, see :func:`group_tables`."""
     lb = groups_lower_bound(load, caps, rows=rows)
-    # Samples per group are capped too (an extra "module" of one per sample): it bounds the
-    # member table's width, and so the refinement's memory and time.
+    # Samples per group are capped too (an extra "module" of one per sample): it bounds the member table.
     max_count = int(np.ceil(2.5 * len(rows) / lb)) + 4
     load_c = np.column_stack([load, np.ones(len(load), np.int64)])
     caps_c = np.append(caps, max_count)
@@ -298,16 +302,13 @@ def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed
         # The total, isolated oversize groups included, is what must be a multiple.
         return min(-(-(G + num_isolated) // group_multiple) * group_multiple - num_isolated, len(rows))
 
-    # Rounded up to whole steps, so up to a step past MAX_STEP_EXCESS x the bound passes (few
-    # steps: 1.031-1.032x): a limit rounded down sent such deals to first fit's groups, which
-    # mix poorly (48 random inputs: 2 of them 0.40x -> 1.65x and 0.55x -> 1.20x for 0.03x fewer steps).
+    # Rounded up to whole steps (few steps: 1.031-1.032x the bound): rounded down sent such deals to first
+    # fit's groups, which mix poorly (48 random inputs: 2 of them 0.40x -> 1.65x and 0.55x -> 1.20x).
     limit = rounded(int(np.ceil(lb * MAX_STEP_EXCESS)))
     shares = _FILL_SHARES
     if len(rows) > _PROBE_ABOVE:
-        # A full deal of 1M rows costs ~0.7 s; how many groups a share needs hardly depends on
-        # the size of the sample, so a seeded subsample picks the first share to deal in full.
-        # Near the limit the full data can still need more (309k synthetic rows: 1.028 x the
-        # bound on the subsample, 1.032 in full): then the later shares, before first fit.
+        # A full deal of 1M rows costs ~0.7 s, and the groups a share needs hardly depend on the sample's size:
+        # a seeded subsample picks the first share (the full data may still need the later ones).
         probed = _probe_fill_share(rows, load_c, weight, caps_c, seed)
         shares = _FILL_SHARES[_FILL_SHARES.index(probed):]
     for fill_share in shares:  # more first fit packs tighter, less deals more evenly
@@ -316,8 +317,7 @@ def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed
         if G <= limit:
             break
     if G > limit:
-        # Too many extra groups: first fit decreasing alone packs tighter, by the rows' summed cap
-        # shares or by the binding cap's share first (sparse 241k, LLM-bound: 1.035x -> 1.030x).
+        # First fit decreasing by summed cap shares or the binding cap's (sparse 241k: 1.035x -> 1.030x).
         binding = int(np.argmax(column_sums(take_rows(load, rows)) / caps))
         for ffd_queue in _by_size(rows, load_c, caps_c, rng, binding):
             ffd_gid, G_ffd = first_fit(ffd_queue, load_c, caps_c, suffix_min(ffd_queue, load_c), LOOKBACK,
@@ -351,7 +351,7 @@ def _by_size(rows, load, caps, rng, binding=None):
     shuffled = rows[rng.permutation(len(rows))]
     size = row_shares(shuffled, load, caps, load, np.zeros(0))[1]
     keys = [size] + ([] if binding is None else [load[shuffled, binding] / caps[binding] + 0.1 * size])
-    return [shuffled[stable_order(key, descending=True)] for key in keys]
+    return [shuffled[size_order(key, descending=True)] for key in keys]
 
 
 def _deal(rows, load, weight, caps, G, rng, fill_share):
@@ -369,7 +369,7 @@ def _deal(rows, load, weight, caps, G, rng, fill_share):
     # Rows over half a cap first (no two share a group, and late they find no room), then by
     # normalized cost, so that every group gets one row of each size stratum.
     hard, size, norm = row_shares(shuffled, load, caps, weight, inv_t)
-    order = stable_order(np.where(hard > _HARD_SHARE, 1e6 + hard, norm), descending=True)
+    order = deal_order(hard, norm, _HARD_SHARE)
     queue = shuffled[order]
     volume = np.cumsum(size[order])
     cut = max(int(np.searchsorted(volume, (1.0 - fill_share) * volume[-1])), min(G, len(queue)))
