@@ -166,11 +166,6 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
     # Large runs draw report.png in a child that imports matplotlib while this process packs; not
     # under a memory budget, which the child's ~100 MB would not be counted in.
     with PlotWorker() if memory_gb is None and want_worker(table.num_samples) else contextlib.nullcontext() as plotter:
-        from balancer_cli.pack.windows import resolve_window_samples
-
-        config = dataclasses.replace(config, window_samples=resolve_window_samples(
-            table.num_samples, config.window_samples, memory_gb, num_modules=len(table.modules) + 1,
-            epochs=config.epochs))
         engine_options = _pack_engine_options(engine, out, table.fingerprint, ray_address, notify)
         if keep_parts and engine_options is None:
             raise UsageError("{keep_parts} applies to the ray engine only", fix="add {engine} ray")
@@ -180,6 +175,11 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
         fingerprint = table.fingerprint
         del table
         release_freed_memory()
+        from balancer_cli.pack.windows import resolve_window_samples
+
+        config = dataclasses.replace(config, window_samples=resolve_window_samples(
+            inputs.num_samples, config.window_samples, memory_gb, num_modules=len(inputs.modules),
+            epochs=config.epochs, num_sources=len(inputs.source_names)))
         result = pack_inputs(inputs, config, lengths_fingerprint=fingerprint, engine=engine,
                              engine_options=engine_options, on_window=on_window)
         done("pack")

@@ -46,6 +46,7 @@ __all__ = [
     "TAIL_BYTES_PER_SAMPLE",
     "MODULE_BYTES_PER_SAMPLE",
     "EPOCH_BYTES_PER_SAMPLE",
+    "SOURCE_BYTES_PER_SAMPLE",
     "BASE_BYTES",
     "DEFAULT_MEMORY_GB",
     "MAX_WINDOW_SAMPLES",
@@ -67,8 +68,9 @@ __all__ = [
 #: load/cost matrices, its placed groups; measured ~145 B at windows of 1M, rounded up).
 BYTES_PER_SAMPLE = 200
 #: Bytes every sample holds while the windows pack (loads, costs, sources, ids, window
-#: membership, the windows placed so far): 45-52 B measured at 1.2M and 10M samples, rounded up.
-HELD_BYTES_PER_SAMPLE = 58
+#: membership, the windows placed so far): 34 B fitted to the peaks of 1.2M, 3M and 10M samples
+#: in windows of 300k to 1.5M (a window sample 186 B), rounded up.
+HELD_BYTES_PER_SAMPLE = 46
 #: Bytes every sample holds once packed (the merged rows beside the windows' results, then the
 #: metrics and the manifest written): the peak of a 100M run in windows of 1M, 66 B, rounded up.
 TAIL_BYTES_PER_SAMPLE = 68
@@ -76,11 +78,18 @@ TAIL_BYTES_PER_SAMPLE = 68
 #: window's working tables widen, and three-module windows trade across steps
 #: (3M three-module samples in windows of 375k: 387 B per window sample; their costs and loads
 #: 8 B more per sample).
-MODULE_BYTES_PER_SAMPLE = (200, 8, 8)
+MODULE_BYTES_PER_SAMPLE = (200, 20, 8)
 #: What each epoch past the first adds per sample while the windows pack and once they are packed:
 #: its window plan and placed windows (12.5 B measured at 10M), then its rows, per-step loads and
 #: the report's check reading the rows back (17.6 B measured at 10M in three epochs); rounded up.
 EPOCH_BYTES_PER_SAMPLE = (14, 20)
+#: What each source past :data:`FREE_SOURCES` adds to a window sample, up to the
+#: :data:`TRACKED_SOURCES` the refinement and the step stages count per group (each group's
+#: count of each: 10M samples of 500 sources peaked 65 MiB over 4 sources in windows of 791k,
+#: 102 MiB in windows of 1.25M: ~80 B a window sample for 12 sources more).
+SOURCE_BYTES_PER_SAMPLE = 7
+FREE_SOURCES = 4
+TRACKED_SOURCES = 16
 #: The libraries' own memory (numpy, Arrow, numba and its loaded kernels, matplotlib drawing
 #: report.png in the process): a run of 2,000 samples peaks at 304 MiB; rounded up.
 BASE_BYTES = 320 * 2**20
@@ -106,23 +115,27 @@ def min_window_samples(load_nK: np.ndarray, caps_K: np.ndarray, groups_per_step:
     return int(np.ceil(MIN_WINDOW_STEPS * groups_per_step * n / groups))
 
 
-def window_samples_for(memory_gb: float, num_samples: int = 0, num_modules: int = 2, epochs: int = 1) -> int:
+def window_samples_for(memory_gb: float, num_samples: int = 0, num_modules: int = 2, epochs: int = 1,
+                       num_sources: int = 1) -> int:
     """Samples per window so that a run over ``num_samples`` of ``num_modules`` modules (the LLM
     counted) peaks within ``memory_gb`` GiB: the budget less :data:`BASE_BYTES` and
     :data:`HELD_BYTES_PER_SAMPLE` per sample, over :data:`BYTES_PER_SAMPLE`; and the packed run
     (:data:`TAIL_BYTES_PER_SAMPLE`) must fit too. Modules past two add :data:`MODULE_BYTES_PER_SAMPLE`,
-    epochs past one :data:`EPOCH_BYTES_PER_SAMPLE`.
+    epochs past one :data:`EPOCH_BYTES_PER_SAMPLE`, sources past :data:`FREE_SOURCES`
+    :data:`SOURCE_BYTES_PER_SAMPLE` to a window sample.
 
     Raises:
         UsageError: a budget that is not positive, or too small to hold the samples at all.
 
     Example:
         >>> window_samples_for(8.0), window_samples_for(8.0, 100_000_000)
-        (41271951, 12271951)
+        (41271951, 18271951)
         >>> window_samples_for(8.0, 100_000_000, num_modules=3)  # vision, audio and the LLM
         4135975
+        >>> window_samples_for(1.0, 10_000_000), window_samples_for(1.0, 10_000_000, num_sources=500)
+        (1390987, 979568)
         >>> window_samples_for(8.0, 50_000_000), window_samples_for(8.0, 50_000_000, epochs=2)
-        (26771951, 23271951)
+        (29771951, 26271951)
     """
     if not memory_gb > 0:
         raise UsageError(f"{{memory_gb}} must be > 0, not {memory_gb!r}", fix="pass the memory budget in GiB, e.g. 8")
@@ -130,6 +143,7 @@ def window_samples_for(memory_gb: float, num_samples: int = 0, num_modules: int 
     window, held, tail = (base + extra * more for base, more in zip(
         (BYTES_PER_SAMPLE, HELD_BYTES_PER_SAMPLE, TAIL_BYTES_PER_SAMPLE), MODULE_BYTES_PER_SAMPLE))
     held, tail = (b + more_epochs * more for b, more in zip((held, tail), EPOCH_BYTES_PER_SAMPLE))
+    window += SOURCE_BYTES_PER_SAMPLE * (min(int(num_sources), TRACKED_SOURCES) - min(int(num_sources), FREE_SOURCES))
     budget = int(memory_gb * 2**30)
     free = budget - BASE_BYTES - held * n
     if free < window * min(n, 100_000) or BASE_BYTES + tail * n > budget:
@@ -142,10 +156,11 @@ def window_samples_for(memory_gb: float, num_samples: int = 0, num_modules: int 
 
 
 def resolve_window_samples(num_samples: int, window_samples: int | None, memory_gb: float | None,
-                           num_modules: int = 2, epochs: int = 1) -> int | None:
+                           num_modules: int = 2, epochs: int = 1, num_sources: int = 1) -> int | None:
     """W for a run: the given one, else the one ``memory_gb`` (default :data:`DEFAULT_MEMORY_GB`)
-    allows for ``num_modules`` modules and ``epochs`` epochs (:func:`window_samples_for`), at most
-    :data:`MAX_WINDOW_SAMPLES`; None (one window) when all ``num_samples`` fit in one.
+    allows for ``num_modules`` modules, ``epochs`` epochs and ``num_sources`` sources
+    (:func:`window_samples_for`), at most :data:`MAX_WINDOW_SAMPLES`; None (one window) when all
+    ``num_samples`` fit in one.
 
     Example:
         >>> resolve_window_samples(10, 4, None), resolve_window_samples(10, None, None)
@@ -159,7 +174,7 @@ def resolve_window_samples(num_samples: int, window_samples: int | None, memory_
     if window_samples is not None:
         return int(window_samples)
     budget = min(window_samples_for(DEFAULT_MEMORY_GB if memory_gb is None else memory_gb, num_samples, num_modules,
-                                    epochs), MAX_WINDOW_SAMPLES)
+                                    epochs, num_sources), MAX_WINDOW_SAMPLES)
     return budget if num_samples > budget else None
 
 

@@ -18,6 +18,7 @@ from balancer_cli.pack.windows import (
     EPOCH_BYTES_PER_SAMPLE,
     HELD_BYTES_PER_SAMPLE,
     MAX_WINDOW_SAMPLES,
+    SOURCE_BYTES_PER_SAMPLE,
     num_windows,
     resolve_window_samples,
     window_members,
@@ -73,7 +74,7 @@ def test_window_counts_and_budget():
     assert num_windows(100, None) == 1 and num_windows(100, 30) == 4 and num_windows(100, 30, min_samples=40) == 2
     assert num_windows(10, 30) == 1
     assert resolve_window_samples(10**6, None, None) is None  # fits the default budget: one window
-    assert resolve_window_samples(10**7, None, 1.0) == window_samples_for(1.0, 10**7) < 10**6
+    assert resolve_window_samples(10**7, None, 1.0) == window_samples_for(1.0, 10**7) < MAX_WINDOW_SAMPLES
     # a budget that would allow bigger windows still gets windows of at most MAX_WINDOW_SAMPLES
     assert resolve_window_samples(10**7, None, None) == MAX_WINDOW_SAMPLES < window_samples_for(8.0, 10**7)
     assert resolve_window_samples(10**7, 4_000_000, None) == 4_000_000  # unless W is given
@@ -93,12 +94,19 @@ def test_window_counts_and_budget():
     assert window_samples_for(0.6, 10**6) == int(free // BYTES_PER_SAMPLE)
     # every epoch past the first holds its plan, windows and rows too
     held = EPOCH_BYTES_PER_SAMPLE[0]
-    free = 0.8 * 2**30 - BASE_BYTES - (HELD_BYTES_PER_SAMPLE + 2 * held) * 3 * 10**6
-    assert resolve_window_samples(3 * 10**6, None, 0.8, epochs=3) == window_samples_for(0.8, 3 * 10**6, epochs=3) == int(
-        free // BYTES_PER_SAMPLE) < window_samples_for(0.8, 3 * 10**6)
+    free = 0.7 * 2**30 - BASE_BYTES - (HELD_BYTES_PER_SAMPLE + 2 * held) * 3 * 10**6
+    assert resolve_window_samples(3 * 10**6, None, 0.7, epochs=3) == window_samples_for(0.7, 3 * 10**6, epochs=3) == int(
+        free // BYTES_PER_SAMPLE) < window_samples_for(0.7, 3 * 10**6)
     with pytest.raises(UsageError, match=r"cannot hold 10,000,000 samples of 2 modules in 3 epochs .*raise .*to 1\.4"):
         window_samples_for(1.0, 10**7, epochs=3)
-    assert window_samples_for(1.0, 10**7) == 790_987  # one epoch: as before
+    assert window_samples_for(1.0, 10**7) == 1_390_987  # one epoch: as before
+    # every source past four (up to the 16 the groups count) widens a window sample
+    assert window_samples_for(1.0, 10**7, num_sources=4) == window_samples_for(1.0, 10**7, num_sources=1)
+    narrower = (BYTES_PER_SAMPLE + 12 * SOURCE_BYTES_PER_SAMPLE)
+    assert window_samples_for(1.0, 10**7, num_sources=500) == window_samples_for(1.0, 10**7, num_sources=16) == int(
+        (2**30 - BASE_BYTES - HELD_BYTES_PER_SAMPLE * 10**7) // narrower)
+    assert resolve_window_samples(10**7, None, 1.0, num_sources=9) == window_samples_for(1.0, 10**7, num_sources=9) < (
+        window_samples_for(1.0, 10**7))
     with pytest.raises(UsageError, match="both set the window size"):
         resolve_window_samples(10, 5, 1.0)
     with pytest.raises(UsageError):
