@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from balancer_cli._index import take_rows
-from balancer_cli._sort import lexsort_order
+from balancer_cli._sort import int_order, lexsort_order
 from balancer_cli.metrics import dist_ratio
 from balancer_cli.pack.types import row_ids
 
@@ -130,7 +130,7 @@ def form_blocks(cost_GK, dev_GO, R, rng, tolerance, discrete_levels, sparse_fact
                            level == 0, sparse_K, mean_K)
         block = paired_rounds(cell, take_rows(dev_GO, rest), np.bincount(cell) // R, R, rng)
         placed = np.flatnonzero(block >= 0)
-        blocks.append(rest[placed[np.argsort(block[placed], kind="stable")]].reshape(-1, R))
+        blocks.append(rest[placed[int_order(block[placed])]].reshape(-1, R))
         keep = block < 0
         rest, key = rest[keep], key[keep]
         if len(rest) == 0:

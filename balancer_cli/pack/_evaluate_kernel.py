@@ -29,7 +29,7 @@ import numpy as np
 from balancer_cli._jit import njit, prefetch
 from balancer_cli.pack.packers._table_kernels import ROWS_AHEAD
 
-__all__ = ["new_tally", "tally_rows"]
+__all__ = ["code_counts", "new_tally", "tally_rows"]
 
 
 def new_tally(*, num_modules: int, num_steps: int, world_size: int, num_phases: int) -> tuple:
@@ -145,3 +145,18 @@ def _close_step(s, rows, share_O, shares, count_2O, seen_2O, seen_2, dist_2S):  
             count_2O[t, o] = 0
         seen_2[t] = 0
         dist_2S[t, s] = 0.5 * (shares + off)
+
+
+@njit
+def code_counts(code_P, num_codes):  # pragma: no cover - compiled
+    """``np.bincount(code_P, minlength=num_codes)`` of codes in ``0 .. num_codes - 1``, without
+    bincount's (P,) int64 copy of narrow codes (10M int8 rows: 80 MB, ~150 ms of page faults in a run).
+
+    Example:
+        >>> code_counts(np.array([2, 0, 2], np.int8), 4).tolist()
+        [1, 0, 2, 0]
+    """
+    counts = np.zeros(num_codes, np.int64)
+    for i in range(len(code_P)):
+        counts[code_P[i]] += 1
+    return counts

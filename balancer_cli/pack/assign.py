@@ -213,9 +213,15 @@ def split_to_multiple(packing: Packing, weight_N: np.ndarray, multiple: int) -> 
         return packing
     sizes = packing.group_sizes()
     weight_G = group_sums(packing, np.asarray(weight_N, dtype=np.float64))
-    order = np.argsort(-weight_G, kind="stable")
     offsets = np.asarray(packing.group_offsets, dtype=np.int64)
-    multi = order[sizes[order] >= 2][:need]
+    # The `need` heaviest groups of two or more samples, ties by index (argsort(-weight, stable)'s
+    # first ones), without sorting every group: a partition keeps the candidates at most that light.
+    multi = np.flatnonzero(sizes >= 2)
+    key = -weight_G[multi]
+    if len(multi) > need > 0:
+        within = key <= np.partition(key, need - 1)[need - 1]
+        multi, key = multi[within], key[within]
+    multi = multi[np.argsort(key, kind="stable")][:need]
     if len(multi) < need:
         raise InputError(
             f"cannot reach a multiple of {multiple} groups from {G}: only {len(multi)} groups hold "

@@ -37,7 +37,7 @@ from balancer_cli.metrics import (
     utilization,
 )
 from balancer_cli.pack._blocks import sparse_shares
-from balancer_cli.pack._evaluate_kernel import new_tally, tally_rows
+from balancer_cli.pack._evaluate_kernel import code_counts, new_tally, tally_rows
 from balancer_cli.pack.bounds import groups_lower_bound
 from balancer_cli.pack.contract import contract_entry
 
@@ -185,7 +185,7 @@ def evaluate_rows(
         num_modules=len(modules), num_steps=num_steps, world_size=R, num_phases=len(phased))
     # Random batching of the same steps: the placed samples' sources in a seeded shuffle (1 B/row).
     source_P = inputs.source_codes_N[rows.sample]
-    share_O = np.bincount(source_P, minlength=num_sources) / max(len(source_P), 1)
+    share_O = code_counts(source_P, num_sources) / max(len(source_P), 1)
     if len(source_P):
         dist_2S[:] = 0.5 * share_O.sum()  # a step without rows: as far as a step of no source
     # In place: the same shuffle as source_P[permutation(P)], without the (P,) int64 permutation.

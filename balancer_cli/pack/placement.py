@@ -32,6 +32,7 @@ import numpy as np
 
 from balancer_cli._jit import njit
 from balancer_cli._memory import release_freed_memory
+from balancer_cli._sort import int_order
 from balancer_cli.manifest import ManifestRows, StepShape
 from balancer_cli.pack.inputs import PackInputs
 from balancer_cli.pack.windows import WindowResult
@@ -143,7 +144,7 @@ def _slots_apart(windows: Sequence[tuple[WindowResult, int]]) -> bool:
 def _sorted_by_slot(step_G, rank_G, micro_G, start_G, size_G):
     """(key, step, rank, micro, start, size) of one window's groups, sorted by slot key (stable)."""
     key_G = StepShape.slot_key(step_G, rank_G, micro_G)
-    by_slot = np.argsort(key_G, kind="stable")
+    by_slot = int_order(key_G - key_G.min()) if len(key_G) else np.zeros(0, np.int64)
     return tuple(x[by_slot] for x in (key_G, step_G, rank_G, micro_G, start_G, size_G))
 
 

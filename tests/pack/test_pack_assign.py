@@ -17,7 +17,7 @@ from balancer_cli.pack.assign import assign_groups, check_assignment, split_to_m
 from balancer_cli.pack.packers.balanced import pack_balanced
 from balancer_cli.pack.packers.isf import pack_isf
 from balancer_cli.pack.search import default_caps, search_thresholds
-from balancer_cli.pack.types import check_packing, group_sums
+from balancer_cli.pack.types import Packing, check_packing, group_sums
 
 SETTINGS = settings(max_examples=40, deadline=None)
 
@@ -178,6 +178,45 @@ def test_stable_order_is_numpys_stable_argsort(pool, n, seed, as_int, descending
     got = stable_order(values, descending=descending)
     assert got.dtype == np.int64
     assert np.array_equal(got, np.argsort(-values if descending else values, kind="stable"))
+
+
+@SETTINGS
+@given(n=st.sampled_from([0, 1, 2, 50, 5000, 70000]), span=st.sampled_from([1, 3, 300, 70000, 2**40]),
+       low=st.sampled_from([0, 5, -3]), dtype=st.sampled_from([np.int8, np.int32, np.int64, np.uint16, np.uint64]),
+       seed=st.integers(0, 3))
+def test_int_order_is_numpys_stable_argsort(n, span, low, dtype, seed):
+    """Keys of 16 bits (radix), of a range up to 4N (counting) and any other (numpy's): ties in index order."""
+    from balancer_cli._sort import int_order
+
+    keys = np.random.default_rng(seed).integers(0, span, n) + low
+    info = np.iinfo(dtype)
+    keys = np.clip(keys, info.min, info.max).astype(dtype)
+    got = int_order(keys)
+    assert got.dtype == np.int64 and np.array_equal(got, np.argsort(keys, kind="stable"))
+
+
+@SETTINGS
+@given(G=st.integers(1, 200), multiple=st.integers(1, 40), seed=st.integers(0, 2**31 - 1), ties=st.booleans())
+def test_split_to_multiple_splits_the_heaviest_groups_first(G, multiple, seed, ties):
+    """The groups split are the first ``need`` of two or more samples in argsort(-weight, stable) order."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 4, G)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    weight = rng.integers(0, 3, offsets[-1]).astype(float) if ties else rng.random(offsets[-1])
+    p = Packing(np.arange(offsets[-1]), offsets, np.zeros(G, bool), np.array([], np.int64), ())
+    need = (-G) % multiple
+    order = np.argsort(-group_sums(p, weight), kind="stable")
+    expected = order[sizes[order] >= 2][:need]
+    if len(expected) < need:
+        with pytest.raises(InputError):
+            split_to_multiple(p, weight, multiple)
+        return
+    split = split_to_multiple(p, weight, multiple)
+    assert split.num_groups % multiple == 0
+    halves = {tuple(g.tolist()) for g in split.groups()}
+    for g in range(G):
+        members = tuple(range(offsets[g], offsets[g + 1]))
+        assert (members not in halves) == (g in set(expected.tolist()))
 
 
 @SETTINGS

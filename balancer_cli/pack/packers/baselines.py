@@ -24,6 +24,7 @@ import math
 
 import numpy as np
 
+from balancer_cli._sort import int_order
 from balancer_cli.errors import InputError
 from balancer_cli.pack.packers._fill_kernels import first_fit_tree
 from balancer_cli.pack.types import Packing
@@ -119,7 +120,8 @@ def pack_llm_ffd(load_NK: np.ndarray, caps_K: np.ndarray, *, seed: int = 0, over
     tokens = load_NK[:, -1].astype(np.int64)
     cap = int(caps_K[-1])
     shuffled = np.random.default_rng(seed).permutation(len(tokens))
-    order = shuffled[np.argsort(-tokens[shuffled], kind="stable")]
+    key = tokens[shuffled]
+    order = shuffled[int_order(key.max() - key)] if len(key) else shuffled  # argsort(-key, stable)
     over = tokens[order] > cap
     if over.any() and oversize == "error":
         i = int(order[np.argmax(over)])
@@ -127,7 +129,7 @@ def pack_llm_ffd(load_NK: np.ndarray, caps_K: np.ndarray, *, seed: int = 0, over
                          fix="raise {caps[llm]} or use {oversize} isolate|drop")
     fit = order[~over]
     bins = _first_fit(tokens[fit], cap)
-    by_bin = np.argsort(bins, kind="stable")
+    by_bin = int_order(bins)
     counts = np.bincount(bins, minlength=int(bins.max()) + 1 if len(bins) else 0)
     sizes = [counts[counts > 0].astype(np.int64)]
     members = [ids[fit[by_bin]]]
