@@ -132,10 +132,7 @@ def lexsort_order(values: np.ndarray, major: np.ndarray) -> np.ndarray:
         [2, 3, 1, 0]
     """
     by_value = stable_order(values)
-    major = np.asarray(major)[by_value]
-    if len(major) and 0 <= int(major.min()) and int(major.max()) < 2**16:
-        major = major.astype(np.uint16)
-    return by_value[np.argsort(major, kind="stable")]
+    return by_value[int_order(np.asarray(major)[by_value])]
 
 
 @njit

@@ -77,8 +77,9 @@ def _whole_bound(load: np.ndarray, caps: np.ndarray) -> int:
 @njit
 def _two_module_bound(load_NK, caps_K, mask_N):  # pragma: no cover - compiled
     """:func:`_bound_kernel` for two columns (an encoder and the LLM), the same bound to the bit:
-    every sum a scalar and the four slopes' waste in four registers, 3.7x faster (791k rows:
-    15 -> 4 ms; a pack bounds every window, every probe and every search candidate)."""
+    every sum a scalar and the four slopes' waste in four registers: 791k rows 15 -> 4 ms in cache,
+    1.25M int64 rows out of it (a window's, as a pack reads them) 22 -> 16 ms; a pack bounds every
+    window, every probe and every search candidate."""
     every = len(mask_N) == 0
     c0 = np.int64(caps_K[0])
     c1 = np.int64(caps_K[1])

@@ -215,11 +215,9 @@ def place_packer(name: str, inputs: PackInputs, config: PackConfig, caps_K: np.n
     from balancer_cli.pack.engines import get_engine
 
     spec = registry.get(name)
-    ids_n = inputs.ok_ids()
-    whole = None  # every sample as one view, where none failed: the inputs' arrays themselves
-    if len(inputs.error_rows) == 0:
-        whole = registry.SampleView(ids_n=ids_n, load_nK=inputs.load_NK, cost_nK=inputs.cost_NK,
-                                    source_n=inputs.source_codes_N, modules=inputs.modules)
+    # Every sample as one view, where none failed: the inputs' arrays themselves (no copy).
+    whole = sample_view(inputs) if len(inputs.error_rows) == 0 else None
+    ids_n = inputs.ok_ids() if whole is None else whole.ids_n
     if plan is None:
         # With failed samples the plan reads copies of the other rows, freed once it is made: the
         # windows take their rows from the inputs' arrays (10M with 1% failed: 0.16 GB less held).

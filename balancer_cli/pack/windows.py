@@ -31,6 +31,7 @@ import numpy as np
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.pack._window_kernels import deal_to_windows
 from balancer_cli.pack.assign import (
+    MAX_SOURCES,
     assign_groups,
     group_source_counts,
     split_to_multiple,
@@ -48,7 +49,6 @@ __all__ = [
     "EPOCH_BYTES_PER_SAMPLE",
     "SOURCE_BYTES_PER_SAMPLE",
     "FREE_SOURCES",
-    "TRACKED_SOURCES",
     "BASE_BYTES",
     "DEFAULT_MEMORY_GB",
     "MAX_WINDOW_SAMPLES",
@@ -79,19 +79,20 @@ TAIL_BYTES_PER_SAMPLE = 68
 #: What each module past two adds per sample to a window and to the held and packed bytes: a
 #: window's working tables widen, and three-module windows trade across steps
 #: (3M three-module samples in windows of 375k: 387 B per window sample; their costs and loads
-#: 8 B more per sample).
+#: 8 B more per sample). Held: 20 B, which keeps three modules at the 66 B held before the
+#: two-module refit (3M three-module samples at --memory-gb 0.55 peaked at 94% of it).
 MODULE_BYTES_PER_SAMPLE = (200, 20, 8)
 #: What each epoch past the first adds per sample while the windows pack and once they are packed:
 #: its window plan and placed windows (12.5 B measured at 10M), then its rows, per-step loads and
 #: the report's check reading the rows back (17.6 B measured at 10M in three epochs); rounded up.
 EPOCH_BYTES_PER_SAMPLE = (14, 20)
 #: What each source past :data:`FREE_SOURCES` adds to a window sample, up to the
-#: :data:`TRACKED_SOURCES` the refinement and the step stages count per group (each group's
-#: count of each: 10M samples of 500 sources peaked 65 MiB over 4 sources in windows of 791k,
-#: 102 MiB in windows of 1.25M: ~80 B a window sample for 12 sources more).
+#: :data:`~balancer_cli.pack.assign.MAX_SOURCES` the refinement and the step stages count per
+#: group (each group's count of each: 10M samples of 500 sources peaked 65 MiB over 4 sources in
+#: windows of 791k, 102 MiB in windows of 1.25M: ~80 B a window sample for 12 sources more).
 SOURCE_BYTES_PER_SAMPLE = 7
+#: Sources :data:`BYTES_PER_SAMPLE` covers (measured with 4).
 FREE_SOURCES = 4
-TRACKED_SOURCES = 16
 #: The libraries' own memory (numpy, Arrow, numba and its loaded kernels, matplotlib drawing
 #: report.png in the process): a run of 2,000 samples peaks at 304 MiB; rounded up.
 BASE_BYTES = 320 * 2**20
@@ -145,7 +146,7 @@ def window_samples_for(memory_gb: float, num_samples: int = 0, num_modules: int 
     window, held, tail = (base + extra * more for base, more in zip(
         (BYTES_PER_SAMPLE, HELD_BYTES_PER_SAMPLE, TAIL_BYTES_PER_SAMPLE), MODULE_BYTES_PER_SAMPLE))
     held, tail = (b + more_epochs * more for b, more in zip((held, tail), EPOCH_BYTES_PER_SAMPLE))
-    window += SOURCE_BYTES_PER_SAMPLE * (min(int(num_sources), TRACKED_SOURCES) - min(int(num_sources), FREE_SOURCES))
+    window += SOURCE_BYTES_PER_SAMPLE * (min(int(num_sources), MAX_SOURCES) - min(int(num_sources), FREE_SOURCES))
     budget = int(memory_gb * 2**30)
     free = budget - BASE_BYTES - held * n
     if free < window * min(n, 100_000) or BASE_BYTES + tail * n > budget:
