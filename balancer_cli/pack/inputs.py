@@ -68,18 +68,23 @@ class PackInputs:
     def num_samples(self) -> int:
         return len(self.ok_N)
 
+    @property
+    def all_ok(self) -> bool:
+        """Whether no sample has a scan error (the common case, where the matrices are used whole)."""
+        return len(self.error_rows) == 0
+
     def load_unit(self, module: str) -> str:
         return "tokens" if module == LLM else "items"
 
     def ok_ids(self) -> np.ndarray:
         """(n,) the samples without a scan error, in the narrowest index type."""
-        if len(self.error_rows) == 0:  # the common case: without flatnonzero's (N,) int64 copy
+        if self.all_ok:  # without flatnonzero's (N,) int64 copy
             return np.arange(self.num_samples, dtype=index_dtype(self.num_samples))
         return np.flatnonzero(self.ok_N).astype(index_dtype(self.num_samples))
 
     def ok_rows(self, matrix_N: np.ndarray) -> np.ndarray:
         """Rows of ``matrix_N`` without a scan error: the matrix itself (no copy) when no sample failed."""
-        return matrix_N if len(self.error_rows) == 0 else matrix_N[self.ok_N]
+        return matrix_N if self.all_ok else matrix_N[self.ok_N]
 
 
 _KNOWN_SUFFIXES = ("_tokens", "_items", "_seqlens")

@@ -118,7 +118,7 @@ def _largest(inputs: PackInputs) -> np.ndarray:
     """(K,) the largest load of a sample without error, per module (loads are >= 0)."""
     load = inputs.load_NK
     # ``where`` skips the failed rows without copying the others.
-    skip = {"initial": 0, "where": inputs.ok_N} if len(inputs.error_rows) else {}
+    skip = {} if inputs.all_ok else {"initial": 0, "where": inputs.ok_N}
     return np.array([load[:, k].max(**skip) for k in range(load.shape[1])], dtype=np.int64)  # per column: ~10x faster
 
 
@@ -156,7 +156,7 @@ def run_search(inputs: PackInputs, config: PackConfig, **search_options: Any) ->
         micro_batches=config.micro_batches, max_caps_K=max_caps_K, min_caps_K=min_caps_K,
         target_group_size=config.target_group_size,
         seed=config.epoch_seed(0, "search"), algorithm=algorithm,
-        source_N=inputs.source_codes_N, rows=None if len(inputs.error_rows) == 0 else inputs.ok_ids(),
+        source_N=inputs.source_codes_N, rows=None if inputs.all_ok else inputs.ok_ids(),
         **search_options)
 
 
@@ -216,7 +216,7 @@ def place_packer(name: str, inputs: PackInputs, config: PackConfig, caps_K: np.n
 
     spec = registry.get(name)
     # Every sample as one view, where none failed: the inputs' arrays themselves (no copy).
-    whole = sample_view(inputs) if len(inputs.error_rows) == 0 else None
+    whole = sample_view(inputs) if inputs.all_ok else None
     ids_n = inputs.ok_ids() if whole is None else whole.ids_n
     if plan is None:
         # With failed samples the plan reads copies of the other rows, freed once it is made: the

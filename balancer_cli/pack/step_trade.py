@@ -52,6 +52,7 @@ import numpy as np
 from balancer_cli._index import concat_ranges, sum_rows
 from balancer_cli.metrics import dist_ratio, step_loads
 from balancer_cli.pack._blocks import discrete_modules, sparse_modules
+from balancer_cli.pack.assign import MAX_SOURCES
 from balancer_cli.pack.packers._balanced_refine import refine
 from balancer_cli.pack.packers._table_kernels import group_tables
 from balancer_cli.pack.polish import polish_steps
@@ -89,8 +90,6 @@ TRADE_ABOVE = 0.003
 TRADE_MAX_KINDS = 256
 #: A trade is kept only where no module's idle share rises by more than this (:func:`_better`).
 TRADE_SLACK = 0.0005
-#: Sources kept apart in the kinds (the rest as one), as the packer's source tallies.
-_MAX_SOURCES = 16
 
 
 def trade_across_steps(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, load_NK: np.ndarray,
@@ -168,7 +167,7 @@ def trade_across_steps(packing: Packing, assignment: Assignment, cost_NK: np.nda
         shift_JK = (mean_SK[step_J] / M - target_K) + wsum_JK * (1.0 - 1.0 / M) - others_GK[groups_J] / M
         shifted_JK = np.ascontiguousarray(wsum_JK - shift_JK)
         sums = refine(members_JX, count_J, shifted_JK, lsum_JK, cost, load, caps, rows_F, passes=TRADE_PASSES,
-                      source_N=None, max_sources=_MAX_SOURCES, rng=rng, threads=1, hold_N=kind_N)
+                      source_N=None, max_sources=MAX_SOURCES, rng=rng, threads=1, hold_N=kind_N)
         wsum_JK = sums[:, : cost.shape[1]] + shift_JK
         csum_GK[groups_J] = wsum_JK
         # Unpolished, a round's groups are judged against the last round's, not against the
@@ -204,7 +203,7 @@ def _better(before_K, after_K, tradable_K):
 
 
 def row_kinds(cost_NK: np.ndarray, source_N: np.ndarray, cost_GK: np.ndarray, *, rows: np.ndarray | None = None,
-              skip: int | None = None, max_sources: int | None = _MAX_SOURCES) -> np.ndarray:
+              skip: int | None = None, max_sources: int | None = MAX_SOURCES) -> np.ndarray:
     """(N,) kind of every row: its source (the 15 most frequent apart), its cost on every discrete
     module and whether it holds each sparse module (both judged on the groups' sums ``cost_GK``).
 
@@ -214,7 +213,8 @@ def row_kinds(cost_NK: np.ndarray, source_N: np.ndarray, cost_GK: np.ndarray, *,
         cost_GK: (G, K) the groups' sums, which decide the sparse and discrete modules.
         rows: the rows to key (default all): the kinds are of these, in their order.
         skip: an encoder module left out of the key (the tile swaps change it).
-        max_sources: sources kept apart (the rest as one); None keeps every source apart.
+        max_sources: sources kept apart (the rest as one; default the assigner's source tallies,
+            :data:`~balancer_cli.pack.assign.MAX_SOURCES`); None keeps every source apart.
 
     Example:
         >>> cost = np.array([[256., 10.], [256., 30.], [512., 10.], [256., 12.]])
