@@ -21,7 +21,7 @@ import numpy as np
 
 from balancer_cli._index import take_rows
 from balancer_cli._sort import int_order, lexsort_order
-from balancer_cli.metrics import dist_ratio
+from balancer_cli.metrics import dist_ratio, utilization
 from balancer_cli.pack.types import row_ids
 
 __all__ = ["form_blocks", "paired_rounds", "kd_blocks", "block_idle", "sparse_modules", "sparse_shares",
@@ -144,19 +144,26 @@ def form_blocks(cost_GK, dev_GO, R, rng, tolerance, discrete_levels, sparse_fact
         # 48 random inputs: Dist Ratio over 0.005 in 7 -> 2 of them.
         by_key = rest[np.lexsort(key.T[::-1])].reshape(-1, R)
         by_kd = kd_blocks(rest, cost_GK, R, key[:, 0])
-        blocks.append(min((by_kd, by_key), key=lambda b: block_idle(cost_GK, b)))
+        blocks.append(min((by_kd, by_key), key=lambda b: block_idle(cost_GK, b, sparse_K)))
     return np.concatenate(blocks)
 
 
-def block_idle(cost_GK, blocks_BR):
-    """Sum over modules of the blocks' mean idle share ``(max - mean) / max`` (a block's Dist Ratio).
+def block_idle(cost_GK, blocks_BR, sparse_K=None):
+    """Sum over modules of the blocks' idle share: the mean of ``(max - mean) / max`` over blocks
+    (their Dist Ratio), and for ``sparse_K`` modules ``1 - utilization`` (idle work over the
+    blocks that hold them: a mean over all blocks would count the many without the module as
+    balanced and hide a sparse module's idle behind a dense one's).
 
     Example:
         >>> import numpy as np
         >>> float(block_idle(np.array([[2.0], [1.0], [4.0], [4.0]]), np.array([[0, 1], [2, 3]])))
         0.125
+        >>> float(block_idle(np.array([[2.0], [1.0], [0.0], [0.0]]), np.array([[0, 1], [2, 3]]), np.array([True])))
+        0.25
     """
-    return sum(dist_ratio(cost_GK[blocks_BR, k]) for k in range(cost_GK.shape[1]))
+    sparse_K = np.zeros(cost_GK.shape[1], bool) if sparse_K is None else sparse_K
+    return sum(1.0 - utilization(cost_GK[blocks_BR, k]) if sparse_K[k] else dist_ratio(cost_GK[blocks_BR, k])
+               for k in range(cost_GK.shape[1]))
 
 
 def kd_blocks(rows, cost_GK, R, class_I):
@@ -183,11 +190,34 @@ def kd_blocks(rows, cost_GK, R, class_I):
             out.append(part)
             continue
         values = norm[part]
-        k = int(np.argmax(values.max(axis=0) - values.min(axis=0)))
-        part = part[np.argsort(values[:, k], kind="stable")]
+        spread = values.max(axis=0) - values.min(axis=0)
+        k = int(np.argmax(spread))
+        if k == 0:
+            # A cut of classes takes each class in the order of its own widest cost, so the parts
+            # on either side of the cut keep neighbouring costs together; in its prior order the
+            # cut would split a class's costs at random, each part spanning all of them.
+            part = part[np.lexsort((_widest_cost(values), values[:, 0]))]
+        else:
+            part = part[np.argsort(values[:, k], kind="stable")]
         cut = max(1, int(round(len(part) / R / 2))) * R
         stack += [part[cut:], part[:cut]]
     return rows[np.concatenate(out)].reshape(-1, R)
+
+
+def _widest_cost(values_IX: np.ndarray) -> np.ndarray:
+    """(I,) each row's cost in the module that spreads most within its class (column 0: the
+    class, the rest the normalized costs).
+
+    Example:
+        >>> _widest_cost(np.array([[0., 1., 5.], [0., 2., 9.], [1., 4., 0.], [1., 8., 0.]])).tolist()
+        [5.0, 9.0, 4.0, 8.0]
+    """
+    out = np.empty(len(values_IX))
+    for c in np.unique(values_IX[:, 0]):
+        rows = np.flatnonzero(values_IX[:, 0] == c)
+        costs = values_IX[rows, 1:]
+        out[rows] = costs[:, int(np.argmax(costs.max(axis=0) - costs.min(axis=0)))]
+    return out
 
 
 def paired_rounds(cell_I, dev_ID, bins_C, rounds, rng, principal=False):
