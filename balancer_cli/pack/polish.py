@@ -7,7 +7,9 @@ of each slot of an uneven step exchange samples so that they equal *their own* m
 caps: the packer's local search (:func:`~balancer_cli.pack.packers._refine_kernels.refine_pass`;
 the targets cancel in a pair's exchange, so the slot's mean needs no term of its own) with
 partner groups drawn from the slot. A sample stays in its step, so every step's source mix is
-unchanged: only ranks within a step trade samples.
+unchanged: only ranks within a step trade samples. A discrete module's terms (tiles: few distinct
+group sums) weigh :data:`DISCRETE_WEIGHT` times the others': the tile stage before the polish
+evens out a step's tiles, and a swap that evened the LLM at the price of a tile undid it.
 
 With M > 1 micro-batches a rank's load is the sum of its M groups, so what is evened out is
 the *ranks'* sums: the slots of a step are polished one micro-batch at a time, each group
@@ -32,11 +34,12 @@ from __future__ import annotations
 import numpy as np
 
 from balancer_cli._index import concat_ranges, sum_rows, take_rows
+from balancer_cli.pack._blocks import discrete_modules
 from balancer_cli.pack.packers._refine_kernels import refine_pass
 from balancer_cli.pack.types import Assignment, Packing, group_sums
 
 __all__ = ["polish_steps", "polish_passes", "POLISH_PASSES", "POLISH_ROWS", "POLISH_MAX_ROWS", "POLISH_PARTNERS",
-           "POLISH_ABOVE"]
+           "POLISH_ABOVE", "DISCRETE_WEIGHT"]
 
 #: Passes over the uneven slots' groups at most; each draws new partners (16 instead of 4: on 48
 #: random inputs the LLM Dist fell on 41 and rose on none, 60k samples at ``--dp 64`` x 2 went
@@ -53,6 +56,11 @@ POLISH_PARTNERS = 3
 #: A step is polished when a module's idle share ``(max - mean) / max`` over its ranks exceeds
 #: this: below it the step is already within the Dist Ratio the packer aims at.
 POLISH_ABOVE = 0.002
+#: Weight of a discrete module's (tiles') terms in the polish's objective, over the others': one
+#: tile off on two ~20-tile ranks then outweighs their LLM loads +-50% apart, so the polish keeps
+#: even tiles (48 `sparse` inputs: vision Dist over the bound in 2 -> 0, the LLM's in 1 -> 1;
+#: docs/packing.md, "Tiles kept by the polish").
+DISCRETE_WEIGHT = 100.0
 
 
 def polish_steps(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, load_NK: np.ndarray,
@@ -102,6 +110,7 @@ def polish_steps(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, 
         np.arange(len(rows_F))
     target_K = csum_GK.mean(axis=0)
     inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
+    weight_K = inv_t**2 * np.where(discrete_modules(csum_GK[active_G]), DISCRETE_WEIGHT, 1.0)
     # Each group's partners are drawn from its own slot: the slot's first group and size.
     start_J = np.repeat(np.cumsum(size_S) - size_S, size_S)
     size_J = np.repeat(size_S, size_S)
@@ -122,7 +131,7 @@ def polish_steps(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, 
             before = rank_JK[own]
             # tol -1: a group is never "on target" (the target is the global mean, not the slot's).
             changed += refine_pass(own, cand, members_JX, count_J, rank_JK, lsum_JK, weight_FK,
-                                   np.zeros(0, np.int8), load_FK, caps, target_K, inv_t**2, -1.0)
+                                   np.zeros(0, np.int8), load_FK, caps, target_K, weight_K, -1.0)
             usum_UK[unit_J[own]] += rank_JK[own] - before
         if changed == 0:
             break

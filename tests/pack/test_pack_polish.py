@@ -100,6 +100,25 @@ def test_polish_evens_out_the_ranks_not_the_groups_with_micro_batches():
     assert llm_dist(q) < llm_dist(M1), (llm_dist(M1), llm_dist(q))
 
 
+def test_polish_keeps_a_step_even_on_tiles_where_only_a_tile_for_tokens_swap_would_even_the_llm():
+    # Two ranks of 21 tiles, 1,000 and 600 LLM tokens: the one swap that evens the LLM (a 10-tile
+    # sample of 700 for an 11-tile one of 500) leaves 22 and 20 tiles. Weighed like the LLM, the
+    # tiles' term (1/21 of the mean) lost to the LLM's (1/4): the polish undid what the tile stage
+    # (even_discrete_steps, which runs before it) had evened out (sparse case 17: vision Dist
+    # 0.0040 -> 0.0071). Tiles now weigh 100x, so the step keeps its tiles.
+    from balancer_cli.pack.types import Assignment, Packing
+
+    tiles = np.array([10, 11, 11, 10])
+    llm = np.array([700, 300, 500, 100])
+    load = np.column_stack([tiles, llm]).astype(np.int64)
+    cost = np.column_stack([256.0 * tiles, llm.astype(float)])
+    p = Packing(order=np.arange(4), group_offsets=np.array([0, 2, 4]), isolated=np.zeros(2, bool),
+                dropped=np.zeros(0, np.int64), dropped_reason=())
+    a = Assignment(step=np.array([0, 0]), rank=np.array([0, 1]), micro=np.array([0, 0]), num_steps=1)
+    q = polish_steps(p, a, cost, load, np.array([24, 2000]), seed=0)
+    assert (group_sums(q, load.astype(float))[:, 0] == 21).all()
+
+
 def test_polish_returns_the_packing_when_there_is_nothing_to_do():
     load, caps, p, a = _packed(0, 200, 2, 1, 2, False)
     assert polish_steps(p, a, load.astype(float), load, caps, passes=0) is p

@@ -110,11 +110,12 @@ def test_trades_even_out_steps_the_polish_cannot():
     assert after[0] <= before[0] + 1e-12
 
 
-@pytest.mark.parametrize("R, M", [(16, 2), (8, 3)])
-def test_with_micro_batches_ranks_trade_their_sums(R, M):
+@pytest.mark.parametrize("R, M, llm_gain", [(16, 2, 0.85), (8, 3, 1.0)])
+def test_with_micro_batches_ranks_trade_their_sums(R, M, llm_gain):
     # A rank runs its M groups one after another: what must be even is their sum, so a group's
-    # deviation is its rank's (measured: LLM 0.0022 -> 0.0015 and 0.0008 -> 0.0007, audio 0.042 -> 0.032
-    # and 0.027 -> 0.019; the polish leaves the second less to trade since dealing orders sizes to 0.05%).
+    # deviation is its rank's (measured: LLM 0.0021 -> 0.0011 and 0.00084 -> 0.00077, audio 0.044 ->
+    # 0.028 and 0.028 -> 0.023). The second's LLM is near even after the polish (which keeps even
+    # tiles since polish.DISCRETE_WEIGHT): the trade must lower it, by however little.
     load, cost, source = _three_modules(5, 6000, 3)
     caps = np.array([24, 6, 6000])
     p, a = _placed(load, cost, source, caps, R, 5, M=M)
@@ -128,7 +129,7 @@ def test_with_micro_batches_ranks_trade_their_sums(R, M):
     traded = trade_across_steps(polished, a, cost, load, caps, source, seed=0, polish_passes=16)
     assert traded is not polished
     before, after = dist(polished), dist(traded)
-    assert after[2] < 0.85 * before[2] and after[1] < 0.9 * before[1], (before, after)
+    assert after[2] < llm_gain * before[2] and after[1] < 0.9 * before[1], (before, after)
     assert after[0] <= before[0] + step_trade.TRADE_SLACK
 
 
