@@ -20,8 +20,8 @@ import numpy as np
 
 from balancer_cli._jit import njit
 
-__all__ = ["stable_order", "size_order", "int_order", "lexsort_order", "stable_argsort", "fix_cut_ties", "radix_sort",
-           "SIZE_BITS"]
+__all__ = ["stable_order", "size_order", "int_order", "counting_order", "lexsort_order", "stable_argsort", "fix_cut_ties",
+           "radix_sort", "SIZE_BITS"]
 
 _SIGN = np.uint64(1 << 63)
 #: From this many keys the words are sorted by :func:`radix_sort` (below it numpy's sort is as fast).
@@ -102,24 +102,32 @@ def int_order(keys: np.ndarray) -> np.ndarray:
         if low >= 0 and high < 1 << 16:
             return np.argsort(keys.astype(np.uint16), kind="stable").astype(np.int64, copy=False)
         if low >= 0 and high < 4 * n:
-            return _counting_order(keys, high + 1)
+            out = np.empty(n, np.int64)
+            counting_order(keys, np.arange(n), high + 1, out)
+            return out
     return np.argsort(keys, kind="stable").astype(np.int64, copy=False)
 
 
 @njit
-def _counting_order(keys, num_keys):  # pragma: no cover - compiled
-    """The stable order of keys in ``0 .. num_keys - 1``: count, then place each index after the
-    indices of smaller keys and of its own key before it."""
+def counting_order(key, order, num_keys, out):  # pragma: no cover - compiled
+    """``out``: ``order`` stably sorted by ``key[order[t]]`` in ``0 .. num_keys - 1`` (a counting
+    sort: count, then place each entry after those of smaller keys and of its own key before it).
+
+    Example:
+        >>> out = np.empty(4, np.int64)
+        >>> counting_order(np.array([2, 0, 2, 1]), np.arange(4), 3, out)
+        >>> out.tolist()
+        [1, 3, 0, 2]
+    """
     start = np.zeros(num_keys + 1, np.int64)
-    for i in range(len(keys)):
-        start[keys[i] + 1] += 1
-    for k in range(num_keys):
-        start[k + 1] += start[k]
-    order = np.empty(len(keys), np.int64)
-    for i in range(len(keys)):
-        order[start[keys[i]]] = i
-        start[keys[i]] += 1
-    return order
+    for t in range(order.shape[0]):
+        start[key[order[t]] + 1] += 1
+    for v in range(num_keys):
+        start[v + 1] += start[v]
+    for t in range(order.shape[0]):
+        v = key[order[t]]
+        out[start[v]] = order[t]
+        start[v] += 1
 
 
 def lexsort_order(values: np.ndarray, major: np.ndarray) -> np.ndarray:

@@ -12,22 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from balancer_cli._jit import njit
+from balancer_cli._sort import counting_order
 
 __all__ = ["match_bins", "move_back", "place_shed", "repair_from_home", "shed_from_home"]
-
-
-@njit
-def _counting_order(key, order, num_keys, out):
-    """``out``: ``order`` stably sorted by ``key[order[t]]`` in ``0..num_keys-1`` (counting sort)."""
-    start = np.zeros(num_keys + 1, np.int64)
-    for t in range(order.shape[0]):
-        start[key[order[t]] + 1] += 1
-    for v in range(num_keys):
-        start[v + 1] += start[v]
-    for t in range(order.shape[0]):
-        v = key[order[t]]
-        out[start[v]] = order[t]
-        start[v] += 1
 
 
 @njit
@@ -72,7 +59,7 @@ def match_bins(bin_N, home_N, num_bins, ranks_per_node):
         if grouped:
             by_group[:] = np.arange(n)
         else:
-            _counting_order(group_N, np.arange(n), num_groups, by_group)
+            counting_order(group_N, np.arange(n), num_groups, by_group)
         start = np.zeros(num_bins + 1, np.int64)
         for i in range(n):
             start[bin_N[i] + 1] += 1
@@ -101,7 +88,7 @@ def match_bins(bin_N, home_N, num_bins, ranks_per_node):
         # ... then stably by descending count: (-count, bin, group) order
         for p in range(m):
             pair_count[p] = most - pair_count[p]
-        _counting_order(pair_count, np.arange(m), most, pairs)
+        counting_order(pair_count, np.arange(m), most, pairs)
         for p in range(m):
             b = pair_bin[pairs[p]]
             g = pair_group[pairs[p]]
