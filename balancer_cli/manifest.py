@@ -104,20 +104,24 @@ class StepShape:
         6
         >>> [a.tolist() for a in shape.slots(np.arange(7))]
         [[0, 0, 0, 0, 0, 0, 1], [0, 0, 0, 1, 1, 1, 0], [0, 1, 2, 0, 1, 2, 0]]
-        >>> int(shape.slot_key(np.array([1]), np.array([0]), np.array([2]))[0]) == (1 << 42) | 2
-        True
+        >>> shape.slot_number(np.array([0, 1]), np.array([1, 0]), np.array([2, 2])).tolist()
+        [5, 8]
     """
 
     world_size: int
     micro_batches: int
 
-    #: Bits of the rank and micro fields in :meth:`slot_key` (2M ranks, 2M micro-batches).
-    FIELD_BITS = 21
+    #: Most ranks, and most micro-batches (2M each: int32 columns with room to spare).
+    MOST = (1 << 21) - 1
 
     def __post_init__(self) -> None:
         for name in ("world_size", "micro_batches"):
-            check_int(name, getattr(self, name), least=1, most=(1 << self.FIELD_BITS) - 1,
-                      fix=f"give a positive {{{name}}}")
+            check_int(name, getattr(self, name), least=1, most=self.MOST, fix=f"give a positive {{{name}}}")
+
+    @classmethod
+    def covering(cls, rank: np.ndarray, micro: np.ndarray) -> StepShape:
+        """The smallest shape holding every ``rank`` and ``micro`` (1 x 1 if none): it sorts rows of any shape."""
+        return cls(world_size=int(np.max(rank, initial=0)) + 1, micro_batches=int(np.max(micro, initial=0)) + 1)
 
     @property
     def groups_per_step(self) -> int:
@@ -131,12 +135,11 @@ class StepShape:
         return ((slot_G // per_step).astype(np.int32), ((slot_G % per_step) // self.micro_batches).astype(np.int32),
                 (slot_G % self.micro_batches).astype(np.int32))
 
-    @classmethod
-    def slot_key(cls, step: np.ndarray, rank: np.ndarray, micro: np.ndarray) -> np.ndarray:
-        """int64 key that sorts like (step, rank, micro): ``step << 42 | rank << 21 | micro``."""
-        bits = cls.FIELD_BITS
-        return ((np.asarray(step, dtype=np.int64) << 2 * bits) | (np.asarray(rank, dtype=np.int64) << bits)
-                | np.asarray(micro, dtype=np.int64))
+    def slot_number(self, step: np.ndarray, rank: np.ndarray, micro: np.ndarray) -> np.ndarray:
+        """(N,) int64 ``(step x R + rank) x M + micro``, the inverse of :meth:`slots`: sorts like (step, rank,
+        micro) for ranks < R, micro < M (a bit field per column overflowed from 2^21 steps: 10M at ``--dp 1``)."""
+        return ((np.asarray(step, dtype=np.int64) * self.world_size + np.asarray(rank, dtype=np.int64))
+                * self.micro_batches + np.asarray(micro, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,10 @@ class ManifestRows:
 
     def __len__(self) -> int:
         return len(self.sample)
+
+    def slot_numbers(self) -> np.ndarray:
+        """(P,) int64 keys sorting the rows by (step, rank, micro): the smallest covering shape's slot numbers."""
+        return StepShape.covering(self.rank, self.micro).slot_number(self.step, self.rank, self.micro)
 
     def to_table(self, lo: int = 0, hi: int | None = None) -> pa.Table:
         """Rows ``lo:hi`` (default: all) in the manifest file's column types, converted a slice at a
@@ -190,17 +197,12 @@ def is_slot_sorted(rows: ManifestRows) -> bool:
         >>> is_slot_sorted(ManifestRows(np.array([0, 0, 1]), np.array([0, 1, 0]), np.zeros(3, int), np.arange(3)))
         True
     """
+    shape = StepShape.covering(rows.rank, rows.micro)
 
     def key_of(lo: int, hi: int) -> np.ndarray:
-        return StepShape.slot_key(rows.step[lo:hi], rows.rank[lo:hi], rows.micro[lo:hi])
+        return shape.slot_number(rows.step[lo:hi], rows.rank[lo:hi], rows.micro[lo:hi])
 
     return sorted_runs(key_of, len(rows)) is not None
-
-
-def _check_sorted(rows: ManifestRows) -> None:
-    if not is_slot_sorted(rows):
-        raise ManifestError("manifest rows are not sorted by (step, rank, micro)",
-                            fix="sort placements before writing (this is a bug in the packer)")
 
 
 def write_manifest(
@@ -231,7 +233,9 @@ def write_manifest(
     Returns:
         The path of ``manifest.parquet``.
     """
-    _check_sorted(rows)
+    if not is_slot_sorted(rows):
+        raise ManifestError("manifest rows are not sorted by (step, rank, micro)",
+                            fix="sort placements before writing (this is a bug in the packer)")
     out = Path(out_dir)
     step = rows.step
     num_steps = int(step[-1]) + 1 if len(step) else 0  # sorted: the last row has the largest step

@@ -234,7 +234,7 @@ def _by_slot(rows: ManifestRows) -> ManifestRows:
     """``rows`` when sorted by (step, rank, micro), else a sorted copy (stable: order in group kept)."""
     if is_slot_sorted(rows):
         return rows
-    order = np.argsort(StepShape.slot_key(rows.step, rows.rank, rows.micro), kind="stable")
+    order = np.argsort(rows.slot_numbers(), kind="stable")
     return ManifestRows(rows.step[order], rows.rank[order], rows.micro[order], rows.sample[order],
                         {name: column[order] for name, column in rows.extra.items()})
 

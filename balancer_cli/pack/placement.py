@@ -110,7 +110,8 @@ def _expand_groups(windows: Sequence[tuple[WindowResult, int]]) -> ManifestRows:
     pack's peak). Each entry of ``windows`` is then set to None: a window's arrays go as its rows
     come (10M in two epochs: 0.17 GB of them held beside the whole rows before).
     """
-    if not _slots_apart(windows):
+    shape = _covering(windows)
+    if not _slots_apart(windows, shape):
         # Two groups in one slot or windows out of step order (not produced by our assigners):
         # interleave by position as a row sort would.
         return _expand_rows(windows)
@@ -120,18 +121,29 @@ def _expand_groups(windows: Sequence[tuple[WindowResult, int]]) -> ManifestRows:
     sample = np.empty(num_rows, sample_dtype)
     row = 0
     for w, (result, offset) in enumerate(windows):
-        _, *slot_G, start_G, size_G = _sorted_by_slot(*_kept_groups(result, offset))
+        _, *slot_G, start_G, size_G = _sorted_by_slot(shape, *_kept_groups(result, offset))
         row = _gather_groups(result.order_P, *slot_G, start_G, size_G, step, rank, micro, sample, row)
         windows[w] = result = None
         release_freed_memory()  # the window's arrays lie in the heap: its pages back to the OS (~1 ms)
     return ManifestRows(step, rank, micro, sample)
 
 
-def _slots_apart(windows: Sequence[tuple[WindowResult, int]]) -> bool:
+def _covering(windows: Sequence[tuple[WindowResult, int]]) -> StepShape:
+    """The smallest shape holding every window's kept groups (their slot numbers sort them)."""
+    ranks, micros = [0], [0]
+    for result, _ in windows:
+        keep_G = result.step_G >= 0
+        if keep_G.any():
+            ranks.append(int(result.rank_G[keep_G].max()))
+            micros.append(int(result.micro_G[keep_G].max()))
+    return StepShape(world_size=max(ranks) + 1, micro_batches=max(micros) + 1)
+
+
+def _slots_apart(windows: Sequence[tuple[WindowResult, int]], shape: StepShape) -> bool:
     """Whether every kept group has a slot of its own and each window's slots follow the last one's."""
     last = -1
     for result, offset in windows:
-        key_G = StepShape.slot_key(*_kept_groups(result, offset)[:3])
+        key_G = shape.slot_number(*_kept_groups(result, offset)[:3])
         if len(key_G):
             # Sorted, not np.unique: numpy's hashing unique of 280k distinct int64 keys takes 60-90 ms, a sort 3.
             key_G = np.sort(key_G)
@@ -141,9 +153,9 @@ def _slots_apart(windows: Sequence[tuple[WindowResult, int]]) -> bool:
     return True
 
 
-def _sorted_by_slot(step_G, rank_G, micro_G, start_G, size_G):
-    """(key, step, rank, micro, start, size) of one window's groups, sorted by slot key (stable)."""
-    key_G = StepShape.slot_key(step_G, rank_G, micro_G)
+def _sorted_by_slot(shape: StepShape, step_G, rank_G, micro_G, start_G, size_G):
+    """(key, step, rank, micro, start, size) of one window's groups, sorted by slot number (stable)."""
+    key_G = shape.slot_number(step_G, rank_G, micro_G)
     by_slot = int_order(key_G - key_G.min()) if len(key_G) else np.zeros(0, np.int64)
     return tuple(x[by_slot] for x in (key_G, step_G, rank_G, micro_G, start_G, size_G))
 

@@ -33,7 +33,7 @@ from balancer_cli.cost.presets import ModelConfig
 from balancer_cli.cost.samples import CostModel
 from balancer_cli.errors import InputError, ManifestError, UsageError, check_int
 from balancer_cli.lengths import LLM, LengthsTable, read_lengths
-from balancer_cli.manifest import StepShape, open_manifest
+from balancer_cli.manifest import open_manifest
 from balancer_cli.planners.chain import (
     Layer,
     build_chain,
@@ -250,7 +250,7 @@ def manifest_groups(manifest: str | os.PathLike, table: LengthsTable) -> tuple[n
     if int(np.max(rows.sample)) >= table.num_samples:
         raise ManifestError(f"{path}: sample {int(np.max(rows.sample))} is beyond the {table.num_samples} samples "
                             "of {lengths}", fix="pass the lengths file given to `balancer pack`")
-    _, group_of_row = np.unique(StepShape.slot_key(rows.step, rows.rank, rows.micro), return_inverse=True)
+    _, group_of_row = np.unique(rows.slot_numbers(), return_inverse=True)
     groups = np.full(table.num_samples, -1, dtype=np.int64)
     groups[np.asarray(rows.sample, dtype=np.int64)] = group_of_row
     return groups, {"source": "manifest", "manifest": str(path), "steps": int(first_epoch)}

@@ -244,16 +244,21 @@ def test_failed_samples_change_nothing_but_the_ids(n, windows, failed, seed, pac
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 3), st.booleans(), st.integers(0, 2**31 - 1))
-def test_merged_rows_are_the_row_level_sort(windows, R, M, shared, seed):
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 3), st.booleans(), st.integers(0, 2**31 - 1),
+       st.sampled_from([0, 2**21 - 2, 2**31 - 40]))
+def test_merged_rows_are_the_row_level_sort(windows, R, M, shared, seed, skipped):
     """Windows' groups expand straight into rows sorted by (step, rank, micro, position in group),
-    also when groups share a slot (not produced by our assigners: the general row sort)."""
+    also when groups share a slot (not produced by our assigners: the general row sort), and past
+    2^21 steps (10M samples at ``--dp 1``), where a bit field per column overflowed the sort key."""
+    from balancer_cli.manifest import is_slot_sorted
     from balancer_cli.pack.placement import merge_windows
     from balancer_cli.pack.windows import WindowResult
 
     rng = np.random.default_rng(seed)
     inputs = prepare_inputs(make_lengths_table(np.ones(1, np.int64)))
-    results, ref, offset, first = [], [], 0, 0
+    empty = np.zeros(0, np.int64)  # a window of ``skipped`` steps whose groups were all left out
+    results = [WindowResult(empty, np.zeros(1, np.int64), empty, empty, empty, skipped, empty, ())]
+    ref, offset, first = [], skipped, 0
     for _ in range(windows):
         S = int(rng.integers(1, 4))
         sizes = rng.integers(1, 4, S * R * M)
@@ -270,6 +275,7 @@ def test_merged_rows_are_the_row_level_sort(windows, R, M, shared, seed):
     ref.sort(key=lambda t: t[:4])  # stable: groups of one slot interleave by position, in window order
     assert [(int(a), int(b), int(c), int(d)) for a, b, c, d in zip(rows.step, rows.rank, rows.micro, rows.sample)] == \
         [(s, r, m, x) for s, r, m, _, x in ref]
+    assert is_slot_sorted(rows)
 
 
 @pytest.mark.parametrize("window", [1, 700, 1500, 10**6])

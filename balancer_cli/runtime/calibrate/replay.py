@@ -24,7 +24,7 @@ import torch
 
 from balancer_cli.cost.calibration import group_shapes
 from balancer_cli.lengths import LLM, LengthsTable
-from balancer_cli.manifest import StepShape, open_manifest
+from balancer_cli.manifest import open_manifest
 from balancer_cli.metrics import dist_ratio
 from balancer_cli.runtime.calibrate.families import family_for
 from balancer_cli.runtime.calibrate.measure import measure
@@ -42,7 +42,7 @@ def manifest_groups(manifest_dir: str | os.PathLike, steps: int) -> tuple[list[n
     manifest = open_manifest(manifest_dir)
     steps = min(steps, manifest.num_steps)
     rows = manifest.read_steps(0, steps)
-    key = StepShape.slot_key(rows.step, rows.rank, rows.micro)
+    key = rows.slot_numbers()
     bounds = np.flatnonzero(np.diff(key)) + 1
     starts = np.concatenate([[0], bounds]).astype(np.int64)
     return (np.split(rows.sample, bounds), rows.step[starts].astype(np.int64), rows.rank[starts].astype(np.int64),
