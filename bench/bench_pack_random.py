@@ -16,8 +16,13 @@ Four families of seeded inputs:
 
 Prints one row per input and a summary (how many inputs fail each bound, the mean step mix).
 
+``--samples N`` resamples each input to N samples (with replacement, seeded by the case) and
+packs it in windows as ``balancer pack`` sizes them: the checks of large inputs (past
+``pipeline.CHECK_MAX_SAMPLES`` the pick is checked on its first window).
+
 Usage:
     python -m bench.bench_pack_random --family realistic --cases 48
+    python -m bench.bench_pack_random --family harsh --cases 8 --samples 2500000
     python -m bench.bench_pack_random --family harsh --cases 40 --first 0
     python -m bench.bench_pack_random --family speech --cases 16
 """
@@ -126,11 +131,13 @@ def main(argv=None):
     ap.add_argument("--family", choices=sorted(FAMILIES), default="realistic")
     ap.add_argument("--cases", type=int, default=12)
     ap.add_argument("--first", type=int, default=0)
+    ap.add_argument("--samples", type=int, default=None, help="resample each input to this many samples")
     args = ap.parse_args(argv)
-    from balancer_cli.lengths import read_lengths
+    from balancer_cli.lengths import LengthsTable, read_lengths
     from balancer_cli.pack.config import PackConfig
     from balancer_cli.pack.inputs import prepare_inputs
     from balancer_cli.pack.pipeline import pack_inputs
+    from balancer_cli.pack.windows import resolve_window_samples
 
     files = sorted(glob.glob(str(ROOT.parent / "shared" / "data" / "internvl-lengths" / "*.json")))
     real = read_lengths(files) if files else None
@@ -141,8 +148,13 @@ def main(argv=None):
     mixes = []
     for case in range(args.first, args.first + args.cases):
         kind, table, R, M, seed = FAMILIES[args.family](case, real)
+        if args.samples:
+            pick = np.random.default_rng(case).integers(0, table.num_samples, args.samples)
+            table = LengthsTable(table.table.take(pick).drop_columns(["sample"]))  # numbered again
         inputs = prepare_inputs(table)
-        config = PackConfig(world_size=R, micro_batches=M, seed=seed)
+        window = resolve_window_samples(inputs.num_samples, None, None, len(inputs.modules),
+                                        num_sources=len(inputs.source_names))
+        config = PackConfig(world_size=R, micro_batches=M, seed=seed, window_samples=window)
         t = time.perf_counter()
         result = pack_inputs(inputs, config, lengths_fingerprint="")
         elapsed = time.perf_counter() - t

@@ -49,7 +49,8 @@ def _searched(params: Mapping[str, Any]) -> str:
     if checked.get("kept", "pick") == "pick":
         return " (searched)"
     picked = ", ".join(checked["pick_broken"])
-    return f" (searched; the subsample's pick broke {picked} in full, a later candidate kept)"
+    where = "on its first window" if checked.get("on") == "first window" else "in full"
+    return f" (searched; the subsample's pick broke {picked} {where}, a later candidate kept)"
 
 
 def _windows_raised(params: Mapping[str, Any]) -> list[str]:

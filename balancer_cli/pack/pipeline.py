@@ -35,15 +35,22 @@ from balancer_cli._memory import release_freed_memory
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.lengths import LengthsTable
 from balancer_cli.manifest import ManifestRows
-from balancer_cli.pack import contract
 from balancer_cli.pack.config import PackConfig
 from balancer_cli.pack.inputs import PackInputs, prepare_inputs
 from balancer_cli.pack.packers import registry
 from balancer_cli.pack.packers._common import over_caps
+from balancer_cli.pack.pick_check import (
+    Trial,
+    WindowTrial,
+    checked_pick,
+    window_metrics,
+)
 from balancer_cli.pack.placement import Placement, merge_windows
 from balancer_cli.pack.windows import (
     WindowMembers,
+    WindowResult,
     WindowTask,
+    place_window,
     plan_windows,
     window_count,
 )
@@ -64,7 +71,8 @@ DEFAULT_BOUND_SHARE = 0.9
 #: Up to this many samples, a searched pick whose full run breaks a bound of the contract
 #: (:mod:`~balancer_cli.pack.contract`) is checked against the next candidates' full runs: a
 #: subsample's few steps can hide a bias or an extra step (a text-only 20k at ``--dp 64`` x 2:
-#: 0.58x mix on the subsample, 2.87x in full). Past it a subsample holds enough steps.
+#: 0.58x mix on the subsample, 2.87x in full). Past it, against their first windows
+#: (:mod:`~balancer_cli.pack.pick_check`).
 CHECK_MAX_SAMPLES = 2_000_000
 
 
@@ -202,7 +210,8 @@ def sample_view(inputs: PackInputs) -> registry.SampleView:
 
 def place_packer(name: str, inputs: PackInputs, config: PackConfig, caps_K: np.ndarray,
                  bounds_K: np.ndarray, *, engine: Any = "local", engine_options: Any = None,
-                 on_window: Callable[[int, int], None] | None = None, plan: WindowMembers | None = None) -> Placement:
+                 on_window: Callable[[int, int], None] | None = None, plan: WindowMembers | None = None,
+                 first: WindowResult | None = None) -> Placement:
     """Pack every epoch with the registered packer ``name``, window by window, and place its groups.
 
     The manifest's own packer and every baseline go through here, with the same step shape, seed
@@ -210,33 +219,19 @@ def place_packer(name: str, inputs: PackInputs, config: PackConfig, caps_K: np.n
     with like. ``engine`` (a name of :data:`~balancer_cli.pack.engines.ENGINES`, or a
     ``run_windows`` function of the same contract) runs the windows; every engine gives the same
     placement. ``on_window(done, total)`` is called as each window (of every epoch) is done.
-    ``plan`` is :func:`plan_windows` of the same inputs, config and caps, when the caller holds it.
+    ``plan`` is :func:`plan_windows` of the same inputs, config and caps, when the caller holds it,
+    and ``first`` its first window (epoch 0) already placed (:func:`_window_trial`).
     """
     from balancer_cli.pack.engines import get_engine
 
     spec = registry.get(name)
-    # Every sample as one view, where none failed: the inputs' arrays themselves (no copy).
-    whole = sample_view(inputs) if inputs.all_ok else None
-    ids_n = inputs.ok_ids() if whole is None else whole.ids_n
-    if plan is None:
-        # With failed samples the plan reads copies of the other rows, freed once it is made: the
-        # windows take their rows from the inputs' arrays (10M with 1% failed: 0.16 GB less held).
-        plan = plan_windows(whole if whole is not None else sample_view(inputs), config, caps_K)
+    whole, ids_n, plan = _planned(inputs, config, caps_K, plan)
     tasks, members = [], []
     for epoch, by_window in enumerate(plan.members):
         for window, positions in enumerate(by_window):
             tasks.append(WindowTask(packer=spec.name, config=config, caps_K=caps_K, bounds_K=bounds_K,
                                     epoch=epoch, window=window))
             members.append(positions)
-
-    def view_of(i: int) -> registry.SampleView:
-        positions = members[i]
-        if whole is not None and len(positions) == len(ids_n):  # one window of every sample: no copy
-            return whole
-        rows = ids_n[positions]  # the window's samples: their rows of the inputs' arrays
-        return registry.SampleView(ids_n=rows, load_nK=take_rows(inputs.load_NK, rows),
-                                   cost_nK=take_rows(inputs.cost_NK, rows), source_n=inputs.source_codes_N[rows],
-                                   modules=inputs.modules)
 
     run_windows = get_engine(engine) if isinstance(engine, str) else engine
     progress = None
@@ -245,12 +240,49 @@ def place_packer(name: str, inputs: PackInputs, config: PackConfig, caps_K: np.n
 
         def progress() -> None:
             on_window(next(done), len(tasks))
-    results = run_windows(tasks, view_of, engine_options, progress=progress)
+    if first is not None and progress is not None:
+        progress()  # the first window, placed already
+    todo = range(1 if first is not None else 0, len(tasks))
+    results = run_windows([tasks[i] for i in todo], lambda j: _window_view(inputs, whole, ids_n, members[todo[j]]),
+                          engine_options, progress=progress)
+    results[:0] = [first] if first is not None else []
     members.clear()  # the window slices are no longer needed
     release_freed_memory()  # the windows' working arrays, before the merge builds the rows
     by_epoch = [[r for t, r in zip(tasks, results) if t.epoch == epoch] for epoch in range(config.epochs)]
     del results  # merge_windows frees each window as it merges it
     return merge_windows(inputs, by_epoch, epochs=config.epochs)
+
+
+def _planned(inputs: PackInputs, config: PackConfig, caps_K: np.ndarray, plan: WindowMembers | None = None):
+    """``(whole, ids_n, plan)``: every sample as one view where none failed (the inputs' arrays
+    themselves, no copy; else None), the ids of the samples without a scan error, and the windows."""
+    whole = sample_view(inputs) if inputs.all_ok else None
+    ids_n = inputs.ok_ids() if whole is None else whole.ids_n
+    if plan is None:
+        # With failed samples the plan reads copies of the other rows, freed once it is made: the
+        # windows take their rows from the inputs' arrays (10M with 1% failed: 0.16 GB less held).
+        plan = plan_windows(whole if whole is not None else sample_view(inputs), config, caps_K)
+    return whole, ids_n, plan
+
+
+def _window_view(inputs: PackInputs, whole: registry.SampleView | None, ids_n: np.ndarray,
+                 positions: np.ndarray) -> registry.SampleView:
+    """A window's samples (``positions`` into ``ids_n``, the samples without a scan error) as the packers see them."""
+    if whole is not None and len(positions) == len(ids_n):  # one window of every sample: no copy
+        return whole
+    rows = ids_n[positions]  # the window's samples: their rows of the inputs' arrays
+    return registry.SampleView(ids_n=rows, load_nK=take_rows(inputs.load_NK, rows),
+                               cost_nK=take_rows(inputs.cost_NK, rows), source_n=inputs.source_codes_N[rows],
+                               modules=inputs.modules)
+
+
+def _window_trial(inputs: PackInputs, config: PackConfig, caps_K: np.ndarray, bounds_K: np.ndarray) -> WindowTrial:
+    """The run's first window at ``caps_K`` (epoch 0, window 0 of its plan), placed as
+    :func:`place_packer` places it and measured against the contract on its own steps."""
+    whole, ids_n, plan = _planned(inputs, config, caps_K)
+    task = WindowTask(packer=config.algorithm, config=config, caps_K=caps_K, bounds_K=bounds_K, epoch=0, window=0)
+    first = place_window(task, _window_view(inputs, whole, ids_n, plan.members[0][0]))
+    return WindowTrial(caps_K, bounds_K, plan, first, window_metrics(first, inputs, config.shape, caps_K))
 
 
 def with_phase_ranks(rows: ManifestRows, inputs: PackInputs, world_size: int) -> ManifestRows:
@@ -295,16 +327,16 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
         raise InputError(f"all {inputs.num_samples} samples have a scan error (first: {first})",
                          fix="fix the dataset and re-run `balancer scan`")
 
-    def run(caps_K: np.ndarray, bounds_K: np.ndarray) -> _Trial:
+    def run(caps_K: np.ndarray, bounds_K: np.ndarray, probe: WindowTrial | None = None) -> Trial:
         rows, dropped_sample, dropped_reason, epoch_num_steps = place_packer(
             config.algorithm, inputs, config, caps_K, bounds_K, engine=engine, engine_options=engine_options,
-            on_window=on_window)
+            on_window=on_window, **({} if probe is None else {"plan": probe.plan, "first": probe.first}))
         if config.post_balance:
             rows = with_phase_ranks(rows, inputs, config.world_size)
         evaluation = evaluate_rows(inputs, rows, dropped_sample, dropped_reason, caps_K=caps_K,
                                    world_size=config.world_size, micro_batches=config.micro_batches,
                                    epoch_num_steps=epoch_num_steps)
-        return _Trial(caps_K, bounds_K, Placement(rows, dropped_sample, dropped_reason, epoch_num_steps), evaluation)
+        return Trial(caps_K, bounds_K, Placement(rows, dropped_sample, dropped_reason, epoch_num_steps), evaluation)
 
     def windows(caps_K: np.ndarray) -> dict[str, int]:
         # What the windows are (the summary's first line): as many as place_packer packs. Before
@@ -315,10 +347,22 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
         return {"windows": count, "min_window_samples": least}
 
     caps_K, bounds_K, search = resolve_thresholds(inputs, config)
+    checked, probe = None, None
+    check = search is not None and config.algorithm == "balanced"
+    bounds = _by_module(config.bounds, inputs.modules, "bounds")
+    if check and inputs.num_samples > CHECK_MAX_SAMPLES:
+        # The pick and the next candidates on their first windows; the kept one's is reused.
+        probe, checked = checked_pick(inputs.modules, inputs.num_samples, search,
+                                      _window_trial(inputs, config, caps_K, bounds_K),
+                                      lambda c: _window_trial(inputs, config, c, _bounds_for(inputs, c, bounds)),
+                                      sifted=True)
+        caps_K, bounds_K = probe.caps_K, probe.bounds_K
+        checked["on"] = "first window"
     planned = windows(caps_K)
-    trial, checked = run(caps_K, bounds_K), None
-    if search is not None and config.algorithm == "balanced" and inputs.num_samples <= CHECK_MAX_SAMPLES:
-        trial, checked = _checked_pick(inputs, config, search, trial, run)
+    trial = run(caps_K, bounds_K, probe)
+    if check and probe is None:
+        trial, checked = checked_pick(inputs.modules, inputs.num_samples, search, trial,
+                                      lambda c: run(c, _bounds_for(inputs, c, bounds)))
         planned = planned if np.array_equal(trial.caps_K, caps_K) else windows(trial.caps_K)
     caps_K, bounds_K, evaluation = trial.caps_K, trial.bounds_K, trial.evaluation
     rows, dropped_sample, dropped_reason, epoch_num_steps = trial.placement
@@ -340,58 +384,3 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
     meta.update(num_samples=inputs.num_samples, modules=list(inputs.modules), lengths_fingerprint=lengths_fingerprint,
                 summary=summary)
     return PackResult(rows, dropped_sample, dropped_reason, epoch_num_steps, meta, search, evaluation)
-
-
-@dataclass(frozen=True)
-class _Trial:
-    """One full run of :func:`pack_inputs` at some caps."""
-
-    caps_K: np.ndarray
-    bounds_K: np.ndarray
-    placement: Placement
-    evaluation: Any
-
-    def broken(self) -> tuple[str, ...]:
-        """The contract's bounds the run breaks (:mod:`~balancer_cli.pack.contract`)."""
-        return tuple(self.evaluation.metrics["contract"]["broken"])
-
-    def rank(self, modules: Sequence[str]) -> tuple[int, float]:
-        """How far the run is from the contract: the bounds it breaks, then how far past them
-        (:func:`~balancer_cli.pack.contract.excess`); less is nearer."""
-        return len(self.broken()), contract.excess(self.evaluation.metrics, modules)
-
-
-def _checked_pick(inputs: PackInputs, config: PackConfig, search: Any, pick: _Trial,
-                  run: Callable[[np.ndarray, np.ndarray], _Trial]) -> tuple[_Trial, dict[str, Any]]:
-    """The searched pick's full run, or a later candidate's that breaks fewer of the contract's bounds.
-
-    The search ranks caps on a subsample; when the pick's full run breaks a bound, the next
-    candidates (in the search's order, measured ones first) are packed in full, up to
-    :func:`~balancer_cli.pack.contract.check_fallbacks` of them (2; up to 8 for small inputs),
-    and the run breaking the fewest bounds is kept; of runs breaking as many, the one least far
-    past them (:meth:`_Trial.rank`; the earlier on a tie, so the pick first). A run
-    that drops more samples than the pick's (``--oversize drop`` under tighter caps) is never
-    kept: balance is not bought with data.
-
-    Returns:
-        ``(trial, record)``: the kept run, and what was checked (for the manifest's metadata).
-    """
-    record: dict[str, Any] = {"pick_broken": list(pick.broken()), "tried": [], "kept": "pick"}
-    best, best_rank = pick, pick.rank(inputs.modules)
-    bounds = _by_module(config.bounds, inputs.modules, "bounds")
-    seen, tries = [pick.caps_K], contract.check_fallbacks(inputs.num_samples)
-    for candidate in search.candidates:
-        if best_rank[0] == 0 or len(record["tried"]) == tries:
-            break
-        caps_K = np.asarray(candidate.caps_K, dtype=np.int64)
-        if any(np.array_equal(caps_K, s) for s in seen):
-            continue
-        seen.append(caps_K)
-        trial = run(caps_K, _bounds_for(inputs, caps_K, bounds))
-        by_module = {m: int(c) for m, c in zip(inputs.modules, caps_K)}
-        record["tried"].append({"caps": by_module, "broken": list(trial.broken())})
-        trial_rank = trial.rank(inputs.modules)
-        if trial_rank < best_rank and len(trial.placement.dropped_sample) <= len(pick.placement.dropped_sample):
-            best, best_rank = trial, trial_rank
-            record["kept"] = by_module
-    return best, record

@@ -128,14 +128,57 @@ def test_a_pick_that_breaks_a_bound_in_full_falls_to_a_candidate_that_does_not(m
     assert np.array_equal(np.sort(result.rows.sample), np.arange(table.num_samples))
     again = pipeline.pack_manifest(table, config)
     assert np.array_equal(again.rows.sample, result.rows.sample) and np.array_equal(again.rows.step, result.rows.step)
-    # Without the check the pick is kept as the search made it, bounds broken.
+    # Past CHECK_MAX_SAMPLES the candidates are tried on their first windows (here: the whole
+    # input, so the pick breaks the same bounds), in fallbacks' order: another one is kept.
     monkeypatch.setattr(pipeline, "CHECK_MAX_SAMPLES", 0)
+    probed = pipeline.pack_manifest(table, config)
+    on_window = probed.meta["params"]["search"]["checked"]
+    assert on_window["on"] == "first window" and on_window["pick_broken"] == checked["pick_broken"]
+    assert on_window["kept"] == probed.meta["params"]["caps"] and on_window["tried"][-1]["broken"] == []
+    assert probed.meta["summary"]["contract"]["broken"] == []
+    # Without the check the pick is kept as the search made it, bounds broken.
+    monkeypatch.setattr(pipeline, "CHECK_MAX_SAMPLES", 10**9)
+    monkeypatch.setattr(pipeline, "checked_pick", lambda modules, n, search, pick, run: (pick, None))
     unchecked = pipeline.pack_manifest(table, config)
     assert "checked" not in unchecked.meta["params"]["search"]
     assert unchecked.meta["params"]["caps"] == {"llm": int(pipeline.run_search(
         pipeline.prepare_inputs(table), config, prune=True).best_caps_K[0])} != params["caps"]
     # The bounds the check found the pick breaking (its windows' coarser cells fix what they can).
     assert unchecked.meta["summary"]["contract"]["broken"] == checked["pick_broken"]
+
+
+@pytest.mark.parametrize("window, R, M, seed, falls_back", [(7000, 64, 2, 0, False), (12000, 64, 1, 1, True)])
+def test_past_check_max_samples_the_pick_is_checked_on_its_first_window_and_the_run_reuses_it(
+        monkeypatch, window, R, M, seed, falls_back):
+    """Past ``CHECK_MAX_SAMPLES`` each candidate tried packs one window, the run packs every other
+    window once, and its rows are those of the kept caps packed without a search (the first window
+    is reused exactly as the run would have placed it). With ``seed`` 1 the pick's first window
+    breaks the steps bound, the next candidate's the mix bound, and the third is kept."""
+    import dataclasses
+
+    from balancer_cli.pack import pipeline, windows
+    from balancer_cli.pack.config import PackConfig
+    from balancer_cli.pack.engines import local
+
+    table = _text_only_20k()
+    config = PackConfig(world_size=R, micro_batches=M, window_samples=window, seed=seed)
+    monkeypatch.setattr(pipeline, "CHECK_MAX_SAMPLES", 0)
+    placed = []
+    real_place = windows.place_window
+    monkeypatch.setattr(windows, "place_window", lambda task, view: placed.append(task) or real_place(task, view))
+    for module in (pipeline, local):
+        monkeypatch.setattr(module, "place_window", windows.place_window)
+    result = pipeline.pack_manifest(table, config)
+    params = result.meta["params"]
+    checked = params["search"]["checked"]
+    assert checked["on"] == "first window" and params["windows"] >= 2
+    assert (checked["kept"] != "pick") == falls_back == bool(checked["pick_broken"])
+    assert len(placed) == params["windows"] + len(checked["tried"])
+    assert all((task.epoch, task.window) == (0, 0) for task in placed[:1 + len(checked["tried"])])
+    assert np.array_equal(np.sort(result.rows.sample), np.arange(table.num_samples))
+    plain = pipeline.pack_manifest(table, dataclasses.replace(config, caps=tuple(params["caps"].items())))
+    for column in ("step", "rank", "micro", "sample"):
+        assert np.array_equal(getattr(plain.rows, column), getattr(result.rows, column))
 
 
 @pytest.mark.parametrize("fallbacks", [0, 1])
@@ -177,12 +220,11 @@ def test_the_cli_says_when_a_later_candidate_replaced_the_pick(tmp_path):
 
 
 def test_a_fallback_that_drops_more_samples_is_never_kept_and_the_tries_are_bounded(monkeypatch):
-    """``_checked_pick`` over fake full runs: the pick's own caps are not packed again, a run that
+    """``checked_pick`` over fake full runs: the pick's own caps are not packed again, a run that
     drops more samples than the pick's is not kept however balanced, at most ``check_fallbacks`` runs."""
     from types import SimpleNamespace
 
-    from balancer_cli.pack import pipeline
-    from balancer_cli.pack.config import PackConfig
+    from balancer_cli.pack.pick_check import Trial, checked_pick
     from balancer_cli.pack.placement import Placement
 
     rows = _rows(4, 2)
@@ -193,30 +235,30 @@ def test_a_fallback_that_drops_more_samples_is_never_kept_and_the_tries_are_boun
                    "steps": {"vs_lower_bound": 1.0}, "step_mix": {"vs_random": mix}}
         metrics["contract"] = contract_entry(metrics, ("llm",))
         placement = Placement(rows, np.arange(dropped), ("over cap",) * dropped, [2])
-        return pipeline._Trial(np.array([cap]), np.array([cap]), placement, SimpleNamespace(metrics=metrics))
+        return Trial(np.array([cap]), np.array([cap]), placement, SimpleNamespace(metrics=metrics))
 
     runs = {10: trial(10, 1.5, 0), 20: trial(20, 0.5, 3), 30: trial(30, 1.2, 0), 40: trial(40, 0.5, 0),
             50: trial(50, 0.5, 0)}
     packed = []
 
-    def run(caps_K, bounds_K):
+    def run(caps_K):
         packed.append(int(caps_K[0]))
         return runs[int(caps_K[0])]
 
     search = SimpleNamespace(candidates=[SimpleNamespace(caps_K=(c,), excluded_share=0.0) for c in (10, 10, 20, 30, 40, 50)])
     monkeypatch.setattr(contract, "CHECK_FALLBACKS", 3)
     monkeypatch.setattr(contract, "CHECK_ROWS", 0)  # no more tries for small inputs here (below)
-    kept, record = pipeline._checked_pick(inputs, PackConfig(), search, runs[10], run)
+    kept, record = checked_pick(inputs.modules, inputs.num_samples, search, runs[10], run)
     assert packed == [20, 30, 40] and kept is runs[40]
     assert record == {"pick_broken": ["mix"], "kept": {"llm": 40}, "tried": [
         {"caps": {"llm": 20}, "broken": []}, {"caps": {"llm": 30}, "broken": ["mix"]}, {"caps": {"llm": 40}, "broken": []}]}
     monkeypatch.setattr(contract, "CHECK_FALLBACKS", 1)
     packed.clear()
-    kept, record = pipeline._checked_pick(inputs, PackConfig(), search, runs[10], run)
+    kept, record = checked_pick(inputs.modules, inputs.num_samples, search, runs[10], run)
     assert packed == [20] and kept is runs[10] and record["kept"] == "pick"
     # Small inputs try more, while the tries pack at most CHECK_ROWS rows: 8 samples, two tries' worth.
     monkeypatch.setattr(contract, "CHECK_ROWS", 16)
     packed.clear()
-    kept, record = pipeline._checked_pick(inputs, PackConfig(), search, runs[10], run)
+    kept, record = checked_pick(inputs.modules, inputs.num_samples, search, runs[10], run)
     # 30 breaks the mix bound as the pick does, but less far past it (1.2x against 1.5x): kept.
     assert packed == [20, 30] and kept is runs[30] and len(record["tried"]) == 2 and record["kept"] == {"llm": 30}

@@ -48,7 +48,13 @@ def _pack(lengths, out, **kwargs):
     return pack_to_dir([lengths], out, CONFIG, baselines=("random",), **kwargs)
 
 
-def test_ray_writes_the_local_engines_bytes(ray_session, lengths, tmp_path):
+@pytest.mark.parametrize("first_window", [False, True])
+def test_ray_writes_the_local_engines_bytes(ray_session, lengths, tmp_path, monkeypatch, first_window):
+    """Also where the pick is checked on its first window, which the driver packs and both engines reuse."""
+    from balancer_cli.pack import pipeline
+
+    if first_window:
+        monkeypatch.setattr(pipeline, "CHECK_MAX_SAMPLES", 0)
     _pack(lengths, tmp_path / "local")
     _pack(lengths, tmp_path / "ray", engine="ray")
     for name in FILES:
