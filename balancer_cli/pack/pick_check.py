@@ -46,8 +46,23 @@ from balancer_cli.pack.windows import WindowMembers, WindowResult
 __all__ = ["Trial", "WindowTrial", "checked_pick", "fallbacks", "window_metrics"]
 
 
+class _Measured:
+    """What a trial's contract metrics (``self.metrics``) say, for :func:`checked_pick`."""
+
+    __slots__ = ()
+
+    def broken(self) -> tuple[str, ...]:
+        """The contract's bounds the trial breaks (:mod:`~balancer_cli.pack.contract`)."""
+        return tuple(self.metrics["contract"]["broken"])
+
+    def rank(self, modules: Sequence[str]) -> tuple[int, float]:
+        """How far the trial is from the contract: the bounds it breaks, then how far past them
+        (:func:`~balancer_cli.pack.contract.excess`); less is nearer."""
+        return len(self.broken()), contract.excess(self.metrics, modules)
+
+
 @dataclass(frozen=True)
-class Trial:
+class Trial(_Measured):
     """One full run at some caps: its placement and evaluation."""
 
     caps_K: np.ndarray
@@ -55,21 +70,16 @@ class Trial:
     placement: Placement
     evaluation: Any
 
-    def broken(self) -> tuple[str, ...]:
-        """The contract's bounds the run breaks (:mod:`~balancer_cli.pack.contract`)."""
-        return tuple(self.evaluation.metrics["contract"]["broken"])
-
-    def rank(self, modules: Sequence[str]) -> tuple[int, float]:
-        """How far the run is from the contract: the bounds it breaks, then how far past them
-        (:func:`~balancer_cli.pack.contract.excess`); less is nearer."""
-        return len(self.broken()), contract.excess(self.evaluation.metrics, modules)
+    @property
+    def metrics(self) -> dict:
+        return self.evaluation.metrics
 
     def dropped(self) -> int:
         return len(self.placement.dropped_sample)
 
 
 @dataclass(frozen=True)
-class WindowTrial:
+class WindowTrial(_Measured):
     """The first window of a run at some caps (``plan``: the run's windows), placed and measured."""
 
     caps_K: np.ndarray
@@ -77,12 +87,6 @@ class WindowTrial:
     plan: WindowMembers
     first: WindowResult
     metrics: dict
-
-    def broken(self) -> tuple[str, ...]:
-        return tuple(self.metrics["contract"]["broken"])
-
-    def rank(self, modules: Sequence[str]) -> tuple[int, float]:
-        return len(self.broken()), contract.excess(self.metrics, modules)
 
     def dropped(self) -> int:
         return len(self.first.dropped)
@@ -165,11 +169,11 @@ def fallbacks(candidates: Sequence[Any], pick_caps_K: np.ndarray) -> list[Any]:
         [1, 4, 2]
     """
     pick = next((c for c in candidates if np.array_equal(np.asarray(c.caps_K), pick_caps_K)), None)
-    most = getattr(pick, "excluded_share", np.inf) if pick is not None else np.inf
-    allowed = [c for c in candidates if getattr(c, "excluded_share", 0.0) <= most]
+    most = pick.excluded_share if pick is not None else np.inf
+    allowed = [c for c in candidates if c.excluded_share <= most]
 
     def measured_broken(c: Any) -> bool:
-        return not getattr(c, "pruned", True) and (getattr(c, "mix_vs_random", 0.0) > contract.MAX_STEP_MIX or
-                                                   getattr(c, "steps_over_lower_bound", 1.0) > contract.MAX_STEP_EXCESS)
+        return not c.pruned and (c.mix_vs_random > contract.MAX_STEP_MIX
+                                 or c.steps_over_lower_bound > contract.MAX_STEP_EXCESS)
 
     return sorted(allowed, key=measured_broken)

@@ -130,13 +130,13 @@ def _expand_groups(windows: Sequence[tuple[WindowResult, int]]) -> ManifestRows:
 
 def _covering(windows: Sequence[tuple[WindowResult, int]]) -> StepShape:
     """The smallest shape holding every window's kept groups (their slot numbers sort them)."""
-    ranks, micros = [0], [0]
+    ranks, micros = [], []
     for result, _ in windows:
         keep_G = result.step_G >= 0
         if keep_G.any():
             ranks.append(int(result.rank_G[keep_G].max()))
             micros.append(int(result.micro_G[keep_G].max()))
-    return StepShape(world_size=max(ranks) + 1, micro_batches=max(micros) + 1)
+    return StepShape.covering(np.array(ranks, np.int64), np.array(micros, np.int64))
 
 
 def _slots_apart(windows: Sequence[tuple[WindowResult, int]], shape: StepShape) -> bool:

@@ -321,8 +321,9 @@ def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed
         for i, ffd_queue in enumerate(_by_size(rows, load_c, caps_c, rng, binding)):
             ffd_gid, G_ffd = first_fit(ffd_queue, load_c, caps_c, suffix_min(ffd_queue, load_c), LOOKBACK,
                                        np.zeros((0, load_c.shape[1]), np.int64))
-            if rounded(G_ffd) < G and (i == 0 or G > limit or rounded(G_ffd) < 0.99 * G):
-                queue, gid, G = ffd_queue, ffd_gid, rounded(G_ffd)
+            G_ffd = rounded(G_ffd)
+            if G_ffd < G and (i == 0 or G > limit or G_ffd < 0.99 * G):
+                queue, gid, G = ffd_queue, ffd_gid, G_ffd
     members, count, wsum, lsum = group_tables(queue, gid, G, max_count, weight, load)
     if (count == 0).any():
         if count.max() < 2:
