@@ -1,13 +1,16 @@
 """Ray for the ``--engine ray`` commands: imported on demand, and one session of it per run that
 keeps the command's own signal handlers.
 
-``ray.init`` installs a SIGTERM handler that calls ``sys.exit(15)`` (and, in its core worker, a
-native one that prints a C++ stack), and ``ray.shutdown`` leaves SIGTERM's native disposition at
-the default: a SIGTERM during ``balancer pack --engine ray`` ended with exit 15 and a stack
-dump, or after the cluster stopped killed the process (-15) before any ``finally`` ran, not the
+``ray.init`` installs a SIGTERM handler that calls ``sys.exit(15)``, and its core worker a native
+one (absl's failure handler) that prints a C++ stack and kills the process; ``ray.shutdown``
+sets the native disposition to the default. A SIGTERM during ``balancer pack --engine ray``
+ended with exit 15 and no line, a stack dump and -11, or -15 before any ``finally`` ran, not the
 command's exit 143 and one line (:func:`balancer_cli.cli._common.handle_errors`). So
-:func:`ray_session` runs both inside :func:`~balancer_cli._signals.kept_signal_handlers`:
-setting a handler again from Python installs it natively again too.
+:func:`import_ray` imports Ray with its native failure handler off (``RAY_DISABLE_FAILURE_SIGNAL_HANDLER``,
+read at import; workers keep theirs), :func:`ray_session` runs ``ray.init`` and ``ray.shutdown``
+inside :func:`~balancer_cli._signals.kept_signal_handlers` (setting a handler again from Python
+installs it natively again too), and a SIGTERM that Ray's handler turned into ``SystemExit(15)``
+inside ``ray.init`` is handed to the handler it replaced once what ``ray.init`` started is stopped.
 """
 
 from __future__ import annotations
@@ -34,15 +37,24 @@ _HELD = (signal.SIGTERM, signal.SIGINT)
 #: setting stays as it is (``RAY_AUTH_MODE``, which Ray sets for the process, is restored afterwards).
 _AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 _AUTH_MODE = "RAY_AUTH_MODE"
+#: Off while Ray is imported (module docstring); the variable is put back as it was afterwards.
+_NO_NATIVE_HANDLER = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
 
 
 def import_ray():
     """Import ``ray`` and ``ray.data`` or raise a :class:`UsageError` that says how to install them."""
+    saved = os.environ.get(_NO_NATIVE_HANDLER)
+    os.environ.setdefault(_NO_NATIVE_HANDLER, "1")  # a user's own setting stays theirs
     try:
         import ray
         import ray.data  # (the Data library is a separate extra of ray)
     except ImportError as exc:
         raise UsageError(f"--engine ray needs Ray Data, which is not installed ({exc})", fix=_INSTALL_FIX) from None
+    finally:
+        if saved is None:
+            os.environ.pop(_NO_NATIVE_HANDLER, None)
+        else:
+            os.environ[_NO_NATIVE_HANDLER] = saved
     return ray
 
 
@@ -58,18 +70,21 @@ def ray_session(options: Any) -> Iterator[Any]:
     started = False
     auth_mode = os.environ.get(_AUTH_MODE)
     if not ray.is_initialized():
-        with kept_signal_handlers(*_HELD):  # ray.init and shutdown replace SIGTERM's: exit 143 stays ours
-            _init(ray, options)
+        try:
+            with kept_signal_handlers(*_HELD):  # ray.init and shutdown replace SIGTERM's: exit 143 stays ours
+                _init(ray, options)
+        except BaseException as exc:
+            _stop(ray, auth_mode)  # what ray.init started before it was stopped (processes, connection)
+            if isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:
+                signal.raise_signal(signal.SIGTERM)  # Ray's handler took it: now the handler it replaced
+            raise
         started = True
     try:
         with _quiet_logger("ray.data"):  # per-run INFO lines would drown the progress bar
             yield ray
     finally:
         if started:
-            with kept_signal_handlers(*_HELD):
-                ray.shutdown()
-            if auth_mode is None:  # a new local cluster sets it for the process (token mode)
-                os.environ.pop(_AUTH_MODE, None)
+            _stop(ray, auth_mode)
 
 
 def _init(ray: Any, options: Any) -> None:
@@ -94,6 +109,15 @@ def _init(ray: Any, options: Any) -> None:
             ray.init(address="local", num_cpus=options.num_cpus, object_store_memory=options.object_store_bytes,
                      include_dashboard=False, log_to_driver=False, configure_logging=False,
                      runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+
+
+def _stop(ray: Any, auth_mode: str | None) -> None:
+    """``ray.shutdown`` (a no-op when nothing is connected or started), keeping our handlers, and
+    ``RAY_AUTH_MODE`` put back to ``auth_mode`` (a new local cluster sets it for the process)."""
+    with kept_signal_handlers(*_HELD):
+        ray.shutdown()
+    if auth_mode is None:
+        os.environ.pop(_AUTH_MODE, None)
 
 
 @contextlib.contextmanager

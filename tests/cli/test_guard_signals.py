@@ -52,6 +52,7 @@ def _assert_terminated(script, unreached):
     assert done.returncode == 143, (done.returncode, done.stderr[-2000:])
     assert done.stderr.strip().splitlines()[-1] == "Error: terminated; no output was written", done.stderr
     assert "Traceback" not in done.stderr and unreached not in done.stdout
+    assert "SIGTERM received" not in done.stderr, done.stderr  # a native handler's stack dump (absl's)
     return done.stdout
 
 
@@ -259,27 +260,49 @@ def test_sigterm_while_kernels_compile_ends_the_command_with_143_and_one_line(tm
     _assert_terminated(script, "compiled every kernel")
 
 
-@pytest.mark.parametrize("when", ["in the session", "after it"])
+@pytest.mark.parametrize("when", ["under ray.init's handler", "as ray.init connects", "in the session", "after it"])
 def test_sigterm_around_a_ray_session_ends_the_command_with_143(tmp_path, when):
     """``ray.init`` replaces SIGTERM's handler (Python's with ``sys.exit(15)``, the native one with
-    Ray's, which prints a C++ stack) and ``ray.shutdown`` leaves the native one at the default
-    (the process killed before any ``finally``): the session puts the command's back both times."""
+    absl's, which prints a C++ stack and kills the process) and ``ray.shutdown`` leaves the native
+    one at the default (the process killed before any ``finally``): the session imports Ray with its
+    native handler off, hands a SIGTERM that Ray's handler took to the command's, and puts the
+    command's back after both. The first two cases signal from a thread once ``ray.init`` has put
+    its handler in, or once its core worker exists (before it returns)."""
     pytest.importorskip("ray")
     script = tmp_path / "session.py"
     script.write_text(textwrap.dedent(f"""
-        import os, signal, time
+        import os, signal, threading, time
         from types import SimpleNamespace
         from balancer_cli.cli._common import handle_errors
-        from balancer_cli._ray import ray_session
+        from balancer_cli._ray import import_ray, ray_session
+
+        when = {when!r}
+        worker = import_ray()._private.worker
+
+        def ray_took_sigterm():
+            handler = signal.getsignal(signal.SIGTERM)
+            return getattr(handler, "__module__", "").startswith("ray.")
+
+        def connecting():
+            return hasattr(worker.global_worker, "core_worker")
+
+        def signal_when(ready):
+            while not ready():
+                time.sleep(0.0005)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
 
         @handle_errors
         def body():
+            if when in ("under ray.init's handler", "as ray.init connects"):
+                ready = ray_took_sigterm if when == "under ray.init's handler" else connecting
+                threading.Thread(target=signal_when, args=(ready,), daemon=True).start()
             with ray_session(SimpleNamespace(address=None, num_cpus=1, object_store_bytes=80 * 2**20)):
-                if {when == "in the session"!r}:
+                if when == "in the session":
                     os.kill(os.getpid(), signal.SIGTERM)
                     time.sleep(60)
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(60)
+            if when == "after it":
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(60)
             print("not terminated")
 
         body()
