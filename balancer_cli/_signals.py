@@ -6,6 +6,11 @@ A command installs its own SIGTERM and Ctrl-C handlers for its run
 they found through :func:`kept_signal_handlers`. Setting a handler from Python installs it
 natively too, so a library's native handler is replaced as well.
 
+Once a command's output is in place (:func:`balancer_cli.commit.committed_folder` calls
+:func:`mark_output_committed`), the command has done its work: its handlers hold a SIGTERM or
+Ctrl-C from then on, and the command ends as it would have (its summary printed, exit 0), where
+"terminated; no output was written" would no longer be true.
+
 Example:
     >>> import signal
     >>> before = signal.getsignal(signal.SIGTERM)
@@ -22,7 +27,9 @@ import signal
 import threading
 from collections.abc import Iterator
 
-__all__ = ["kept_signal_handlers"]
+__all__ = ["clear_output_committed", "kept_signal_handlers", "mark_output_committed", "output_committed"]
+
+_committed = threading.Event()
 
 
 @contextlib.contextmanager
@@ -39,3 +46,18 @@ def kept_signal_handlers(*signums: int) -> Iterator[None]:
         for signum, handler in saved.items():
             if handler is not None:  # None: a native handler, not set from Python, left as it is
                 signal.signal(signum, handler)
+
+
+def mark_output_committed() -> None:
+    """Record that the running command's output is in place (read by its signal handlers)."""
+    _committed.set()
+
+
+def output_committed() -> bool:
+    """Whether :func:`mark_output_committed` was called since the last :func:`clear_output_committed`."""
+    return _committed.is_set()
+
+
+def clear_output_committed() -> None:
+    """Forget the mark (a command clears it as it starts and ends)."""
+    _committed.clear()

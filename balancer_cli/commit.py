@@ -51,6 +51,7 @@ from balancer_cli._fsutil import (
     remove_dead_temporaries,
     temporary_prefix,
 )
+from balancer_cli._signals import mark_output_committed
 from balancer_cli.errors import InputError, ManifestError
 
 __all__ = ["COMMIT_FILE", "SMALL_BYTES", "write_commit", "read_commit", "verify_commit", "committed_folder",
@@ -171,6 +172,8 @@ def committed_folder(out: str | os.PathLike) -> Iterator[Path]:
     in, and a crash in between leaves the old one as ``.OUT.old-XXXX/OUT``, never a mix), then
     the old one is deleted. On any exception (``KeyboardInterrupt`` and
     ``SystemExit`` from SIGTERM included) the temporary folder is removed and ``out`` is untouched.
+    Once ``out`` is in place, a command's SIGTERM and Ctrl-C are held until it ends
+    (:func:`balancer_cli._signals.mark_output_committed`).
     """
     out = Path(out)
     if out.is_symlink():  # replace the folder it points to; the link itself stays as the user made it
@@ -198,6 +201,7 @@ def committed_folder(out: str | os.PathLike) -> Iterator[Path]:
                     os.rename(old / out.name, out)
                     raise
                 shutil.rmtree(old, ignore_errors=True)
+            mark_output_committed()  # before the held signals are delivered: they find the output in place
     finally:
         with _signals_held():
             if tmp.exists():  # this run's folder, or after an exchange the previous output

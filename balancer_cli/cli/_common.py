@@ -28,7 +28,11 @@ from typing import Any, TypeVar
 
 import click
 
-from balancer_cli._signals import kept_signal_handlers
+from balancer_cli._signals import (
+    clear_output_committed,
+    kept_signal_handlers,
+    output_committed,
+)
 from balancer_cli.errors import BalancerError
 
 __all__ = ["handle_errors", "json_option", "emit", "fail", "command_flags", "progress", "check_output_option",
@@ -134,7 +138,11 @@ def _raise_when_safe(error: type[BaseException], frame: Any) -> None:
     collector's callback is printed and dropped ("Exception ignored in ...": a SIGTERM as
     matplotlib's transforms were collected, and the pack ran on to exit 0). That check raises
     nothing and ends the checks, so cleanup (``finally``) runs undisturbed, its system calls not
-    interrupted again; the command's end ends them too."""
+    interrupted again; the command's end ends them too. Once the command's output is in place it
+    raises nothing: the command finishes (:func:`balancer_cli._signals.mark_output_committed`)."""
+    if output_committed():
+        _pending.clear()
+        return
     if not _CAN_DEFER:
         raise error()
     if _unwinding(error):
@@ -174,6 +182,7 @@ def _sigterm_raises():
     with kept_signal_handlers(*held):
         interactive = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not where the host ignores it
         _outer[:] = [sys._getframe(2)]  # this generator's, contextmanager's __enter__, then the `with`'s
+        clear_output_committed()
         signal.signal(signal.SIGTERM, _on_sigterm)
         if interactive:
             signal.signal(signal.SIGINT, _on_sigint)
@@ -184,6 +193,7 @@ def _sigterm_raises():
                 signal.setitimer(signal.ITIMER_REAL, 0)  # before SIGALRM's own handler is back
             _pending.clear()
             _outer[:] = outer
+            clear_output_committed()
 
 
 def handle_errors(fn: F) -> F:

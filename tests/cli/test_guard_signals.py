@@ -152,6 +152,25 @@ def test_a_command_that_ends_while_a_signal_is_deferred_has_finished():
     assert not _common._pending and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
+def test_a_signal_once_the_output_is_in_place_lets_the_command_finish(tmp_path):
+    """After ``committed_folder`` put the output in place, "terminated; no output was written" would
+    be false: a SIGTERM then (or held over the renames) is held and the command finishes (exit 0);
+    the next command starts without the mark."""
+    out = tmp_path / "out"
+    with _sigterm_raises():
+        from balancer_cli.commit import committed_folder
+
+        with committed_folder(out) as folder:
+            (folder / "manifest.parquet").write_bytes(b"rows")
+        _signal_main_thread(signal.SIGTERM)
+        time.sleep(3 * _common._RETRY_S)
+        finished = True
+    assert finished and (out / "manifest.parquet").read_bytes() == b"rows"
+    with pytest.raises(Terminated), _sigterm_raises():
+        _signal_main_thread(signal.SIGTERM)
+        _busy(1)
+
+
 def test_a_signal_outside_llvm_raises_at_once():
     with pytest.raises(Terminated), _sigterm_raises():
         _signal_main_thread(signal.SIGTERM)
