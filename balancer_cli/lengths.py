@@ -45,20 +45,9 @@ from balancer_cli._fsutil import atomic_path
 from balancer_cli.errors import InputError
 from balancer_cli.omnibal_json import read_omnibal_json
 
-__all__ = [
-    "SCHEMA_VERSION",
-    "METADATA_KEY",
-    "LLM",
-    "DEFAULT_SOURCE",
-    "MEMBER_COLUMNS",
-    "LengthsTable",
-    "make_lengths_table",
-    "encoder_modules",
-    "lengths_fingerprint",
-    "read_lengths",
-    "read_omnibal_json",
-    "write_lengths",
-]
+__all__ = ["SCHEMA_VERSION", "METADATA_KEY", "LLM", "DEFAULT_SOURCE", "MEMBER_COLUMNS", "LengthsTable",
+           "make_lengths_table", "encoder_modules", "lengths_fingerprint", "read_lengths", "read_omnibal_json",
+           "write_lengths"]
 
 SCHEMA_VERSION = 1
 METADATA_KEY = b"balancer"
@@ -251,6 +240,10 @@ def _normalize(table: pa.Table, origin: str) -> pa.Table:
     """Check the contract and cast columns to their canonical types (raises :class:`InputError`)."""
     if table.num_rows == 0:
         raise InputError(f"{origin}: the lengths table is empty", fix="scan a dataset with at least one sample")
+    twice = next((c for c in table.column_names if table.column_names.count(c) > 1), None)
+    if twice is not None:
+        raise InputError(f"{origin}: column '{twice}' appears {table.column_names.count(twice)} times",
+                         fix="keep one column of each name")
     if "llm_tokens" not in table.column_names:
         raise InputError(
             f"{origin}: column 'llm_tokens' is missing (columns: {', '.join(table.column_names)})",
@@ -331,7 +324,14 @@ def _read_one(path: Path) -> tuple[pa.Table, dict]:
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"{path}: unreadable Parquet ({exc})", fix="re-run `balancer scan`") from None
         raw = (pf.schema_arrow.metadata or {}).get(METADATA_KEY)
-        return table, (json.loads(raw) if raw else {})
+        try:
+            meta = json.loads(raw) if raw else {}
+        except ValueError as exc:  # not JSON, or not UTF-8
+            meta = exc
+        if not isinstance(meta, dict):
+            raise InputError(f"{path}: its '{METADATA_KEY.decode()}' metadata is not a JSON object ({meta})",
+                             fix="re-run `balancer scan`, or remove that key from the file's metadata")
+        return table, meta
     return read_omnibal_json(path), {"imported_from": "omnibal-json"}
 
 

@@ -143,6 +143,12 @@ def _bad_parquet(tmp_path, table):
     (pa.table({"llm_tokens": pa.array([10, None])}), 1, "sample 1 has no value in 'llm_tokens'"),
     (pa.table({"llm_tokens": pa.array([], pa.int32())}), 1, "the lengths table is empty"),
     (pa.table({"tokens": pa.array([1])}), 1, "column 'llm_tokens' is missing"),
+    (pa.Table.from_arrays([pa.array([1]), pa.array([2])], names=["llm_tokens", "llm_tokens"]), 1,
+     "bad.parquet: column 'llm_tokens' appears 2 times"),
+    (pa.table({"llm_tokens": pa.array([1])}).replace_schema_metadata({b"balancer": b"{cut"}), 1,
+     "bad.parquet: its 'balancer' metadata is not a JSON object"),
+    (pa.table({"llm_tokens": pa.array([1])}).replace_schema_metadata({b"balancer": b"[1]"}), 1,
+     "bad.parquet: its 'balancer' metadata is not a JSON object ([1])"),
 ])
 def test_bad_lengths_exit_with_one_line_and_fix(tmp_path, table, code, message):
     result = _run("pack", _bad_parquet(tmp_path, table), "-o", tmp_path / "out", "--max-llm-tokens", 100)
