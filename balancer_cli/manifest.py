@@ -364,8 +364,7 @@ def open_manifest(manifest_dir: str | os.PathLike, *, full: bool = False) -> Man
     ``full`` checksums ``manifest.parquet`` too (else only its size; see :mod:`balancer_cli.commit`).
 
     Raises:
-        ManifestError: missing directory/file, no or mismatching commit record, unreadable
-            Parquet, or unknown schema version.
+        ManifestError: missing folder or file, bad commit record, unreadable Parquet, schema or version.
     """
     path = Path(manifest_dir)
     file = path / MANIFEST_FILE if path.is_dir() else path
@@ -378,8 +377,12 @@ def open_manifest(manifest_dir: str | os.PathLike, *, full: bool = False) -> Man
         meta = json.loads(raw) if raw else None
     except (OSError, pa.ArrowException, json.JSONDecodeError) as exc:
         raise ManifestError(f"{file}: unreadable manifest ({exc})", fix="re-run `balancer pack`") from None
-    if not meta:
+    if not meta or not isinstance(meta, dict):
         raise ManifestError(f"{file}: no 'balancer' metadata; not a manifest written by balancer pack")
+    schema = parquet.schema_arrow
+    odd = [n for n in _KEY_COLUMNS if n not in schema.names or not pa.types.is_integer(schema.field(n).type)]
+    if odd:
+        raise ManifestError(f"{file}: no integer column '{odd[0]}'; not a manifest written by balancer pack")
     version = meta.get("schema_version")
     if version not in READABLE_SCHEMA_VERSIONS:
         raise ManifestError(f"{file}: manifest schema_version {version}, this balancer_cli reads "
@@ -394,5 +397,4 @@ def read_dropped(manifest_dir: str | os.PathLike) -> tuple[np.ndarray, np.ndarra
     if not file.is_file():
         raise ManifestError(f"{manifest_dir}: no {DROPPED_FILE} there", fix="re-run `balancer pack`")
     table = pq.read_table(file)
-    return (table.column("sample").to_numpy(),
-            np.asarray(table.column("reason").to_numpy(zero_copy_only=False), dtype=object))
+    return table.column("sample").to_numpy(), np.asarray(table.column("reason").to_numpy(False), dtype=object)

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from click.testing import CliRunner
 
 from balancer_cli.cli import main
-from balancer_cli.commit import COMMIT_FILE, read_commit, verify_commit
+from balancer_cli.commit import COMMIT_FILE, read_commit, verify_commit, write_commit
 from balancer_cli.errors import ManifestError
 from balancer_cli.lengths import make_lengths_table, write_lengths
 from balancer_cli.manifest import ManifestRows, open_manifest, read_dropped, write_manifest
@@ -142,6 +143,24 @@ def test_integrity_names_what_differs(packed, tmp_path):
                     "rank 1 at step 0 is outside 0..0")
     _refused_by_all(_rewrite(packed, tmp_path / "wider", meta=lambda m: {**m, "world_size": 3}),
                     "step 0 has 4 groups, expected 3 ranks x 2 micro-batches")
+
+
+def _step_as_text(table):
+    return table.set_column(table.schema.get_field_index("step"), "step", table.column("step").cast(pa.string()))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda table: table.drop_columns(["rank"]), "no integer column 'rank'"),
+    (_step_as_text, "no integer column 'step'"),
+    (lambda table: table.replace_schema_metadata({b"balancer": b"[1]"}), "no 'balancer' metadata"),
+])
+def test_a_manifest_of_another_schema_is_refused(packed, tmp_path, edit, message):
+    """Written by another tool, with a valid record: one line, not an error inside a reader."""
+    folder = _copy(packed, tmp_path / "edited")
+    pq.write_table(edit(pq.read_table(folder / "manifest.parquet")), folder / "manifest.parquet")
+    (folder / COMMIT_FILE).unlink()
+    write_commit(folder)
+    _refused_by_all(folder, message)
 
 
 def _past_int32(rows):
