@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +40,10 @@ _AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 _AUTH_MODE = "RAY_AUTH_MODE"
 #: Off while Ray is imported (module docstring); the variable is put back as it was afterwards.
 _NO_NATIVE_HANDLER = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
+#: Seconds a cluster's address has to accept a TCP connection (:func:`_check_reachable`).
+_PROBE_S = 10.0
+_CONNECT_FIX = ("start it with `ray start --head` or pass its address to --ray-address; a cluster with token "
+                "authentication also needs RAY_AUTH_MODE=token and its token (~/.ray/auth_token or RAY_AUTH_TOKEN)")
 
 
 def import_ray():
@@ -90,6 +95,7 @@ def ray_session(options: Any) -> Iterator[Any]:
 def _init(ray: Any, options: Any) -> None:
     """``ray.init``: connect to ``options.address``, or start a local cluster of our own."""
     if options.address:
+        _check_reachable(options.address)
         try:
             # Ship this very balancer_cli to the workers, so every node measures with the
             # driver's code (its dependencies must be installed on the nodes).
@@ -97,9 +103,7 @@ def _init(ray: Any, options: Any) -> None:
                      runtime_env={"py_modules": [str(Path(__file__).resolve().parent)]})
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise InputError(f"cannot connect to the Ray cluster at {options.address!r} ({exc})",
-                             fix="start it with `ray start --head` or pass its address to --ray-address; a "
-                                 "cluster with token authentication also needs RAY_AUTH_MODE=token and its token "
-                                 "(~/.ray/auth_token or RAY_AUTH_TOKEN)") from None
+                             fix=_CONNECT_FIX) from None
     else:
         # address="local": always a fresh cluster of our own, even if `ray start` runs here.
         # Local workers must import this very copy of balancer_cli, installed or not.
@@ -109,6 +113,24 @@ def _init(ray: Any, options: Any) -> None:
             ray.init(address="local", num_cpus=options.num_cpus, object_store_memory=options.object_store_bytes,
                      include_dashboard=False, log_to_driver=False, configure_logging=False,
                      runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+
+
+def _check_reachable(address: str, timeout_s: float = _PROBE_S) -> None:
+    """Raise :class:`InputError` where nothing accepts a TCP connection at ``address``'s
+    ``HOST:PORT`` (``auto`` and addresses without a port are left to Ray): Ray waits ~14 minutes
+    for a cluster's GCS before it gives up, so a mistyped address hung the command that long.
+
+    Example:
+        >>> _check_reachable("auto")  # Ray finds the cluster (or says there is none) at once
+    """
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise InputError(f"cannot connect to the Ray cluster at {address!r} (nothing answers at {host}:{port}: "
+                         f"{exc.strerror or exc})", fix=_CONNECT_FIX) from None
 
 
 def _stop(ray: Any, auth_mode: str | None) -> None:

@@ -137,3 +137,23 @@ def test_a_local_cluster_prints_no_token_notice_and_leaves_the_environment(tmp_p
     assert run.returncode == 0, run.stderr
     assert "Token authentication" not in run.stderr + run.stdout
     assert "inside token" in run.stdout and "after None" in run.stdout
+
+
+def test_an_address_where_nothing_answers_is_refused_before_ray_waits_for_it():
+    """Ray waits ~14 minutes for a cluster's GCS before it gives up: a mistyped ``--ray-address``
+    hung ``balancer pack`` that long. The session first checks that something answers there."""
+    import socket
+
+    from balancer_cli._ray import _check_reachable
+
+    with socket.socket() as probe:  # a port nothing listens on once closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with pytest.raises(InputError, match=f"nothing answers at 127.0.0.1:{port}"):
+            _check_reachable(address)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        _check_reachable(f"127.0.0.1:{server.getsockname()[1]}")  # something answers: Ray's turn
+    _check_reachable("auto")
