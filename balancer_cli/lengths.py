@@ -326,7 +326,7 @@ def _read_one(path: Path) -> tuple[pa.Table, dict]:
         raw = (pf.schema_arrow.metadata or {}).get(METADATA_KEY)
         try:
             meta = json.loads(raw) if raw else {}
-        except ValueError as exc:  # not JSON, or not UTF-8
+        except ValueError as exc:  # not JSON, or not UTF-8: named in the error below
             meta = exc
         if not isinstance(meta, dict):
             raise InputError(f"{path}: its '{METADATA_KEY.decode()}' metadata is not a JSON object ({meta})",

@@ -380,9 +380,9 @@ def open_manifest(manifest_dir: str | os.PathLike, *, full: bool = False) -> Man
     if not meta or not isinstance(meta, dict):
         raise ManifestError(f"{file}: no 'balancer' metadata; not a manifest written by balancer pack")
     schema = parquet.schema_arrow
-    odd = [n for n in _KEY_COLUMNS if n not in schema.names or not pa.types.is_integer(schema.field(n).type)]
+    odd = [n for n in _KEY_COLUMNS if (i := schema.get_field_index(n)) < 0 or not pa.types.is_integer(schema.types[i])]
     if odd:
-        raise ManifestError(f"{file}: no integer column '{odd[0]}'; not a manifest written by balancer pack")
+        raise ManifestError(f"{file}: no single integer column '{odd[0]}'; not a manifest written by balancer pack")
     version = meta.get("schema_version")
     if version not in READABLE_SCHEMA_VERSIONS:
         raise ManifestError(f"{file}: manifest schema_version {version}, this balancer_cli reads "

@@ -150,8 +150,9 @@ def _step_as_text(table):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda table: table.drop_columns(["rank"]), "no integer column 'rank'"),
-    (_step_as_text, "no integer column 'step'"),
+    (lambda table: table.drop_columns(["rank"]), "no single integer column 'rank'"),
+    (_step_as_text, "no single integer column 'step'"),
+    (lambda table: table.append_column("micro", table.column("micro")), "no single integer column 'micro'"),
     (lambda table: table.replace_schema_metadata({b"balancer": b"[1]"}), "no 'balancer' metadata"),
 ])
 def test_a_manifest_of_another_schema_is_refused(packed, tmp_path, edit, message):
