@@ -339,7 +339,8 @@ def read_lengths(paths: str | os.PathLike | Sequence[str | os.PathLike], *, memb
     """Read one or several lengths files (Parquet or OmniBal JSON) as one table, in order.
 
     Several files concatenate: ``sample`` indexes the concatenation. A module missing from one
-    file counts as 0 tokens and 0 items for its samples (e.g. a text-only source). The tar
+    file counts as 0 tokens and 0 items for its samples (e.g. a text-only source); its item sizes
+    (``<m>_seqlens``) are kept where every file with the module has them. The tar
     member columns (:data:`MEMBER_COLUMNS`) are read only with ``members=True`` (the runtime's
     ``ShardDataset``): packing and reports read the counts alone.
 
@@ -370,6 +371,10 @@ def read_lengths(paths: str | os.PathLike | Sequence[str | os.PathLike], *, memb
             for suffix in ("tokens", "items"):
                 name = f"{module}_{suffix}"
                 columns[name] = table.column(name) if name in table.column_names else pa.array(np.zeros(n, np.int32))
+            name = f"{module}_seqlens"  # kept where every file with the module has them (no items elsewhere)
+            if all(name in t.column_names for t in tables if f"{module}_items" in t.column_names):
+                none = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.int32()))
+                columns[name] = table.column(name).cast(none.type) if name in table.column_names else none
         columns["error"] = table.column("error")
         for name, kind in MEMBER_COLUMNS.items():  # kept when any file has them (null elsewhere)
             if any(name in t.column_names for t in tables):

@@ -108,6 +108,24 @@ def test_lengths_concatenation_fills_missing_modules(tmp_path):
     assert both.sources().tolist() == ["a", "a", "b"]
 
 
+def test_lengths_concatenation_keeps_item_sizes_where_every_file_has_them(tmp_path):
+    """``<m>_seqlens`` (each item's tokens: the encoder's attention cost under ``--cost-model
+    flops``) was dropped from every concatenation, so several files fell back to items of equal
+    size. It is kept where every file with the module has it; a file without the module adds
+    samples without items."""
+    vision = {"a": ([900, 50], [600, 0], [2, 0], [[100, 500], []]), "b": ([300, 70], [512, 64], [1, 1], [[512], [64]])}
+    for name, (llm, tokens, items, sizes) in vision.items():
+        write_lengths(make_lengths_table(np.array(llm), {"vision": (np.array(tokens), np.array(items))},
+                                         seqlens={"vision": sizes}), tmp_path / f"{name}.parquet")
+    write_lengths(make_lengths_table(np.array([10])), tmp_path / "text.parquet")
+    write_lengths(make_lengths_table(np.array([40]), {"vision": (np.array([64]), np.array([1]))}), tmp_path / "c.parquet")
+    files = [tmp_path / f"{name}.parquet" for name in ("a", "text", "b")]
+    merged = read_lengths(files)
+    assert merged.table.column("vision_seqlens").to_pylist() == [[100, 500], [], [], [512], [64]]
+    assert merged.item_sumsq("vision").tolist() == [100**2 + 500**2, 0, 0, 512**2, 64**2]  # not 600**2 / 2 first
+    assert "vision_seqlens" not in read_lengths([*files, tmp_path / "c.parquet"]).table.column_names  # c has none
+
+
 def test_omnibal_json_import(internvl_lengths):
     lt = read_lengths(internvl_lengths)
     assert lt.num_samples == 70_706
