@@ -45,12 +45,14 @@ from balancer_cli._fsutil import atomic_path
 from balancer_cli.errors import InputError
 from balancer_cli.omnibal_json import read_omnibal_json
 
-__all__ = ["SCHEMA_VERSION", "METADATA_KEY", "LLM", "DEFAULT_SOURCE", "MEMBER_COLUMNS", "LengthsTable",
+__all__ = ["SCHEMA_VERSION", "METADATA_KEY", "COLUMNS_FIX", "LLM", "DEFAULT_SOURCE", "MEMBER_COLUMNS", "LengthsTable",
            "make_lengths_table", "encoder_modules", "lengths_fingerprint", "read_lengths", "read_omnibal_json",
            "write_lengths"]
 
 SCHEMA_VERSION = 1
 METADATA_KEY = b"balancer"
+#: How to fix a column a lengths table may not hold.
+COLUMNS_FIX = "rename or remove it; columns are sample, source, llm_tokens, <m>_tokens, <m>_items, <m>_seqlens, error"
 #: The name of the language-model module in reports, costs and manifests.
 LLM = "llm"
 #: The source of samples that name none (no ``source`` column, or a null in it).
@@ -361,7 +363,7 @@ def read_lengths(paths: str | os.PathLike | Sequence[str | os.PathLike], *, memb
         return LengthsTable(tables[0], metas[0], lengths_fingerprint(tables[0]))
     modules = list(dict.fromkeys(m for t in tables for m in encoder_modules(t.column_names)))
     aligned = []
-    for table in tables:
+    for path, table in zip(path_list, tables):
         n = table.num_rows
         columns = {
             "source": table.column("source").cast(pa.string()),
@@ -380,6 +382,9 @@ def read_lengths(paths: str | os.PathLike | Sequence[str | os.PathLike], *, memb
             if any(name in t.column_names for t in tables):
                 columns[name] = (table.column(name).cast(kind) if name in table.column_names
                                  else pa.nulls(n, kind))
+        left = [c for c in table.column_names if c not in columns and c != "sample" and not c.endswith("_seqlens")]
+        if left:  # as one file's would be refused (balancer_cli.pack.inputs), not dropped unseen
+            raise InputError(f"{path}: unknown column '{left[0]}'", fix=COLUMNS_FIX)
         aligned.append(pa.table(columns))
     merged = _normalize(pa.concat_tables(aligned).combine_chunks(), " + ".join(map(str, path_list)))
     return LengthsTable(merged, {"inputs": metas}, lengths_fingerprint(merged))
@@ -387,12 +392,8 @@ def read_lengths(paths: str | os.PathLike | Sequence[str | os.PathLike], *, memb
 
 def write_lengths(lengths: LengthsTable, path: str | os.PathLike) -> None:
     """Write a lengths table to Parquet atomically, with its metadata and fingerprint."""
-    meta = {
-        "schema_version": SCHEMA_VERSION,
-        "tool_version": __version__,
-        **dict(lengths.metadata),
-        "fingerprint": lengths.fingerprint,
-    }
+    meta = {"schema_version": SCHEMA_VERSION, "tool_version": __version__, **dict(lengths.metadata),
+            "fingerprint": lengths.fingerprint}
     table = lengths.table.replace_schema_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression="zstd")

@@ -126,6 +126,17 @@ def test_lengths_concatenation_keeps_item_sizes_where_every_file_has_them(tmp_pa
     assert "vision_seqlens" not in read_lengths([*files, tmp_path / "c.parquet"]).table.column_names  # c has none
 
 
+@pytest.mark.parametrize("column", ["foo", "audio_tokens"])
+def test_an_unknown_column_in_one_of_several_files_is_that_files_error(tmp_path, column):
+    """One file's unknown column is refused (``prepare_inputs``); among several it was dropped
+    unseen, so an encoder column spelled wrong counted as a module the file lacks (0 tokens)."""
+    write_lengths(make_lengths_table(np.array([900, 50]), {"vision": (np.array([600, 0]), np.array([2, 0]))}),
+                  tmp_path / "a.parquet")
+    pq.write_table(pa.table({"llm_tokens": pa.array([10, 20]), column: pa.array([1, 2])}), tmp_path / "b.parquet")
+    with pytest.raises(InputError, match=f"b.parquet: unknown column '{column}'; fix: rename or remove it"):
+        read_lengths([tmp_path / "a.parquet", tmp_path / "b.parquet"])
+
+
 def test_omnibal_json_import(internvl_lengths):
     lt = read_lengths(internvl_lengths)
     assert lt.num_samples == 70_706

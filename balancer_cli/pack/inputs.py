@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from balancer_cli.cost.measured import MeasuredCosts
 from balancer_cli.cost.samples import sample_costs
 from balancer_cli.errors import InputError
-from balancer_cli.lengths import LLM, MEMBER_COLUMNS, LengthsTable
+from balancer_cli.lengths import COLUMNS_FIX, LLM, MEMBER_COLUMNS, LengthsTable
 from balancer_cli.pack.types import index_dtype
 
 __all__ = ["EMPTY_ERROR_REASON", "PackInputs", "prepare_inputs"]
@@ -101,9 +101,7 @@ def _check_columns(lengths: LengthsTable) -> None:
             if name.endswith(suffix):
                 module = name[: -len(suffix)]
                 hint = f" (an encoder '{module}' needs both {module}_tokens and {module}_items)"
-        raise InputError(f"lengths table has unknown column '{name}'{hint}",
-                         fix="rename or remove it; columns are sample, source, llm_tokens, <m>_tokens, "
-                             "<m>_items, <m>_seqlens, error")
+        raise InputError(f"lengths table has unknown column '{name}'{hint}", fix=COLUMNS_FIX)
 
 
 def prepare_inputs(lengths: LengthsTable, cost_model: str = "tokens",
