@@ -375,8 +375,9 @@ def read_lengths(paths: str | os.PathLike | Sequence[str | os.PathLike], *, memb
                 columns[name] = table.column(name) if name in table.column_names else pa.array(np.zeros(n, np.int32))
             name = f"{module}_seqlens"  # kept where every file with the module has them (no items elsewhere)
             if all(name in t.column_names for t in tables if f"{module}_items" in t.column_names):
-                none = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.int32()))
-                columns[name] = table.column(name).cast(none.type) if name in table.column_names else none
+                kind = pa.list_(pa.int32())
+                columns[name] = (table.column(name).cast(kind) if name in table.column_names
+                                 else pa.ListArray.from_arrays(np.zeros(n + 1, np.int32), pa.array([], pa.int32())))
         columns["error"] = table.column("error")
         for name, kind in MEMBER_COLUMNS.items():  # kept when any file has them (null elsewhere)
             if any(name in t.column_names for t in tables):
