@@ -171,7 +171,8 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
             raise UsageError("{keep_parts} applies to the ray engine only", fix="add {engine} ray")
         # Pack from the per-sample matrices alone and drop the Arrow table: the report works on the same
         # matrices (no second read of the lengths), and at 10M samples that keeps ~0.5 GB off the peak.
-        inputs = prepare_inputs(table, config.cost_model, config.cost_presets, costs=config.costs)
+        inputs = prepare_inputs(table, config.cost_model, config.cost_presets, costs=config.costs,
+                                origin=" + ".join(paths))
         fingerprint = table.fingerprint
         del table
         release_freed_memory()
@@ -319,8 +320,9 @@ def search_to_files(lengths_files: Sequence[str | os.PathLike], config: PackConf
             check_output(target, lengths_files)
     if out and plot and os.path.realpath(out) == os.path.realpath(plot):
         raise UsageError(f"the JSON and the plot would both be written to {out}", fix="give them different paths")
-    table = read_lengths([str(p) for p in lengths_files])
-    inputs = prepare_inputs(table, config.cost_model, config.cost_presets, costs=config.costs)
+    paths = [str(p) for p in lengths_files]
+    table = read_lengths(paths)
+    inputs = prepare_inputs(table, config.cost_model, config.cost_presets, costs=config.costs, origin=" + ".join(paths))
     done("read")
     result = run_search(inputs, config, grid=grid, sample_size=sample_size)
     done("search")

@@ -90,7 +90,7 @@ class PackInputs:
 _KNOWN_SUFFIXES = ("_tokens", "_items", "_seqlens")
 
 
-def _check_columns(lengths: LengthsTable) -> None:
+def _check_columns(lengths: LengthsTable, origin: str) -> None:
     known = {"sample", "source", "llm_tokens", "error", *MEMBER_COLUMNS}  # tar members: read by the runtime
     known |= {f"{m}{s}" for m in lengths.modules for s in _KNOWN_SUFFIXES}
     unknown = [c for c in lengths.table.column_names if c not in known]
@@ -101,12 +101,12 @@ def _check_columns(lengths: LengthsTable) -> None:
             if name.endswith(suffix):
                 module = name[: -len(suffix)]
                 hint = f" (an encoder '{module}' needs both {module}_tokens and {module}_items)"
-        raise InputError(f"lengths table has unknown column '{name}'{hint}", fix=COLUMNS_FIX)
+        raise InputError(f"{origin}: unknown column '{name}'{hint}", fix=COLUMNS_FIX)
 
 
 def prepare_inputs(lengths: LengthsTable, cost_model: str = "tokens",
                    cost_presets: Mapping[str, str] | Sequence[tuple[str, str]] = (), *,
-                   costs: MeasuredCosts | None = None) -> PackInputs:
+                   costs: MeasuredCosts | None = None, origin: str = "the lengths table") -> PackInputs:
     """Build the load and cost matrices of a lengths table (raises on unknown columns).
 
     Args:
@@ -114,8 +114,9 @@ def prepare_inputs(lengths: LengthsTable, cost_model: str = "tokens",
         cost_model: ``tokens`` or ``flops`` (:func:`balancer_cli.cost.samples.sample_costs`).
         cost_presets: ``{module: preset or model file}`` for ``flops`` (``llm`` required there).
         costs: the calibration of ``measured``.
+        origin: what an error names the table by (the file it was read from).
     """
-    _check_columns(lengths)
+    _check_columns(lengths, origin)
     modules = tuple(lengths.modules) + (LLM,)
     # Filled column by column in the narrowest exact types: 16 B per sample for two modules
     # instead of 32 (packers widen their window's rows only). Loads, then costs, straight from

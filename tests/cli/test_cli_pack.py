@@ -136,7 +136,7 @@ def _bad_parquet(tmp_path, table):
 
 @pytest.mark.parametrize("table, code, message", [
     (pa.table({"llm_tokens": pa.array([10, 20]), "audio_tokens": pa.array([1, 2])}), 1,
-     "unknown column 'audio_tokens' (an encoder 'audio' needs both audio_tokens and audio_items)"),
+     "bad.parquet: unknown column 'audio_tokens' (an encoder 'audio' needs both audio_tokens and audio_items)"),
     (pa.table({"llm_tokens": pa.array([10, -20])}), 1, "negative 'llm_tokens' = -20"),
     (pa.table({"llm_tokens": pa.array([10, 3_000_000_000, 20])}), 1,
      "sample 1 has 'llm_tokens' = 3000000000, past int32 (2147483647)"),
