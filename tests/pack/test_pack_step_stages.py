@@ -50,7 +50,7 @@ def test_steps_of_one_recipe_are_assigned_again_on_coarser_cells():
     # Two samples a group: the stages re-balance a step holding both recipes (a 500 and a 515 trade
     # groups), so the coarser cells' steps meet every bound where the fine cells' were one source each.
     packing, cost, load, source = _two_recipes(64, 2, 30)
-    with mock.patch.object(step_stages, "RETRY_TOLERANCES", ()):
+    with mock.patch.object(step_stages, "RETRIES", ()):
         first = _place(packing, cost, load, source, R=8)
     assert window_broken(*first, cost, source, _shape(8), MODULES) == ("mix",)
     q, a = _place(packing, cost, load, source, R=8)
@@ -63,9 +63,9 @@ def test_a_retry_that_breaks_another_bound_is_not_kept():
     # One sample a group: nothing re-balances a step holding both recipes (Dist ~0.015 > 0.005), so the
     # first placement stands, byte for byte.
     packing, cost, load, source = _two_recipes(64, 1, 30)
-    with mock.patch.object(step_stages, "RETRY_TOLERANCES", ()):
+    with mock.patch.object(step_stages, "RETRIES", ()):
         first_p, first_a = _place(packing, cost, load, source, R=8)
-    with mock.patch.object(step_stages, "RETRY_TOLERANCES", (0.15,)):
+    with mock.patch.object(step_stages, "RETRIES", ((0.15, 0.0),)):
         retried = _place(packing, cost, load, source, R=8)
     assert set(window_broken(*retried, cost, source, _shape(8), MODULES)) == {"mix"}
     p, a = _place(packing, cost, load, source, R=8)
