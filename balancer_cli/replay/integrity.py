@@ -44,6 +44,15 @@ __all__ = ["check_manifest", "check_rows"]
 _FIX = "re-run `balancer pack`; the manifest was edited or written by another tool"
 
 
+def _integer(manifest: ManifestFile, name: str, value) -> int:
+    """A metadata field's integer value, or a ManifestError naming the field and what it holds."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        held = "missing" if value is None else f"{value!r}, not an integer"
+        raise ManifestError(f"{manifest.path}: metadata field '{name}' is {held}", fix=_FIX) from None
+
+
 def check_manifest(manifest: ManifestFile) -> ManifestRows:
     """Read ``manifest``'s rows and dropped list and run :func:`check_rows` on them.
 
@@ -55,12 +64,14 @@ def check_manifest(manifest: ManifestFile) -> ManifestRows:
         ManifestError: naming the first thing that differs.
     """
     meta = manifest.meta
-    try:
-        world_size, micro_batches = int(meta["world_size"]), int(meta["micro_batches"])
-        num_samples, num_steps = int(meta["num_samples"]), int(meta["num_steps"])
-        epochs = [int(s) for s in meta.get("epoch_num_steps", [num_steps])]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ManifestError(f"{manifest.path}: metadata field {exc} is missing or not a number", fix=_FIX) from None
+    world_size, micro_batches, num_samples, num_steps = (
+        _integer(manifest, name, meta.get(name))
+        for name in ("world_size", "micro_batches", "num_samples", "num_steps"))
+    epochs = meta.get("epoch_num_steps", [num_steps])
+    if not isinstance(epochs, list):
+        raise ManifestError(f"{manifest.path}: metadata field 'epoch_num_steps' = {epochs!r} is not a list of step "
+                            "counts", fix=_FIX)
+    epochs = [_integer(manifest, "epoch_num_steps", value) for value in epochs]
     if sum(epochs) != num_steps:
         raise ManifestError(f"{manifest.path}: num_steps {num_steps} is not the sum of epoch_num_steps {epochs}",
                             fix=_FIX)

@@ -189,6 +189,27 @@ def test_edited_epochs_are_refused(packed, tmp_path):
     assert result.exit_code == 1 and "in epoch 0" in result.output, result.output
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("num_steps", "x", "metadata field 'num_steps' is 'x', not an integer"),
+    ("world_size", None, "metadata field 'world_size' is missing"),
+    ("epoch_num_steps", ["a", 1], "metadata field 'epoch_num_steps' is 'a', not an integer"),
+    ("epoch_num_steps", 7, "metadata field 'epoch_num_steps' = 7 is not a list of step counts"),
+])
+def test_a_metadata_field_that_is_not_an_integer_is_named(packed, tmp_path, field, value, message):
+    folder = _rewrite(packed, tmp_path / "meta")
+    meta = dict(open_manifest(folder).meta)
+    if value is None:
+        del meta[field]
+    else:
+        meta[field] = value
+    table = pq.read_table(folder / "manifest.parquet")
+    pq.write_table(table.replace_schema_metadata({b"balancer": json.dumps(meta)}), folder / "manifest.parquet")
+    write_commit(folder)
+    result = _run("report", folder)
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1 and message in lines[0], result.output
+
+
 def test_a_phase_rank_column_out_of_range_is_refused(packed, tmp_path):
     def with_phase(rows):
         return ManifestRows(rows.step, rows.rank, rows.micro, rows.sample, {"vision_rank": np.full(len(rows), 2)})
