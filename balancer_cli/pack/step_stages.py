@@ -61,10 +61,12 @@ ASSIGN_TOLERANCE = 0.006
 #: stages again). The loose trades took two of the 48 ``sparse`` inputs of
 #: bench/bench_pack_random.py within every bound (a 243k at 64 x 2 from 1.34x to 0.21x, a 55k at
 #: 32 x 1 from 1.12x to 0.53x; docs/packing.md); 0.1 goes first, where it meets every bound one
-#: run ends the retries. Coarser cells, at fixed caps on the inputs that broke the mix bound:
-#: 0.15 took a 150k at 16 x 2 from 1.27x to 0.29x and a 72k at 64 x 2 from 1.007x to 0.999x;
-#: 0.08 a 359k at 64 x 1 from 1.38x to 0.94x (0.15 mixed it at 0.86x, but its audio Dist rose to
-#: 0.0063; 0.1: 1.19x). 0.05 fixed none, 0.4 none that these leave.
+#: run ends the retries. They are skipped where the polish does not run (windows over
+#: ``polish.POLISH_MAX_ROWS``: given caps at 1.2M took 6.8 s -> 9.0 s for the same rows).
+#: Coarser cells, at fixed caps on the inputs that broke the mix bound: 0.15 took a 150k at
+#: 16 x 2 from 1.27x to 0.29x and a 72k at 64 x 2 from 1.007x to 0.999x; 0.08 a 359k at 64 x 1
+#: from 1.38x to 0.94x (0.15 mixed it at 0.86x, but its audio Dist rose to 0.0063; 0.1: 1.19x).
+#: 0.05 fixed none, 0.4 none that these leave.
 RETRIES = ((ASSIGN_TOLERANCE, 0.1), (ASSIGN_TOLERANCE, 0.03), (0.15, 0.0), (0.08, 0.0))
 #: Windows of more rows first compare their steps with a multinomial draw of the same sizes (a
 #: few ms) and skip the exact measure where they are at most ``GATE`` x as far from the mix (10M
@@ -100,6 +102,8 @@ def place_steps(packing: Packing, cost_nK: np.ndarray, load_nK: np.ndarray, caps
         return placed
     best = window_metrics(*placed, cost_nK, source_n, shape, modules)
     for tolerance, loose in RETRIES:
+        if loose and not polish_passes:  # nothing would even the ranks the loose trades leave
+            continue
         retry = _placed(packing, mix_GO, cost_nK, load_nK, caps_K, source_n, shape, seeds, polish_passes, tolerance,
                         loose)
         metrics = window_metrics(*retry, cost_nK, source_n, shape, modules)
