@@ -184,6 +184,28 @@ def test_a_retry_is_kept_only_where_it_breaks_fewer_bounds_or_the_same_less_far_
     assert not improves(_metrics(0.0, 0.001, 0.7, 0.85), _metrics(0.0, 0.001, 1.01, 0.88), modules)
 
 
+@pytest.mark.parametrize("looser, gentler_runs", [
+    (_metrics(0.001, 0.001, 1.1), False),  # the looser trades broke nothing new, only left the mix over
+    (_metrics(0.001, 0.009, 0.5), True),  # they broke the LLM's Dist: the gentler ones may keep it
+])
+def test_the_gentler_loose_retry_runs_only_for_a_bound_the_looser_one_broke(looser, gentler_runs):
+    packing, cost, load, source = _two_recipes(64, 2, 30)
+    tried = []
+
+    def placed(*args):
+        tried.append(args[10] if len(args) > 10 else None)
+        return "packing", "assignment"
+
+    metrics = iter([_metrics(0.001, 0.001, 1.2), looser] + [_metrics(0.001, 0.001, 1.2)] * 4)
+    with mock.patch.object(step_stages, "_placed", placed), \
+            mock.patch.object(step_stages, "_retry_worth", lambda *args: True), \
+            mock.patch.object(step_stages, "window_metrics", lambda *args: next(metrics)):
+        place_steps(packing, cost, load, np.array([2000]), source, _shape(8), seeds=(1, 2, 3), polish_passes=2,
+                    modules=("vision", "llm"))
+    assert [x for x in tried[1:] if x] == ([0.1, 0.03] if gentler_runs else [0.1])
+    assert len([x for x in tried[1:] if x == 0]) == 2  # the coarser cells run either way
+
+
 def test_one_micro_batch_steps_bound_to_a_sparse_module_are_not_retried():
     # A quarter of the groups hold audio, all of source 1, and fill whole steps (as the assigner's
     # classes place them at one micro-batch at any cell size): the classes alone force a mean step
