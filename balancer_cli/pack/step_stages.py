@@ -60,11 +60,11 @@ ASSIGN_TOLERANCE = 0.006
 #: the step mix's ``loose``); the first that meets every bound ends the retries (each costs the
 #: stages again). The loose trades took two of the 48 ``sparse`` inputs of
 #: bench/bench_pack_random.py within every bound (a 243k at 64 x 2 from 1.34x to 0.21x, a 55k at
-#: 32 x 1 from 1.12x to 0.53x; docs/packing.md); 0.1 goes first, where it meets every bound one
-#: run ends the retries, and 0.03 runs only where 0.1 broke a bound the first placement met (the
-#: same rows on 87 of 88 inputs, 12% less time). They are skipped where the polish does not run (windows over
-#: ``polish.POLISH_MAX_ROWS``: given caps at 1.2M took 6.8 s -> 9.0 s for the same rows).
-#: Coarser cells, at fixed caps on the inputs that broke the mix bound: 0.15 took a 150k at
+#: 32 x 1 from 1.12x to 0.53x; docs/packing.md). 0.1 goes first: where it meets every bound, one
+#: run ends the retries; 0.03 runs only where 0.1 broke a bound the first placement met (the same
+#: rows on 87 of 88 inputs, 12% less time). Both are skipped where the polish does not run
+#: (windows over ``polish.POLISH_MAX_ROWS``: given caps at 1.2M took 6.8 s -> 9.0 s for the same
+#: rows). Coarser cells, at fixed caps on the inputs that broke the mix bound: 0.15 took a 150k at
 #: 16 x 2 from 1.27x to 0.29x and a 72k at 64 x 2 from 1.007x to 0.999x; 0.08 a 359k at 64 x 1
 #: from 1.38x to 0.94x (0.15 mixed it at 0.86x, but its audio Dist rose to 0.0063; 0.1: 1.19x).
 #: 0.05 fixed none, 0.4 none that these leave.
