@@ -76,8 +76,8 @@ DROPPED_FILE = "dropped.parquet"
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 REPORT_PNG = "report.png"
-
 _KEY_COLUMNS = ("step", "rank", "micro", "sample")
+_FOREIGN = "pass a folder `balancer pack` wrote, or re-run `balancer pack` into it"
 #: Target rows per row group; a row group always ends at a step boundary.
 DEFAULT_ROWS_PER_ROW_GROUP = 1 << 16
 #: Every rank decodes every row it replays, so the manifest favours decode speed: LZ4 (about 3x
@@ -378,11 +378,11 @@ def open_manifest(manifest_dir: str | os.PathLike, *, full: bool = False) -> Man
     except (OSError, pa.ArrowException, json.JSONDecodeError) as exc:
         raise ManifestError(f"{file}: unreadable manifest ({exc})", fix="re-run `balancer pack`") from None
     if not meta or not isinstance(meta, dict):
-        raise ManifestError(f"{file}: no 'balancer' metadata; not a manifest written by balancer pack")
+        raise ManifestError(f"{file}: no 'balancer' metadata; not a manifest written by balancer pack", fix=_FOREIGN)
     schema = parquet.schema_arrow
     odd = [n for n in _KEY_COLUMNS if (i := schema.get_field_index(n)) < 0 or not pa.types.is_integer(schema.types[i])]
     if odd:
-        raise ManifestError(f"{file}: no single integer column '{odd[0]}'; not a manifest written by balancer pack")
+        raise ManifestError(f"{file}: no single integer column '{odd[0]}'; not a balancer pack manifest", fix=_FOREIGN)
     version = meta.get("schema_version")
     if version not in READABLE_SCHEMA_VERSIONS:
         raise ManifestError(f"{file}: manifest schema_version {version}, this balancer_cli reads "

@@ -161,7 +161,7 @@ def test_a_manifest_of_another_schema_is_refused(packed, tmp_path, edit, message
     pq.write_table(edit(pq.read_table(folder / "manifest.parquet")), folder / "manifest.parquet")
     (folder / COMMIT_FILE).unlink()
     write_commit(folder)
-    _refused_by_all(folder, message)
+    _refused_by_all(folder, message, "fix: pass a folder `balancer pack` wrote")
 
 
 def _past_int32(rows):

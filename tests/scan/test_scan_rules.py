@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 import pytest
 
-from balancer_cli.errors import SampleError, UsageError
+from balancer_cli.errors import InputError, SampleError, UsageError
 from balancer_cli.scan.rules.base import MediaCount, MediaRejected, count_images
 from balancer_cli.scan.rules.qwen import qwen_sampled_frames
 from balancer_cli.scan.rules.registry import PRESETS, get_rule, rule_from_processor_config
@@ -295,6 +295,19 @@ def test_rule_from_processor_config(tmp_path):
     hf = tmp_path / "hf.json"
     hf.write_text(json.dumps({"crop_to_patches": True, "max_patches": 4, "size": {"height": 448, "width": 448}}))
     assert rule_from_processor_config("internvl", hf).max_tiles == 4
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("list.json", "[1, 2]", "list.json: processor config is not a JSON object (it holds a list); fix: pass"),
+    ("cut.json", "{\"size\": ", "cut.json: cannot read processor config"),
+    ("absent.json", None, "absent.json: processor config not found; fix: check the path"),
+])
+def test_a_bad_processor_config_is_one_error_with_its_fix(tmp_path, name, text, message):
+    if text is not None:
+        (tmp_path / name).write_text(text)
+    with pytest.raises(InputError, match="; fix: ") as raised:
+        rule_from_processor_config("qwen2-vl", tmp_path / name)
+    assert message in str(raised.value)
 
 
 # --------------------------------------------------------------------------- LLaVA / Idefics3 / SmolVLM

@@ -116,7 +116,8 @@ def _compiled(folder: str):
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:
-        raise InputError(f"{folder}: chat template error: {message}")
+        raise InputError(f"{folder}: chat template error: {message}",
+                         fix="check the record's messages against the template, or pass --template NAME")
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = raise_exception

@@ -207,7 +207,8 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise InputError(f"{path}: cannot read processor config ({exc})",
                          fix="pass the model's preprocessor_config.json (or its folder)") from exc
     if not isinstance(data, dict):
-        raise InputError(f"{path}: processor config is not a JSON object")
+        raise InputError(f"{path}: processor config is not a JSON object (it holds a {type(data).__name__})",
+                         fix="pass the model's preprocessor_config.json (or its folder)")
     return data
 
 
@@ -250,5 +251,6 @@ def rule_from_processor_config(name: str, path: str | Path) -> VisionRule:
     elif path.is_file():
         cfg = _read_json(path)
     else:
-        raise InputError(f"{path}: processor config not found")
+        raise InputError(f"{path}: processor config not found", fix="check the path: a model folder or its "
+                         "preprocessor_config.json")
     return get_rule(key, **_CONFIG_READERS[key](cfg, video))
