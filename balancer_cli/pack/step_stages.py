@@ -103,15 +103,15 @@ def place_steps(packing: Packing, cost_nK: np.ndarray, load_nK: np.ndarray, caps
         return placed
     best = window_metrics(*placed, cost_nK, source_n, shape, modules)
     first_broken = set(broken_bounds(best, modules))
-    gentler = bool(polish_passes)  # without the polish nothing evens the ranks loose trades leave
+    try_loose = bool(polish_passes)  # without the polish nothing evens the ranks loose trades leave
     for tolerance, loose in RETRIES:
-        if loose and not gentler:
+        if loose and not try_loose:
             continue
         retry = _placed(packing, mix_GO, cost_nK, load_nK, caps_K, source_n, shape, seeds, polish_passes, tolerance,
                         loose)
         metrics = window_metrics(*retry, cost_nK, source_n, shape, modules)
         if loose:  # a gentler one is for a bound the looser trades broke, not for a mix they left
-            gentler = not set(broken_bounds(metrics, modules)) <= first_broken
+            try_loose = not set(broken_bounds(metrics, modules)) <= first_broken
         if _improves(metrics, best, modules):
             placed, best = retry, metrics
         if not broken_bounds(best, modules):

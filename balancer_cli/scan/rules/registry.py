@@ -200,15 +200,17 @@ _CONFIG_READERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], dict[str, 
 }
 
 
+_CONFIG_FIX = "pass the model's preprocessor_config.json (or its folder)"
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: cannot read processor config ({exc})",
-                         fix="pass the model's preprocessor_config.json (or its folder)") from exc
+        raise InputError(f"{path}: cannot read processor config ({exc})", fix=_CONFIG_FIX) from exc
     if not isinstance(data, dict):
         raise InputError(f"{path}: processor config is not a JSON object (it holds a {type(data).__name__})",
-                         fix="pass the model's preprocessor_config.json (or its folder)")
+                         fix=_CONFIG_FIX)
     return data
 
 
