@@ -201,10 +201,10 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
                            meta={**result.meta, "report_baselines": list(baselines)},
                            epoch_num_steps=result.epoch_num_steps)
             # The report checks the written rows and reuses their evaluation: hold no second copy meanwhile.
-            evaluation, result = result.evaluation, None
+            evaluation, plan, result = result.evaluation, result.plan, None
             release_freed_memory()
             done("write")
-            summary = _report(folder, (inputs, fingerprint), baselines, ours=evaluation, plotter=plotter)
+            summary = _report(folder, (inputs, fingerprint), baselines, ours=evaluation, plan=plan, plotter=plotter)
             # the paths the files will have once the folder is in place
             return {**summary, "out": str(final), "files": {k: str(final / Path(v).name) for k, v in summary["files"].items()}}
 
@@ -342,10 +342,10 @@ def search_to_files(lengths_files: Sequence[str | os.PathLike], config: PackConf
     return {**data, "files": files}
 
 
-def _report(out: str | os.PathLike, lengths, baselines: Sequence[str],
-            cost: Mapping[str, Any] | None = None, ours: Any = None, plotter: Any = None) -> dict[str, Any]:
+def _report(out: str | os.PathLike, lengths, baselines: Sequence[str], cost: Mapping[str, Any] | None = None,
+            ours: Any = None, plan: Any = None, plotter: Any = None) -> dict[str, Any]:
     from balancer_cli.report.build import build_report, write_report
 
-    report = build_report(open_manifest(out), lengths, baselines=baselines, cost=cost, ours=ours)
+    report = build_report(open_manifest(out), lengths, baselines=baselines, cost=cost, ours=ours, plan=plan)
     written = write_report(out, report, plotter=plotter)
     return {"out": str(Path(out)), "files": {k: str(v) for k, v in written.items()}, **report.data}

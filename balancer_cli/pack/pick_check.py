@@ -63,12 +63,13 @@ class _Measured:
 
 @dataclass(frozen=True)
 class Trial(_Measured):
-    """One full run at some caps: its placement and evaluation."""
+    """One full run at some caps: its placement, evaluation and windows (``plan``)."""
 
     caps_K: np.ndarray
     bounds_K: np.ndarray
     placement: Placement
     evaluation: Any
+    plan: WindowMembers | None = None
 
     @property
     def metrics(self) -> dict:

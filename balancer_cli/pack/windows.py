@@ -234,7 +234,8 @@ class WindowMembers(NamedTuple):
 
     ``members[e][w]`` holds the (n_w,) sorted positions, in the sample view's rows, of window
     ``w`` of epoch ``e``. Every packer of a run packs the same windows (the same seed, W and caps),
-    so the report's baselines plan them once (10M: ~1 s per packer, most of it the permutation).
+    so the report's baselines plan them once, or reuse the plan ``pack`` packed its manifest with
+    (10M: ~1.2 s per plan, most of it the permutation).
     """
 
     members: tuple[tuple[np.ndarray, ...], ...]

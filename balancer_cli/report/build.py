@@ -52,7 +52,7 @@ from balancer_cli.pack.evaluate import Evaluation, evaluate_rows
 from balancer_cli.pack.inputs import PackInputs, prepare_inputs
 from balancer_cli.pack.packers import registry
 from balancer_cli.pack.pipeline import place_packer, sample_view
-from balancer_cli.pack.windows import plan_windows
+from balancer_cli.pack.windows import WindowMembers, plan_windows
 from balancer_cli.replay.integrity import check_manifest
 from balancer_cli.report.markdown import render_markdown
 
@@ -83,7 +83,8 @@ def _drawn_baseline(loads: Mapping[str, Any]) -> str | None:
 
 def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInputs, str], *,
                  baselines: Sequence[str] = registry.names(baseline=True),
-                 cost: Mapping[str, Any] | None = None, ours: Evaluation | None = None) -> Report:
+                 cost: Mapping[str, Any] | None = None, ours: Evaluation | None = None,
+                 plan: WindowMembers | None = None) -> Report:
     """Compute the report of a written manifest and of the requested baselines.
 
     Args:
@@ -100,6 +101,9 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInput
             evaluates the rows it writes: :attr:`~balancer_cli.pack.pipeline.PackResult.evaluation`);
             used instead of evaluating the read rows again unless ``cost`` asks for another model.
             The written manifest is checked either way.
+        plan: the windows the manifest packed, from whoever packed it
+            (:attr:`~balancer_cli.pack.pipeline.PackResult.plan`): the baselines pack the same ones
+            (the run's seed, epochs, window size and caps), so they reuse it instead of planning again.
 
     Raises:
         ManifestError: the manifest disagrees with its metadata or loses/duplicates a sample
@@ -145,7 +149,7 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInput
             continue
         try:
             # Every baseline packs the same windows: planned once (10M: ~1 s a baseline).
-            plan = plan or plan_windows(sample_view(inputs), base_config, caps_K)
+            plan = plan if plan is not None else plan_windows(sample_view(inputs), base_config, caps_K)
             b_rows, b_dropped, b_reasons, b_epochs = place_packer(name, inputs, base_config, caps_K, bounds_K,
                                                                   plan=plan)
         except (BalancerError, ImportError) as error:

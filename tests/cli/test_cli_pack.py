@@ -102,9 +102,14 @@ def test_sparse_audio_module_end_to_end(tmp_path):
     assert summary["groups"]["over_cap_multi_sample"] == 0  # only isolated oversize samples exceed caps
 
 
-def test_report_command_recomputes_the_same_report(tmp_path):
-    lengths = _lengths_file(tmp_path)
-    assert _run("pack", lengths, "-o", tmp_path / "out", "--dp", 2, *CAPS).exit_code == 0
+@pytest.mark.parametrize("windows", [[], ["--window-samples", 300, "--epochs", 2]])
+def test_report_command_recomputes_the_same_report(tmp_path, windows):
+    """``balancer report`` plans the baselines' windows itself; ``pack`` hands over its own plan (a
+    sample with a scan error among them): the same bytes either way."""
+    lengths = _lengths_file(tmp_path, n=1200 if windows else 400)
+    assert _run("pack", lengths, "-o", tmp_path / "out", "--dp", 2, *windows, *CAPS).exit_code == 0
+    if windows:
+        assert open_manifest(tmp_path / "out").meta["params"]["windows"] == 4
     written = (tmp_path / "out" / "report.json").read_bytes()
     (tmp_path / "out" / "report.json").unlink()
     result = _run("report", tmp_path / "out")

@@ -62,8 +62,10 @@ def isf_round(rows: np.ndarray, load_NK: np.ndarray, caps_K: np.ndarray,
         >>> order.tolist(), offsets.tolist(), sums[:, 1].tolist()
         ([2, 3, 1, 0], [0, 2, 3, 4], [70, 50, 60])
     """
-    perm = np.random.RandomState(seed).permutation(len(rows))
-    order = rows[perm]
+    # The original's ``rows[RandomState(seed).permutation(len(rows))]``: shuffling a copy in place
+    # draws the same swaps (permutation shuffles an arange) without the gather (10M: ~1/3 less).
+    order = rows.copy()
+    np.random.RandomState(seed).shuffle(order)
     offsets, sums = greedy_close(order, load_NK, caps_K)
     return order, offsets, sums
 
