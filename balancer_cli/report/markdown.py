@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -82,7 +83,8 @@ _MISSED = {
 
 def contract_lines(summary: Mapping[str, Any]) -> list[str]:
     """A line naming the contract's bounds ours misses (none when it meets them all), and why the
-    step mix cannot reach random batching at one micro-batch with a sparse module.
+    step mix cannot reach random batching where a sparse module's groups are too few to reach
+    every step (:func:`_sparse_hint`).
 
     Example:
         >>> data = {"contract": {"bounds": {"max_dist_ratio": 0.005}, "broken": ["dist:llm"]},
@@ -96,10 +98,34 @@ def contract_lines(summary: Mapping[str, Any]) -> list[str]:
     limits = summary["contract"]["bounds"]
     missed = [_MISSED[kind](summary, module, limits) for kind, _, module in (b.partition(":") for b in broken)]
     lines = ["bounds missed: " + "; ".join(missed) + " (docs/packing.md: what still misses, and why)"]
-    sparse = [m for m, v in summary["modules"].items() if v.get("sparse")]
-    if "mix" in broken and sparse and summary["manifest"]["micro_batches"] == 1:
-        lines.append(f"  at one micro-batch a step holds {', '.join(sparse)} on every rank or on none (else it idles), "
-                     "so the sources that carry it gather in those steps: --micro-batches 2 or more lets steps mix")
+    if "mix" in broken:
+        lines += _sparse_hint(summary)
+    return lines
+
+
+def _sparse_hint(summary: Mapping[str, Any]) -> list[str]:
+    """Why the steps cannot mix: a step holds a sparse module on every rank or on none (else its
+    ranks idle), so with the module in a share ``h`` of the groups and M micro-batches at most
+    ``h x M`` of the steps can hold it, and the sources that carry it gather in those; at
+    ``ceil(1 / h)`` micro-batches every step can (a step's groups on a rank hold it once).
+
+    Example:
+        >>> hint = _sparse_hint({"manifest": {"micro_batches": 2},
+        ...                      "modules": {"audio": {"sparse": True, "group_share": 0.24}}})
+        >>> hint[0].split(": ")[1]
+        'at 2 micro-batches at most 48% of the steps hold it, and the sources that carry it gather in those'
+        >>> hint[0].split(": ")[2]
+        '--micro-batches 5 or more lets every step hold it'
+    """
+    M = summary["manifest"]["micro_batches"]
+    lines = []
+    for module, v in summary["modules"].items():
+        share = v.get("group_share", 0.0)
+        if v.get("sparse") and 0 < share * M < 1:
+            lines.append(f"  {module} is in {share:.0%} of the groups and a step holds it on every rank or on none "
+                         f"(else they idle): at {M} micro-batch{'es' if M > 1 else ''} at most {share * M:.0%} of "
+                         "the steps hold it, and the sources that carry it gather in those: --micro-batches "
+                         f"{math.ceil(1 / share)} or more lets every step hold it")
     return lines
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pyarrow as pa
@@ -267,8 +268,14 @@ def test_pack_names_the_bounds_ours_misses_and_why(tmp_path):
     assert "mix" in report["contract"]["broken"] and report["contract"]["bounds"]["max_step_mix_vs_random"] == 1.0
     line = next(x for x in one.output.splitlines() if x.startswith("bounds missed: "))
     assert f"step mix {report['step_mix']['vs_random']:.2f}x random batching > 1.0x" in line
-    assert "--micro-batches 2 or more lets steps mix" in one.output
-    assert line in (tmp_path / "one" / "report.md").read_text()
+    # The hint says how many of the steps can hold audio and how many micro-batches let every step.
+    share = report["modules"]["audio"]["group_share"]
+    hint = next(x for x in one.output.splitlines() if x.startswith("  audio is in "))
+    assert f"at 1 micro-batch at most {share:.0%} of the steps hold it" in hint
+    assert hint.endswith(f"--micro-batches {math.ceil(1 / share)} or more lets every step hold it")
+    assert math.ceil(1 / share) == 2  # audio in over half of the groups: two micro-batches mix the steps (below)
+    markdown = (tmp_path / "one" / "report.md").read_text()
+    assert line in markdown and hint in markdown
     two = _run("pack", path, "-o", tmp_path / "two", "--dp", 8, "--micro-batches", 2, "--baselines", "none")
     assert two.exit_code == 0, two.output
     assert json.loads((tmp_path / "two" / "report.json").read_text())["contract"]["broken"] == []

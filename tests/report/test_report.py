@@ -205,3 +205,24 @@ def test_baselines_sharing_one_window_plan_report_as_each_alone(tmp_path):
     for name in names:
         alone = build_report(open_manifest(tmp_path), lt, baselines=(name,)).data["baselines"][name]
         assert json.dumps(together[name], sort_keys=True) == json.dumps(alone, sort_keys=True), name
+
+
+@pytest.mark.parametrize(("micro_batches", "share", "advised"), [(1, 0.6, 2), (1, 0.1, 10), (2, 0.3, 4), (2, 0.5, None),
+                                                                  (4, 0.3, None)])
+def test_a_missed_mix_names_the_micro_batches_that_let_every_step_hold_a_sparse_module(micro_batches, share, advised):
+    """A step holds a sparse module on every rank or on none: with it in ``share`` of the groups at
+    most ``share x M`` of the steps hold it; the hint names ceil(1 / share) micro-batches, and says
+    nothing where every step can hold it already (the mix is then missed for another reason)."""
+    from balancer_cli.report.markdown import contract_lines
+
+    data = {"contract": {"bounds": {"max_step_mix_vs_random": 1.0}, "broken": ["mix"]},
+            "step_mix": {"vs_random": 1.4}, "manifest": {"micro_batches": micro_batches},
+            "modules": {"audio": {"sparse": True, "group_share": share}, "llm": {"sparse": False, "group_share": 1.0}}}
+    lines = contract_lines(data)
+    assert lines[0].startswith("bounds missed: step mix 1.40x random batching > 1.0x")
+    if advised is None:
+        assert lines == lines[:1]
+    else:
+        assert lines[1].startswith(f"  audio is in {share:.0%} of the groups")
+        assert f"at most {share * micro_batches:.0%} of the steps hold it" in lines[1]
+        assert lines[1].endswith(f"--micro-batches {advised} or more lets every step hold it")
