@@ -26,7 +26,7 @@ def _peak(load_X, base, R):  # pragma: no cover
 
 @njit
 def shave_steps(steps, R, load_X, sum_S, peak_S, norm_S, slot_first_X, slot_pos_P, kind_first, pool_F, value_F, slot_F,
-                valid_F, pool_at_P, kind_P, value_P, order_P, group_P, slot_P, gload_GK, load_NK, caps_K, goal, near,
+                step_F, valid_F, pool_at_P, kind_P, value_P, order_P, group_P, slot_P, gload_GK, load_NK, caps_K, goal, near,
                 max_swaps, guard_P, guard_X, guard_peak_S, guard_room):  # pragma: no cover
     """Swap samples of one kind from each step's heaviest rank to lighter ranks, in place.
 
@@ -50,8 +50,9 @@ def shave_steps(steps, R, load_X, sum_S, peak_S, norm_S, slot_first_X, slot_pos_
         kind_first: (kinds + 1,) each kind's first entry in the pool.
         pool_F: positions that may take (on ranks below their step's mean), by kind then value.
         value_F: the pool entries' values (ascending within a kind).
-        slot_F: the pool entries' slots (``slot_P[pool_F]``: the scan reads both in order, not
-            through ``pool_F``; a position keeps its slot and a valid entry its value).
+        slot_F, step_F: the pool entries' slots (``slot_P[pool_F]``) and their steps (``slot_F //
+            R``): the scan reads them and ``value_F`` in order, not through ``pool_F`` (a position
+            keeps its slot and a valid entry its value), and divides nothing.
         valid_F: whether an entry still holds the value it was sorted by (a swap clears it).
         pool_at_P: (P,) each position's pool entry, -1 for none.
         kind_P: (P,) each position's kind (equal on every other module and source), -1: fixed.
@@ -102,7 +103,7 @@ def shave_steps(steps, R, load_X, sum_S, peak_S, norm_S, slot_first_X, slot_pos_
                     if not valid_F[f]:
                         continue
                     q = slot_F[f]
-                    t = q // R
+                    t = step_F[f]
                     d = vx - value_F[f]
                     lq = load_X[q]
                     if t == s:
