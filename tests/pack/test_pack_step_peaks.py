@@ -138,13 +138,19 @@ def _two_steps(cost):
     return p, a
 
 
-def test_even_steps_and_windows_past_the_row_limit_are_left_alone():
+def test_even_steps_and_windows_past_the_row_limit_within_the_bound_are_left_alone():
+    """Past ``PEAKS_MAX_ROWS`` a window is shaved only where a module is over the Dist bound."""
     cost = np.array([[0., 900.], [0., 300.], [0., 500.], [0., 500.], [0., 700.], [0., 300.], [0., 500.], [0., 300.]])
     p, a = _two_steps(cost)
     load, caps, source = cost.astype(np.int64), np.array([1, 2000]), np.zeros(8, np.int64)
     assert shave_step_peaks(p, a, cost, load, caps, source) is not p
+    with mock.patch.object(step_peaks, "PEAKS_MAX_ROWS", 7):  # Dist 0.083 / 0.111 a step: over the bound
+        assert shave_step_peaks(p, a, cost, load, caps, source) is not p
+    near = np.array([[0., 503.], [0., 503.], [0., 500.], [0., 500.], [0., 500.], [0., 500.], [0., 500.], [0., 500.]])
+    assert dist_ratio(group_sums(p, near)[:, 1].reshape(2, 2)) < MAX_DIST_RATIO  # step 0: 1006 / 1000
+    assert shave_step_peaks(p, a, near, near.astype(np.int64), caps, source) is not p  # 503 and 500 swap
     with mock.patch.object(step_peaks, "PEAKS_MAX_ROWS", 7):
-        assert shave_step_peaks(p, a, cost, load, caps, source) is p
+        assert shave_step_peaks(p, a, near, near.astype(np.int64), caps, source) is p
     even = np.array([[0., 600.], [0., 400.], [0., 500.], [0., 500.], [0., 700.], [0., 300.], [0., 500.], [0., 500.]])
     assert shave_step_peaks(p, a, even, even.astype(np.int64), caps, source) is p
 
