@@ -26,8 +26,8 @@ def _peak(load_X, base, R):  # pragma: no cover
 
 @njit
 def shave_steps(steps, R, load_X, sum_S, peak_S, norm_S, slot_first_X, slot_pos_P, kind_first, pool_F, value_F, slot_F,
-                step_F, valid_F, pool_at_P, kind_P, value_P, order_P, group_P, slot_P, gload_GK, load_NK, caps_K, goal, near,
-                max_swaps, guard_P, guard_X, guard_peak_S, guard_room):  # pragma: no cover
+                step_F, valid_F, pool_at_P, kind_P, value_P, order_P, group_P, slot_P, gload_GK, load_NK, caps_K,
+                goal, near, max_swaps, guard_P, guard_X, guard_peak_S, guard_room):  # pragma: no cover
     """Swap samples of one kind from each step's heaviest rank to lighter ranks, in place.
 
     Steps are visited in the order ``steps``; while a step's idle share ``(max - mean) / max`` is
