@@ -169,6 +169,21 @@ def _on_sigint(signum: int, frame: Any) -> None:
     _raise_when_safe(KeyboardInterrupt, frame)
 
 
+def _quiet_unraisable(previous: Callable[[Any], None]) -> Callable[[Any], None]:
+    """An ``sys.unraisablehook`` that drops, unprinted, the signal's own exception where Python
+    drops it (raised in a weakref callback or ``__del__``: numba's ``_on_type_disposal`` as a
+    SIGTERM landed mid-compile printed "Exception ignored in ... Traceback" before the command's
+    line); the next check raises it again (:func:`_raise_when_safe`). Others go to ``previous``."""
+
+    def hook(unraisable: Any) -> None:
+        kind = unraisable.exc_type
+        if _pending and kind is not None and issubclass(kind, _pending[0]):
+            return
+        previous(unraisable)
+
+    return hook
+
+
 @contextlib.contextmanager
 def _sigterm_raises():
     """While a command runs, SIGTERM raises :class:`Terminated` and Ctrl-C KeyboardInterrupt, both
@@ -183,6 +198,8 @@ def _sigterm_raises():
         interactive = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not where the host ignores it
         _outer[:] = [sys._getframe(2)]  # this generator's, contextmanager's __enter__, then the `with`'s
         clear_output_committed()
+        unraisable = sys.unraisablehook
+        sys.unraisablehook = _quiet_unraisable(unraisable)
         signal.signal(signal.SIGTERM, _on_sigterm)
         if interactive:
             signal.signal(signal.SIGINT, _on_sigint)
@@ -193,6 +210,7 @@ def _sigterm_raises():
                 signal.setitimer(signal.ITIMER_REAL, 0)  # before SIGALRM's own handler is back
             _pending.clear()
             _outer[:] = outer
+            sys.unraisablehook = unraisable
             clear_output_committed()
 
 

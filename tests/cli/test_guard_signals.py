@@ -279,6 +279,38 @@ def test_sigterm_while_kernels_compile_ends_the_command_with_143_and_one_line(tm
     _assert_terminated(script, "compiled every kernel")
 
 
+def test_sigterm_in_a_finalizer_ends_the_command_with_143_and_no_traceback(tmp_path):
+    """SIGTERM handled inside ``__del__`` (as in numba's ``_on_type_disposal`` while kernels
+    compile): Python drops the exception there and printed it ("Exception ignored in ...
+    Traceback") before the command's line; now it is dropped unprinted and raised again."""
+    script = tmp_path / "finalizer.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, time
+        from balancer_cli.cli._common import handle_errors
+
+        def busy(seconds):
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                pass
+
+        class SignalsWhenCollected:
+            def __del__(self):
+                os.kill(os.getpid(), signal.SIGTERM)
+                busy(0.05)  # the handler runs here, inside __del__
+
+        @handle_errors
+        def body():
+            SignalsWhenCollected()  # collected at once
+            busy(5)
+            print("ran past the signal")
+
+        body()
+    """))
+    done = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=60)
+    assert "Exception ignored" not in done.stderr, done.stderr
+    _assert_terminated(script, "ran past the signal")
+
+
 @pytest.mark.parametrize("when", ["under ray.init's handler", "as ray.init connects", "in the session", "after it"])
 def test_sigterm_around_a_ray_session_ends_the_command_with_143(tmp_path, when):
     """``ray.init`` replaces SIGTERM's handler (Python's with ``sys.exit(15)``, the native one with
