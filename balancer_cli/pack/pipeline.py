@@ -332,7 +332,7 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
 
     def run(caps_K: np.ndarray, bounds_K: np.ndarray, probe: WindowTrial | None = None) -> Trial:
         # Planned here to be kept: the report's baselines pack the same windows (10M: ~1.2 s saved).
-        plan = probe.plan if probe is not None else plan_windows(sample_view(inputs), config, caps_K)
+        plan = probe.plan if probe is not None else _planned(inputs, config, caps_K)[2]
         rows, dropped_sample, dropped_reason, epoch_num_steps = place_packer(
             config.algorithm, inputs, config, caps_K, bounds_K, engine=engine, engine_options=engine_options,
             on_window=on_window, plan=plan, **({} if probe is None else {"first": probe.first}))

@@ -234,9 +234,10 @@ def _shave(state: _State, layout, cost: np.ndarray, modules: list[int], *, room:
                 kind_first = np.searchsorted(kind_P[pool], np.arange(int(kind_P.max()) + 2))
                 pool_at_P = np.full(P, -1, np.int64)
                 pool_at_P[pool] = np.arange(len(pool))
+                slot_F = slot_P[pool]
                 made = shave_steps(steps, R, load_X, sum_S, load_X.reshape(S, R).max(axis=1), norm_S,
                                    state.slot_first, state.slot_pos, kind_first, pool,
-                                   np.ascontiguousarray(value_P[pool]), slot_P[pool], slot_P[pool] // R,
+                                   np.ascontiguousarray(value_P[pool]), slot_F, slot_F // R,
                                    np.ones(len(pool), np.bool_), pool_at_P,
                                    kind_P, value_P, new_order, group_P, slot_P, gload_GK, state.load, state.caps,
                                    goal, near, PEAKS_MAX_SWAPS - swaps, guard_P, guard_X, guard_peak_S,
