@@ -13,13 +13,15 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import pkgutil
+import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -27,7 +29,7 @@ from balancer_cli import __version__
 from balancer_cli._memory import keep_freed_memory, use_small_pages
 from balancer_cli.errors import BalancerError
 
-__all__ = ["DEBUG_ENV", "main"]
+__all__ = ["DEBUG_ENV", "main", "run"]
 
 _PREFIX = "cmd_"
 #: Set to 1 to print the full traceback of an internal error (a bug) before its one-line message.
@@ -93,3 +95,44 @@ def main() -> None:
       balancer calibrate model_config_dir/ --lengths lengths.parquet -o costs.json
       balancer pack lengths.parquet --dp 8 --cost-model measured --costs costs.json -o out/
     """
+
+
+def run() -> NoReturn:
+    """The ``balancer`` program (and ``python -m balancer_cli``): :func:`main`, then the process
+    ends at once with its exit code.
+
+    Once a command has finished, its output is complete: a SIGTERM or Ctrl-C that lands while the
+    interpreter tears down (0.2-0.5 s after a pack: freeing its arrays, Ray's and numba's native
+    state) killed the process with status 143 and no message, its output whole, or printed a
+    KeyboardInterrupt traceback. So the streams are flushed (Python's and C's) and the process
+    ends with ``os._exit``: no teardown to interrupt, and none to wait for; a signal during the
+    flush (a reader that stopped reading) ends it at once with the same code. Every command
+    stops what it started (pools, Ray, the plot worker) and commits its files before it returns.
+    In-process callers (tests, notebooks) call :func:`main`.
+    """
+    try:
+        main()  # standalone: ends in SystemExit
+    except SystemExit as done:
+        code = done.code
+    else:  # pragma: no cover - click's standalone main always exits
+        code = 0
+    if not isinstance(code, int):  # sys.exit("text") prints the text and exits 1, as Python does
+        if code is not None:
+            with contextlib.suppress(Exception):
+                print(code, file=sys.stderr)
+        code = 0 if code is None else 1
+    code &= 0xFF
+
+    def end(signum: int, frame: Any) -> None:  # a signal from here on: the same end, at once
+        os._exit(code)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, end)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe (`| head`) has nothing left to take
+            stream.flush()
+    with contextlib.suppress(Exception):  # what native code printed through C's stdio buffers
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    os._exit(code)

@@ -171,6 +171,56 @@ def test_a_signal_once_the_output_is_in_place_lets_the_command_finish(tmp_path):
         _busy(1)
 
 
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 0), (signal.SIGINT, 0), (signal.SIGTERM, 2)])
+def test_a_signal_as_the_process_ends_keeps_the_commands_exit_code(tmp_path, signum, code):
+    """``balancer`` (``cli.run``) ends the process once the command is over: a signal that lands
+    then (here while its output is flushed) ends it with the command's own code, where the
+    interpreter's teardown (0.2-0.5 s after a pack) was killed with status 143 and no line, the
+    output whole, or printed a KeyboardInterrupt traceback."""
+    script = tmp_path / "late.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, sys, time
+        import balancer_cli.cli as cli
+
+        class Stdout:
+            def write(self, text):
+                return sys.__stdout__.write(text)
+            def flush(self):  # the process is ending: a signal arrives now
+                sys.__stdout__.flush()
+                os.kill(os.getpid(), {int(signum)})
+                time.sleep(5)
+                print("not ended by the signal", file=sys.__stderr__)
+
+        def command():
+            print("the command's output")
+            sys.exit({code})
+
+        cli.main = command
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        sys.stdout = Stdout()
+        cli.run()
+        """))
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (code, "the command's output\n", "")
+    assert time.perf_counter() - started < 4.5
+
+
+def test_the_program_ends_with_the_commands_code_and_its_whole_output(tmp_path):
+    """``python -m balancer_cli`` flushes what it printed into a pipe before ``os._exit``, and keeps
+    each exit code: 0, 2 (usage) and 1 (runtime, a lengths file that is not one)."""
+    version = subprocess.run([sys.executable, "-m", "balancer_cli", "--version"], capture_output=True, text=True,
+                             timeout=60, check=False)
+    assert version.returncode == 0 and version.stdout.startswith("balancer") and version.stderr == ""
+    usage = subprocess.run([sys.executable, "-m", "balancer_cli", "pack"], capture_output=True, text=True,
+                           timeout=60, check=False)
+    assert usage.returncode == 2 and "Usage:" in usage.stderr
+    (tmp_path / "bad.parquet").write_text("not parquet")
+    bad = subprocess.run([sys.executable, "-m", "balancer_cli", "pack", str(tmp_path / "bad.parquet"), "-o",
+                          str(tmp_path / "out")], capture_output=True, text=True, timeout=120, check=False)
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1 and "bad.parquet" in bad.stderr
+
+
 def test_a_signal_outside_llvm_raises_at_once():
     with pytest.raises(Terminated), _sigterm_raises():
         _signal_main_thread(signal.SIGTERM)
