@@ -558,3 +558,64 @@ def test_large_inputs_stop_refining_after_two_passes_once_groups_are_settled(mon
     assert np.array_equal(settled.group_offsets, two.group_offsets)
     unsettled, count = pack(1e-9)
     assert count > 2 and not np.array_equal(unsettled.order, two.order)
+
+
+def _fewest_groups(load_N, cap):
+    """The fewest groups of at most ``cap`` that hold ``load_N`` (n <= 10): over subsets, the fewest
+    full groups and the most room left in the open one (the classic subset DP)."""
+    n = len(load_N)
+    best = [(n + 1, 0)] * (1 << n)
+    best[0] = (1, cap)
+    for mask in range(1 << n):
+        groups, room = best[mask]
+        for i in range(n):
+            if mask >> i & 1:
+                continue
+            option = (groups, room - load_N[i]) if load_N[i] <= room else (groups + 1, cap - load_N[i])
+            if (option[0], -option[1]) < (best[mask | 1 << i][0], -best[mask | 1 << i][1]):
+                best[mask | 1 << i] = option
+    return best[-1][0]
+
+
+def _fewest_groups_2d(load_NK, caps_K):
+    """The fewest groups under every cap (n <= 7): every partition of the samples, by recursion."""
+    best = [len(load_NK)]
+
+    def place(i, sums):
+        if len(sums) >= best[0]:
+            return
+        if i == len(load_NK):
+            best[0] = len(sums)
+            return
+        for g, total in enumerate(sums):
+            if all(total + load_NK[i] <= caps_K):
+                place(i + 1, sums[:g] + [total + load_NK[i]] + sums[g + 1:])
+        place(i + 1, [*sums, load_NK[i].copy()])
+
+    place(0, [])
+    return best[0]
+
+
+@given(n=st.integers(1, 10), seed=st.integers(0, 2**31 - 1), cap=st.integers(1, 30), two=st.booleans())
+@settings(max_examples=80, deadline=None)
+def test_the_bound_never_exceeds_the_fewest_groups(n, seed, cap, two):
+    """The bound (the dual feasible functions' included) is a bound: never more groups than an
+    exhaustive search needs, one capped module or two."""
+    rng = np.random.default_rng(seed)
+    load = rng.integers(1, cap + 1, n)
+    if not two:
+        assert groups_lower_bound(load[:, None], np.array([cap])) <= _fewest_groups(load.tolist(), cap)
+        return
+    load_NK = np.stack([load, rng.integers(0, 4 * cap, n)], 1)[:7]
+    caps = np.array([cap, 4 * cap])
+    assert groups_lower_bound(load_NK, caps) <= _fewest_groups_2d(load_NK, caps)
+
+
+def test_samples_that_fill_a_cap_badly_count_what_they_leave_unused():
+    """Five samples of 5 or 6 tiles never share a group of 24: 100 of them need 25 groups, where the
+    tiles' sum (540 / 24) says 23; the same at a cap of 5 samples' LLM tokens."""
+    tiles = np.array([5, 6] * 50)
+    assert int(np.ceil(tiles.sum() / 24)) == 23
+    assert groups_lower_bound(np.stack([tiles, np.full(100, 100)], 1), np.array([24, 8192])) == 25
+    assert groups_lower_bound(np.stack([tiles, np.full(100, 100), tiles], 1), np.array([24, 8192, 99])) == 25
+    assert groups_lower_bound(np.stack([np.zeros(100, np.int64), 1000 + tiles], 1), np.array([1, 4999])) == 25
