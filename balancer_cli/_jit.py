@@ -18,6 +18,9 @@ Example (in a kernel module, a file: numba caches by source file):
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import sys
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -32,6 +35,35 @@ try:  # numba is a declared dependency; the fallback keeps the package importabl
 except ImportError:  # pragma: no cover - exercised only where numba is absent
     _numba = None
     HAVE_NUMBA = False
+
+
+def _import_arraymath_without_blas_probe() -> None:
+    """Import ``numba.np.arraymath`` (numba's CPU target loads it with the first kernel) without
+    its import-time BLAS probe, where SciPy is installed.
+
+    The probe (``_HAVE_BLAS = _check_blas()``) imports ``scipy.linalg.cython_blas``, which imports
+    all of ``scipy.linalg`` (and NumPy's f2py): 0.15 s of every command that runs a kernel (a 1.2M
+    pack takes ~3.6 s), for linear algebra no kernel here uses. With SciPy installed the probe's
+    answer is known (True), so it is given without the import; numba's linear algebra still
+    imports SciPy itself the first time a kernel that uses it compiles (``ensure_blas`` in
+    ``numba.np.linalg`` is left as it was). Without SciPy, or on a numba whose modules differ,
+    nothing is changed.
+    """
+    if "numba.np.arraymath" in sys.modules or importlib.util.find_spec("scipy") is None:
+        return
+    with contextlib.suppress(Exception):
+        from numba.np import linalg
+
+        probe = linalg.ensure_blas
+        linalg.ensure_blas = lambda: None  # what arraymath binds for its probe at import
+        try:
+            import numba.np.arraymath  # noqa: F401
+        finally:
+            linalg.ensure_blas = probe
+
+
+if HAVE_NUMBA:
+    _import_arraymath_without_blas_probe()
 
 
 def njit(func: F | None = None, *, inline: bool = False) -> F | Callable[[F], F]:

@@ -43,6 +43,24 @@ def test_import_and_help_do_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_kernels_run_without_importing_scipy_linalg():
+    """numba's import-time BLAS probe imported all of scipy.linalg (0.15 s of every command that runs
+    a kernel) though no kernel here uses linear algebra: it is answered without the import
+    (``balancer_cli._jit``), and a kernel that does use it still gets SciPy when it compiles."""
+    pytest.importorskip("scipy")
+    code = (
+        "import sys, numpy as np, numba\n"
+        "from balancer_cli.pack.bounds import groups_lower_bound\n"
+        "assert groups_lower_bound(np.array([[5, 100], [5, 100]]), np.array([9, 4096])) == 2\n"
+        "import numba.np.arraymath as arraymath\n"
+        "assert arraymath._HAVE_BLAS and 'scipy.linalg' not in sys.modules\n"
+        "dot = numba.njit(lambda a, b: np.dot(a, b))\n"
+        "assert dot(np.ones(3), np.ones(3)) == 3.0 and 'scipy.linalg' in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_help_lists_every_command_and_each_has_help():
     result = CliRunner().invoke(main, ["--help"])
     assert result.exit_code == 0
