@@ -87,8 +87,8 @@ def _dff_groups(count_V, cap, max_k):  # pragma: no cover - compiled
     where ``(k + 1) x`` is whole, maps the loads of any one group to at most 1 (Fekete and Schepers'
     dual feasible functions), so no packing has fewer groups. It sees what the sum does not: at a
     cap of 24 tiles, samples of 5 or 6 count 1/4 each (no group holds five), where their sum counts
-    them 5/24 and 6/24 (`harsh` 646: 67k such samples, 16,626 -> 17,505 groups, and the packer's
-    1.10x the bound was 1.05x what any packing needs). Exact in integers: each sum is scaled by
+    them 5/24 and 6/24 (`harsh` 646: 67k such samples, 16,626 -> 17,780 groups, and the packer's
+    1.10x the bound was 1.03x what any packing needs). Exact in integers: each sum is scaled by
     ``k * cap``, and a threshold's count is read off the suffix sums of ``count_V``."""
     at_least = np.zeros(cap + 2, np.int64)  # samples of load >= v
     for v in range(cap, -1, -1):
