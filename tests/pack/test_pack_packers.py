@@ -613,7 +613,7 @@ def test_the_bound_never_exceeds_the_fewest_groups(n, seed, cap, two):
 
 def test_samples_that_fill_a_cap_badly_count_what_they_leave_unused():
     """Five samples of 5 or 6 tiles never share a group of 24: 100 of them need 25 groups, where the
-    tiles' sum (540 / 24) says 23; the same at a cap of 5 samples' LLM tokens."""
+    tiles' sum (540 / 24) says 23; the same with LLM tokens under a cap just short of five samples."""
     tiles = np.array([5, 6] * 50)
     assert int(np.ceil(tiles.sum() / 24)) == 23
     assert groups_lower_bound(np.stack([tiles, np.full(100, 100)], 1), np.array([24, 8192])) == 25
