@@ -109,8 +109,9 @@ def _dff_groups(count_V, cap, max_k):  # pragma: no cover - compiled
 def _two_module_bound(load_NK, caps_K, mask_N):  # pragma: no cover - compiled
     """:func:`_bound_kernel` for two columns (an encoder and the LLM), the same bound to the bit:
     every sum a scalar and the four slopes' waste in four registers: 791k rows 15 -> 4 ms in cache,
-    1.25M int64 rows out of it (a window's, as a pack reads them) 22 -> 16 ms; a pack bounds every
-    window, every probe and every search candidate."""
+    1.25M int64 rows out of it (a window's, as a pack reads them) 22 -> 16 ms, and ~2 ms more for
+    the per-load counts of :func:`_dff_groups`; a pack bounds every window, every probe and every
+    search candidate."""
     every = len(mask_N) == 0
     c0 = np.int64(caps_K[0])
     c1 = np.int64(caps_K[1])
@@ -186,9 +187,10 @@ def _bound_kernel(load_NK, caps_K, mask_N):  # pragma: no cover - compiled
     the members, so the groups waste at least ``sum_i max(0, rest_i - (Qt - a Qv_k)) / a`` items in
     total, and ``G >= (sum items + waste) / Qv_k``. A sample over a cap is alone in its group
     (isolated): it adds one group to each bound, not its load (summed, a 3x-cap sample counted three
-    groups, and steps came out at 0.98x the bound). Pass 1 sums the loads of the rows that fit
-    and counts those over half a cap (and the rows that do not fit), and finds each encoder's
-    steepest slope; pass 2 sums the waste at four slopes per encoder.
+    groups, and steps came out at 0.98x the bound). Pass 1 sums the loads of the rows that fit,
+    counts those over half a cap (and the rows that do not fit) and the rows of each load (for
+    :func:`_dff_groups`), and finds each encoder's steepest slope; pass 2 sums the waste at four
+    slopes per encoder.
     """
     K = len(caps_K)
     every = len(mask_N) == 0
