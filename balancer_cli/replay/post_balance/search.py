@@ -96,7 +96,7 @@ def _lpt_bins(phase: PhaseInput, order: np.ndarray, cost_sorted: np.ndarray) -> 
     bin_N = np.empty(len(order), np.int64)
     bins_sorted, load = kernels.lpt_bins(cost_sorted, phase.num_ranks)
     bin_N[order] = bins_sorted
-    kernels.refine_bins(phase.cost_N, bin_N, load, phase.refine_iters, phase.refine_candidates)
+    kernels.refine_bins(phase.cost_N, bin_N, load, phase.refine_iters, phase.refine_candidates, order)
     return bin_N
 
 
@@ -182,7 +182,7 @@ def _fewest_moves(phase: PhaseInput, balanced_N: np.ndarray, order: np.ndarray, 
                     repaired, load = repaired.copy(), load.copy()
                 placement_kernels.place_shed(cost_N, home_N, repaired, load, pool, cap, rpn if node_aware else 1)
                 if load.max() > cap:
-                    kernels.refine_bins(cost_N, repaired, load, phase.refine_iters, phase.refine_candidates)
+                    kernels.refine_bins(cost_N, repaired, load, phase.refine_iters, phase.refine_candidates, order)
                 if load.max() <= cap:
                     placement_kernels.move_back(cost_N, repaired, home_N, back_order, num_ranks, cap, rpn, False)
                     key = _move_key(repaired, home_N, rpn)
