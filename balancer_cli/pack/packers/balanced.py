@@ -19,12 +19,11 @@ Algorithm:
    group gets one row per size stratum, so groups are random mixes of sources. Dealing spreads
    room evenly, so under tight caps the last rows would find only fragments of it: the smallest
    rows (15% of the normalized volume, then 50% if needed) and any row dealing strands fill
-   the room by first fit, in extra groups when none has room. Where the groups number more than
-   ``MAX_STEP_EXCESS`` (1.03) x the lower bound and first fit decreasing alone needs fewer, its own groups
-   are kept (they cluster similar samples: the refinement's source terms mix them): rows by summed cap shares,
-   or by the binding cap's share where the first is over the bound too (sparse 241k: 1.035x -> 1.030x) or
-   that saves 1% of the groups. It clusters sources more: on a harsh 10M in windows of 1.1M, 2 of 9 windows
-   took it for 0.3% fewer groups and mixed 1.35-1.44x, the others 0.96-0.99x.
+   the room by first fit, in extra groups when none has room. Over ``MAX_STEP_EXCESS`` (1.03) x the lower
+   bound, first fit decreasing's own groups are kept where fewer (rows by summed cap shares, or by the
+   binding cap's where the first is over too or it saves 1%; they cluster sources: a harsh 10M in windows
+   of 1.1M, 2 of 9 windows mixed 1.35-1.44x, the others 0.96-0.99x), and where still over, groups that
+   fill a binding module of few sizes by cutting-stock patterns (:mod:`~balancer_cli.pack.packers._patterns`).
 3. **Refinement** (:func:`~balancer_cli.pack.packers._balanced_refine.refine`,
    :attr:`BalancedOptions.passes` times). *Targeted swaps*: for each off-target group g and
    member i, samples whose normalized cost is near ``w_i - t * dev_g`` (t = 1/2, 1) are looked up
@@ -79,6 +78,7 @@ from balancer_cli.pack.packers._fill_kernels import (
     first_fit,
     row_shares,
 )
+from balancer_cli.pack.packers._patterns import pattern_groups
 from balancer_cli.pack.packers._table_kernels import group_tables, load_sums, suffix_min
 from balancer_cli.pack.types import Packing
 
@@ -106,13 +106,12 @@ class BalancedOptions:
     """Tuning knobs of :func:`pack_balanced` that the threshold search and tests set.
 
     Attributes:
-        passes: refinement passes (0 disables refinement); ``None``: 8 for small inputs down to
-            2 for a million samples or more.
+        passes: refinement passes (0 disables refinement); ``None``: 8 for small inputs down to 2 for 1M or more.
         max_sources: sources ``source_N`` tracks: the ``max_sources - 1`` most frequent ones, the
             rest as one (memory: N x max_sources floats during refinement).
-        class_mix: run step 4 (with ``source_N``). It is for one micro-batch, where a step takes
-            one class of groups; with more, the assigner pairs blocks of different classes in a
-            step and the swaps' LLM changes cost more mix than they give (48 random inputs).
+        class_mix: run step 4 (with ``source_N``). It is for one micro-batch, where a step takes one class of
+            groups; with more, the assigner pairs blocks of different classes in a step and the swaps' LLM
+            changes cost more mix than they give (48 random inputs).
 
     Example:
         >>> BalancedOptions(passes=2)
@@ -169,12 +168,10 @@ def pack_balanced(
         options: refinement knobs (:class:`BalancedOptions`; default: automatic passes).
 
     Returns:
-        A :class:`~balancer_cli.pack.types.Packing` (balanced groups first, then isolated
-        oversize samples).
+        A :class:`~balancer_cli.pack.types.Packing` (balanced groups first, then isolated oversize samples).
 
     Raises:
-        InputError: empty input, too few samples for the groups, or an oversize sample under
-            ``oversize="error"``.
+        InputError: empty input, too few samples for the groups, or an oversize sample under ``oversize="error"``.
         UsageError: bad caps, ``group_multiple``, ``cost_NK`` or ``source_N`` shapes.
 
     Example:
@@ -288,8 +285,8 @@ class DealtGroups:
 
 
 def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed, rng):
-    """Steps 1-2: G and the dealt groups of ``rows`` (first fit's when dealing needs too many):
-    ``(members_GX, count_G, wsum_GK, lsum_GK)``, see :func:`group_tables`."""
+    """Steps 1-2: G and the dealt groups of ``rows`` (first fit's or the patterns' when dealing needs too
+    many): ``(members_GX, count_G, wsum_GK, lsum_GK)``, see :func:`group_tables`."""
     lb = groups_lower_bound(load, caps, rows=rows)
     # Samples per group are capped too (an extra "module" of one per sample): it bounds the member table.
     max_count = int(np.ceil(2.5 * len(rows) / lb)) + 4
@@ -316,7 +313,7 @@ def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed
             break
     if G > limit:
         # First fit decreasing by summed cap shares, then by the binding cap's: taken where the first is over
-        # the limit or it saves 1% of the groups (it clusters sources more: docstring).
+        # the limit or it saves 1% of the groups (it clusters sources more: docstring); still over, patterns.
         binding = int(np.argmax(column_sums(take_rows(load, rows)) / caps))
         for i, ffd_queue in enumerate(_by_size(rows, load_c, caps_c, rng, binding)):
             ffd_gid, G_ffd = first_fit(ffd_queue, load_c, caps_c, suffix_min(ffd_queue, load_c), LOOKBACK,
@@ -324,6 +321,9 @@ def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed
             G_ffd = rounded(G_ffd)
             if G_ffd < G and (i == 0 or G > limit or G_ffd < 0.99 * G):
                 queue, gid, G = ffd_queue, ffd_gid, G_ffd
+        filled = None if G <= limit else pattern_groups(rows, load_c, caps_c, binding, rng=rng, max_items=max_count)
+        if filled is not None and rounded(int(filled[1].max()) + 1) < G:
+            (queue, gid), G = filled, rounded(int(filled[1].max()) + 1)
     members, count, wsum, lsum = group_tables(queue, gid, G, max_count, weight, load)
     if (count == 0).any():
         if count.max() < 2:

@@ -1,0 +1,115 @@
+"""Groups from cutting-stock patterns (``packers._patterns``): every row placed once, every group
+within every cap, and, where a module of few sizes binds, groups at its bound that dealing and
+first fit could not reach."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from balancer_cli.pack.bounds import groups_lower_bound
+from balancer_cli.pack.packers import _patterns
+from balancer_cli.pack.packers._patterns import pattern_groups
+from balancer_cli.pack.packers.balanced import MAX_STEP_EXCESS, pack_balanced
+from balancer_cli.pack.types import check_packing, group_sums
+
+
+@st.composite
+def _inputs(draw):
+    n = draw(st.integers(1, 120))
+    sizes = draw(st.lists(st.integers(1, 9), min_size=1, max_size=5, unique=True))
+    share = draw(st.floats(0.0, 1.0))  # rows without the module
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    tiles = np.where(rng.random(n) < share, 0, rng.choice(sizes, n))
+    llm = 256 * tiles + rng.integers(1, 900, n)
+    cap = draw(st.integers(max(sizes), 30))
+    caps = np.array([cap, int(max(llm.max(), draw(st.integers(1000, 12000)))), draw(st.integers(2, 12))])
+    load = np.stack([tiles, llm, np.ones(n, np.int64)], 1).astype(np.int64)
+    rows = np.sort(rng.choice(n, draw(st.integers(1, n)), replace=False))
+    return rows, load, caps, draw(st.integers(0, 3))
+
+
+@settings(max_examples=150, deadline=None)
+@given(_inputs())
+def test_every_row_placed_once_and_every_group_within_the_caps(case):
+    rows, load, caps, seed = case
+    got = pattern_groups(rows, load, caps, 0, rng=np.random.default_rng(seed), max_items=int(caps[2]))
+    if got is None:  # no row with the module, or the LP's groups all round down to none: a basic
+        # solution has at most one pattern per size, each under one group, so under that many caps
+        sizes = np.unique(load[rows, 0])
+        assert (sizes == 0).all() or load[rows, 0].sum() < (sizes > 0).sum() * caps[0]
+        return
+    queue, gid = got
+    assert sorted(queue.tolist()) == rows.tolist()  # each row exactly once
+    G = int(gid.max()) + 1
+    assert np.array_equal(np.unique(gid), np.arange(G))  # no empty group
+    sums = np.zeros((G, load.shape[1]), np.int64)
+    np.add.at(sums, gid, load[queue])
+    assert (sums <= caps).all()
+    again = pattern_groups(rows, load, caps, 0, rng=np.random.default_rng(seed), max_items=int(caps[2]))
+    assert np.array_equal(again[0], queue) and np.array_equal(again[1], gid)  # the seed decides
+
+
+def _brute_force_maximal(sizes, cap, max_items):
+    found = set()
+    for combo in itertools.product(*[range(cap // s + 1) for s in sizes]):
+        total, items = sum(c * s for c, s in zip(combo, sizes)), sum(combo)
+        if 0 < items <= max_items and total <= cap and (cap - total < min(sizes) or items == max_items):
+            found.add(combo)
+    return found
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=4, unique=True), st.integers(1, 24), st.integers(1, 8))
+def test_maximal_patterns_are_all_the_maximal_multisets(sizes, cap, max_items):
+    sizes = sorted(s for s in sizes if s <= cap) or [cap]
+    got = _patterns._maximal_patterns(np.array(sizes), cap, max_items)
+    assert set(map(tuple, got.T.tolist())) == _brute_force_maximal(sizes, cap, max_items)
+
+
+def _fixed_tile_sources(n, seed):
+    """Tiles of a few fixed sizes (2 and 5-9: images of fixed shapes per source), a text-only
+    source, LLM tokens far from their cap: the tiles bind, as in the ``harsh`` case 645."""
+    rng = np.random.default_rng(seed)
+    tiles = rng.choice([0, 0, 2, 5, 6, 7, 8, 9], n)
+    llm = 256 * tiles + rng.integers(8, 600, n)
+    return np.stack([tiles, llm], 1).astype(np.int64)
+
+
+def test_a_binding_module_of_few_sizes_reaches_its_bound():
+    load = _fixed_tile_sources(20_000, 0)
+    caps = np.array([18, 16_000])
+    lb = groups_lower_bound(load, caps)
+    p = pack_balanced(load, caps, seed=0, group_multiple=32, source_N=np.arange(20_000) % 3)
+    check_packing(p, len(load), load, caps)
+    assert p.num_groups <= MAX_STEP_EXCESS * lb
+    assert (group_sums(p, load)[:, 0] <= 18).all()
+    # first fit decreasing alone, on the same rows, needs more groups than the limit
+    from balancer_cli.pack.packers._fill_kernels import first_fit
+    from balancer_cli.pack.packers._table_kernels import suffix_min
+
+    order = np.lexsort((np.arange(len(load)), -(load / caps).sum(axis=1)))
+    _, ffd = first_fit(order, load, caps, suffix_min(order, load), 64, np.zeros((0, 2), np.int64))
+    assert ffd > MAX_STEP_EXCESS * lb
+
+
+def test_python_kernels_give_the_same_groups(monkeypatch):
+    """Without numba the kernels run as Python: the same groups, row for row."""
+    from balancer_cli._jit import HAVE_NUMBA
+
+    if not HAVE_NUMBA:
+        import pytest
+
+        pytest.skip("numba absent: the kernels already run as Python")
+    load = np.column_stack([_fixed_tile_sources(600, 1), np.ones(600, np.int64)])
+    caps = np.array([18, 3000, 9])
+    fast = pattern_groups(np.arange(600), load, caps, 0, rng=np.random.default_rng(2), max_items=9)
+    assert fast is not None
+    for name in ("_fill_slots", "_fill_lightest", "_send_back", "_tree", "_replay", "first_fit", "load_sums",
+                 "suffix_min"):
+        monkeypatch.setattr(_patterns, name, getattr(_patterns, name).py_func)
+    slow = pattern_groups(np.arange(600), load, caps, 0, rng=np.random.default_rng(2), max_items=9)
+    assert np.array_equal(fast[0], slow[0]) and np.array_equal(fast[1], slow[1])
