@@ -6,10 +6,8 @@ same share of every module: any assignment of groups to ranks is balanced, steps
 
 Algorithm:
 
-1. **Number of groups.** G starts at the lower bound
-   (:func:`~balancer_cli.pack.bounds.groups_lower_bound`: ``max_k ceil(sum load_k / cap_k)``, or
-   the count of samples over half a cap if larger, since no two of them share a group); the
-   total number of groups (isolated ones included) is rounded up to a multiple of
+1. **Number of groups.** G starts at the lower bound (:func:`~balancer_cli.pack.bounds.groups_lower_bound`);
+   the total number of groups (isolated ones included) is rounded up to a multiple of
    ``group_multiple`` (the assigner wants ``world_size x micro_batches``).
 2. **Dealing** (:func:`~balancer_cli.pack.packers._fill_kernels.deal_rounds`). Samples over half
    a cap first, then the others by decreasing normalized size ``sum_k w_ik / t_k`` (to 0.05%: ties
@@ -22,17 +20,16 @@ Algorithm:
    the room by first fit, in extra groups when none has room. Over ``MAX_STEP_EXCESS`` (1.03) x the lower
    bound, first fit decreasing's own groups are kept where fewer (rows by summed cap shares, or by the
    binding cap's where the first is over too or it saves 1%; they cluster sources: a harsh 10M in windows
-   of 1.1M, 2 of 9 windows mixed 1.35-1.44x, the others 0.96-0.99x), and where still over, groups that
-   fill a binding module of few sizes by cutting-stock patterns (:mod:`~balancer_cli.pack.packers._patterns`).
+   of 1.1M, 2 of 9 windows mixed 1.35-1.44x, the others 0.96-0.99x). Where still over, or over 1.03x the
+   bound in whole steps, groups that fill a binding module of few sizes by cutting-stock patterns are kept
+   where fewer (:mod:`~balancer_cli.pack.packers._patterns`).
 3. **Refinement** (:func:`~balancer_cli.pack.packers._balanced_refine.refine`,
    :attr:`BalancedOptions.passes` times). *Targeted swaps*: for each off-target group g and
    member i, samples whose normalized cost is near ``w_i - t * dev_g`` (t = 1/2, 1) are looked up
    in a grid, and the best swap within the caps is applied. Then *random partners*: every
    one-for-one swap and one-sample move with a few random or opposite-deviation partner groups.
-   Objective: ``sum_k ((sum_gk - t_k) / t_k)^2`` with ``t_k = sum w_k / G``; integer item counts
-   converge to equal counts where the totals allow. With ``source_N`` the per-group count of
-   each source joins the objective (weight ``MIX_WEIGHT``), so groups are equal source mixes and
-   steps stay mixed even when the assigner keeps equal item counts together.
+   Objective: ``sum_k ((sum_gk - t_k) / t_k)^2`` with ``t_k = sum w_k / G``; with ``source_N`` each
+   group's count of each source joins it (weight ``MIX_WEIGHT``): groups become equal source mixes.
 4. **Class mix** (:func:`~balancer_cli.pack.packers._class_mix.even_class_mix`, with
    ``source_N``): groups of one encoder class (equal discrete sums: what the assigner puts in one
    step) can still hold more of a source than the data as a whole; rows of equal encoder loads
@@ -285,8 +282,7 @@ class DealtGroups:
 
 
 def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed, rng):
-    """Steps 1-2: G and the dealt groups of ``rows`` (first fit's or the patterns' when dealing needs too
-    many): ``(members_GX, count_G, wsum_GK, lsum_GK)``, see :func:`group_tables`."""
+    """Steps 1-2: the groups of ``rows`` (dealt, first fit's or patterns'), as :func:`group_tables` gives them."""
     lb = groups_lower_bound(load, caps, rows=rows)
     # Samples per group are capped too (an extra "module" of one per sample): it bounds the member table.
     max_count = int(np.ceil(2.5 * len(rows) / lb)) + 4
@@ -313,15 +309,15 @@ def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed
             break
     if G > limit:
         # First fit decreasing by summed cap shares, then by the binding cap's: taken where the first is over
-        # the limit or it saves 1% of the groups (it clusters sources more: docstring); still over, patterns.
-        binding = int(np.argmax(column_sums(take_rows(load, rows)) / caps))
-        for i, ffd_queue in enumerate(_by_size(rows, load_c, caps_c, rng, binding)):
+        # the limit or it saves 1% of the groups (it clusters sources more: docstring).
+        for i, ffd_queue in enumerate(_by_size(rows, load_c, caps_c, rng, _binding(load, rows, caps))):
             ffd_gid, G_ffd = first_fit(ffd_queue, load_c, caps_c, suffix_min(ffd_queue, load_c), LOOKBACK,
                                        np.zeros((0, load_c.shape[1]), np.int64))
             G_ffd = rounded(G_ffd)
             if G_ffd < G and (i == 0 or G > limit or G_ffd < 0.99 * G):
                 queue, gid, G = ffd_queue, ffd_gid, G_ffd
-        filled = None if G <= limit else pattern_groups(rows, load_c, caps_c, binding, rng=rng, max_items=max_count)
+    if G > limit or G + num_isolated > MAX_STEP_EXCESS * (rounded(lb) + num_isolated):  # over 1.03x in steps
+        filled = pattern_groups(rows, load_c, caps_c, _binding(load, rows, caps), rng=rng, max_items=max_count)
         if filled is not None and rounded(int(filled[1].max()) + 1) < G:
             (queue, gid), G = filled, rounded(int(filled[1].max()) + 1)
     members, count, wsum, lsum = group_tables(queue, gid, G, max_count, weight, load)
@@ -330,6 +326,10 @@ def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed
             raise InputError(f"{len(rows)} samples cannot fill {G} groups", fix="lower {world_size} or {micro_batches}")
         _fill_empty(members, count, wsum, lsum, weight, load)
     return members, count, wsum, lsum
+
+
+def _binding(load, rows, caps):  # the module whose cap the rows fill most
+    return int(np.argmax(column_sums(take_rows(load, rows)) / caps))
 
 
 def _probe_fill_share(rows, load, weight, caps, seed):
