@@ -113,3 +113,14 @@ def test_python_kernels_give_the_same_groups(monkeypatch):
         monkeypatch.setattr(_patterns, name, getattr(_patterns, name).py_func)
     slow = pattern_groups(np.arange(600), load, caps, 0, rng=np.random.default_rng(2), max_items=9)
     assert np.array_equal(fast[0], slow[0]) and np.array_equal(fast[1], slow[1])
+
+
+def test_a_huge_cap_costs_neither_memory_nor_time():
+    """The sizes are counted up to the largest load, not the cap, and the patterns' enumeration
+    stops at MAX_PATTERNS whatever the cap (a cap of 10^12 tiles once meant a 10^12-slot count)."""
+    assert _patterns._maximal_patterns(np.array([1, 2]), 10**12, 10**7) is None
+    load = np.stack([np.arange(300) % 3 + 1, np.full(300, 50), np.ones(300)], 1).astype(np.int64)
+    got = pattern_groups(np.arange(300), load, np.array([10**12, 10**12, 40]), 0, rng=np.random.default_rng(0),
+                         max_items=40)  # the last column counts rows, as the packer's own
+    assert got is not None and sorted(got[0].tolist()) == list(range(300))
+    assert np.bincount(got[1]).max() <= 40

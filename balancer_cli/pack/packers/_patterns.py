@@ -65,7 +65,7 @@ def pattern_groups(rows: np.ndarray, load_NK: np.ndarray, caps_K: np.ndarray, bi
     """
     load_b = load_NK[rows, binding]
     cap = int(caps_K[binding])
-    per_size = np.bincount(load_b, minlength=cap + 1)
+    per_size = np.bincount(load_b)  # as long as the largest load (within the cap), not the cap
     sizes = np.flatnonzero(per_size[1:]) + 1
     if not 0 < len(sizes) <= MAX_SIZES:
         return None
@@ -76,7 +76,7 @@ def pattern_groups(rows: np.ndarray, load_NK: np.ndarray, caps_K: np.ndarray, bi
     slots_SG = patterns_SP[:, np.repeat(np.arange(len(x_P)), x_P)]
     # The rows of each size (the largest first), the heaviest on the other modules first within
     # it, ties in a seeded order: what the slots are filled with.
-    code = np.full(cap + 1, -1, np.int64)
+    code = np.full(len(per_size), -1, np.int64)
     code[sizes] = np.arange(len(sizes))[::-1]
     sized = rows[load_b > 0]
     sized = sized[rng.permutation(len(sized))]
@@ -257,7 +257,10 @@ def _maximal_patterns(sizes: np.ndarray, cap: int, max_items: int) -> np.ndarray
                 found.append(counts.copy())
             return len(found) <= MAX_PATTERNS
         size = int(sizes[i])
-        for c in range(min(room // size, max_items - items), -1, -1):
+        most = min(room // size, max_items - items)
+        # The smallest size takes all it can: fewer leaves room for it, not a maximal pattern. So
+        # every leaf is a pattern, and the work stops with MAX_PATTERNS whatever the cap.
+        for c in range(most, -1 if i > 0 else most - 1, -1):
             counts[i] = c
             if not extend(i - 1, room - c * size, items + c):
                 return False
