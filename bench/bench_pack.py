@@ -10,7 +10,7 @@ Usage (from the repository root):
     python -m bench.bench_pack                       # all scenarios
     python -m bench.bench_pack --scenario internvl   # one of: internvl, synthetic, audio, speed
     python -m bench.bench_pack --scenario memory     # 10M samples (minutes)
-    python -m bench.bench_pack --scenario scale      # real 70k, 1.2M resampled, a three-module 300k (and at the micro-batches its mix hint names)
+    python -m bench.bench_pack --scenario scale      # real 70k, 1.2M, a three-module 300k (+ its hint's micro-batches)
     python -m bench.bench_pack --scenario scale --scale-sizes 1200000,10000000
     python -m bench.bench_pack --scenario cli        # the CLI end to end at 1.2M and 10M against the issue's targets
 """
