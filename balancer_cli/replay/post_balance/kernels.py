@@ -125,24 +125,9 @@ def _put_in(items, costs, count, bin_of, item, value):
 
 
 @njit
-def _bin_position(order, load, x, value):
-    """Position of bin ``x`` in ``order`` (bins by ascending ``(load, bin)``) while its load
-    there is still ``value`` (``load[x]`` may already hold the new one)."""
-    lo, hi = 0, len(order)
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        y = order[mid]
-        v = value if y == x else load[y]
-        if v < value or (v == value and y < x):
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-@njit
 def _first_above(order, load, lo, hi, value, x):
-    """The first position in ``order[lo:hi]`` whose ``(load, bin)`` is above ``(value, x)`` (or ``hi``)."""
+    """The first position in ``order[lo:hi]`` whose ``(load, bin)`` is not below ``(value, x)`` (or ``hi``):
+    bin ``x``'s own place while its load is ``value``, else the first bin above it."""
     while lo < hi:
         mid = (lo + hi) >> 1
         y = order[mid]
@@ -154,10 +139,12 @@ def _first_above(order, load, lo, hi, value, x):
 
 
 @njit
-def _resort(order, load, x, old):
-    """Move bin ``x``, whose load changed from ``old`` to ``load[x]``, to its place in ``order``."""
-    i = _bin_position(order, load, x, old)
-    new = load[x]
+def _resort(order, load, x, new):
+    """Set bin ``x``'s load to ``new`` and move it to its place in ``order`` (bins by ascending
+    ``(load, bin)``): it sits where its old ``(load, x)`` is the first not below itself."""
+    i = _first_above(order, load, 0, len(order), load[x], x)
+    old = load[x]
+    load[x] = new
     if new < old:  # to the left: before every bin above (new, x)
         lo = _first_above(order, load, 0, i, new, x)
         order[lo + 1:i + 1] = order[lo:i]  # numba copies overlapping slices as numpy does
@@ -321,11 +308,8 @@ def refine_bins(cost, bin_N, load, max_iters, num_candidates, by_cost):
             _take_out(items, costs, count, c, best_x)
             items, costs = _put_in(items, costs, count, b, best_x, cost[best_x])
         items, costs = _put_in(items, costs, count, c, best_a, cost[best_a])
-        old_b, old_c = load[b], load[c]
-        load[b] -= delta
-        _resort(order, load, b, old_b)
-        load[c] += delta
-        _resort(order, load, c, old_c)
+        _resort(order, load, b, load[b] - delta)
+        _resort(order, load, c, load[c] + delta)
         applied += 1
     return applied
 
