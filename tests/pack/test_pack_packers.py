@@ -432,7 +432,7 @@ def test_first_fit_keeps_the_binding_caps_order_where_the_first_is_over_the_boun
     clips = np.where(rng.random(n) < 0.2, rng.integers(1, 4, n), 0)
     load = np.stack([tiles, clips, np.clip(rng.lognormal(7.7, 0.4, n), 300, 4100).astype(np.int64)], 1)
     caps = np.array([46, 4, 11538])
-    deal, by_size, seen = balanced._deal, balanced._by_size, []
+    deal, by_size, seen = balanced._deal, balanced.first_fit_orders, []
     # Dealing "needs" one group per row: past the limit, so first fit decides.
     monkeypatch.setattr(balanced, "_deal", lambda rows, *a: (deal(rows, *a)[0], np.arange(len(rows))))
 
@@ -441,7 +441,7 @@ def test_first_fit_keeps_the_binding_caps_order_where_the_first_is_over_the_boun
             seen.append((rows, load_c, caps_c, dict(rng.bit_generator.state), binding))
         return by_size(rows, load_c, caps_c, rng, binding)
 
-    monkeypatch.setattr(balanced, "_by_size", recorded)
+    monkeypatch.setattr(balanced, "first_fit_orders", recorded)
     p = balanced.pack_balanced(load, caps, seed=seed, options=balanced.BalancedOptions(passes=0))
     check_packing(p, num_samples=n)
     assert (group_sums(p, load) <= caps).all()

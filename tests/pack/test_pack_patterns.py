@@ -108,9 +108,11 @@ def test_python_kernels_give_the_same_groups(monkeypatch):
     caps = np.array([18, 3000, 9])
     fast = pattern_groups(np.arange(600), load, caps, 0, rng=np.random.default_rng(2), max_items=9)
     assert fast is not None
-    for name in ("_fill_slots", "_fill_lightest", "_send_back", "_tree", "_replay", "first_fit", "load_sums",
-                 "suffix_min"):
+    for name in ("_fill_slots", "_fill_lightest", "_send_back", "_tree", "_replay", "first_fit", "suffix_min"):
         monkeypatch.setattr(_patterns, name, getattr(_patterns, name).py_func)
+    from balancer_cli.pack.packers import _fill_kernels
+
+    monkeypatch.setattr(_fill_kernels, "row_shares", _fill_kernels.row_shares.py_func)  # first_fit_orders' sizes
     slow = pattern_groups(np.arange(600), load, caps, 0, rng=np.random.default_rng(2), max_items=9)
     assert np.array_equal(fast[0], slow[0]) and np.array_equal(fast[1], slow[1])
 

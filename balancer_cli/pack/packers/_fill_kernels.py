@@ -13,7 +13,8 @@ from balancer_cli._jit import njit, prefetch
 from balancer_cli._sort import size_order, stable_argsort
 from balancer_cli.pack.packers._table_kernels import ROWS_AHEAD
 
-__all__ = ["greedy_close", "first_fit", "first_fit_tree", "deal_rounds", "row_shares", "deal_order"]
+__all__ = ["greedy_close", "first_fit", "first_fit_tree", "deal_rounds", "row_shares", "deal_order",
+           "first_fit_orders"]
 
 
 @njit
@@ -195,6 +196,21 @@ def deal_order(hard_n: np.ndarray, norm_n: np.ndarray, hard_share: float) -> np.
         return order
     first = np.flatnonzero(is_hard)
     return np.concatenate([first[size_order(hard_n[first], descending=True)], order[~is_hard[order]]])
+
+
+def first_fit_orders(rows, load_NK, caps_K, rng, binding=None):
+    """First fit's orders of ``rows`` (one seeded shuffle breaks ties): by decreasing normalized size,
+    then, with a ``binding`` column, by its cap's share (size breaks ties); both to 0.05%.
+
+    Example:
+        >>> load_NK, rng = np.array([[1, 10], [4, 20], [2, 40]]), np.random.default_rng(0)
+        >>> [o.tolist() for o in first_fit_orders(np.arange(3), load_NK, np.array([8, 40]), rng, 0)]
+        [[2, 1, 0], [1, 2, 0]]
+    """
+    shuffled = rows[rng.permutation(len(rows))]
+    size = row_shares(shuffled, load_NK, caps_K, load_NK, np.zeros(0))[1]
+    keys = [size] + ([] if binding is None else [load_NK[shuffled, binding] / caps_K[binding] + 0.1 * size])
+    return [shuffled[size_order(key, descending=True)] for key in keys]
 
 
 @njit

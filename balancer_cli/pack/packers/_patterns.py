@@ -35,8 +35,8 @@ import numpy as np
 
 from balancer_cli._jit import njit
 from balancer_cli._sort import size_order
-from balancer_cli.pack.packers._fill_kernels import first_fit
-from balancer_cli.pack.packers._table_kernels import load_sums, suffix_min
+from balancer_cli.pack.packers._fill_kernels import first_fit, first_fit_orders
+from balancer_cli.pack.packers._table_kernels import suffix_min
 
 __all__ = ["MAX_PATTERNS", "MAX_SIZES", "pattern_groups"]
 
@@ -88,17 +88,16 @@ def pattern_groups(rows: np.ndarray, load_NK: np.ndarray, caps_K: np.ndarray, bi
     gid = _fill_slots(sized, starts, np.ascontiguousarray(slots_SG[::-1]), share_N)
     placed = gid >= 0
     queue, gid = sized[placed], gid[placed]
-    keep = _send_back(queue, gid, load_NK, caps_K, slots_SG.shape[1])  # rows over another module's cap
+    G = slots_SG.shape[1]
+    keep, lsum_GK = _send_back(queue, gid, load_NK, caps_K, G)  # rows over another module's cap
     queue, gid, sent_back = queue[keep], gid[keep], queue[~keep]
     # Rows without the module, heaviest first, each to the group lightest on the other modules (as
     # dealing evens them); what does not fit there, and the rows of the module left over, then
     # fill by first fit (rows without the module first: until their last the full groups stay open).
-    G = slots_SG.shape[1]
-    lsum_GK = load_sums(gid, queue, load_NK, G)
-    free = _by_size(rows[load_b == 0], load_NK, caps_K, rng)
+    free = first_fit_orders(rows[load_b == 0], load_NK, caps_K, rng)[0]
     dealt = _fill_lightest(free, share_N, load_NK, caps_K, lsum_GK, np.bincount(gid, share_N[queue], minlength=G))
     queue, gid = np.concatenate([queue, free[dealt >= 0]]), np.concatenate([gid, dealt[dealt >= 0]])
-    left = _by_size(np.concatenate([sized[~placed], sent_back]), load_NK, caps_K, rng)
+    left = first_fit_orders(np.concatenate([sized[~placed], sent_back]), load_NK, caps_K, rng)[0]
     rest = np.concatenate([free[dealt < 0], left])
     if len(rest):
         rest_gid, _ = first_fit(rest, load_NK, caps_K, suffix_min(rest, load_NK), _LOOKBACK, lsum_GK)
@@ -199,14 +198,16 @@ def _fill_lightest(rows, share_N, load_NK, caps_K, lsum_GK, share_G):  # pragma:
 
 @njit
 def _send_back(queue, gid, load_NK, caps_K, G):  # pragma: no cover - compiled
-    """(P,) whether each row stays: from each group over a cap, its rows with the largest load
-    on the module most over its cap leave until it fits (the first such row on ties).
+    """``(keep_P, lsum_GK)``: whether each row stays, and the groups' load sums of the rows that
+    stay. From each group over a cap, its rows with the largest load on the module most over its
+    cap leave until it fits (the first such row on ties).
 
     Example:
         >>> import numpy as np
         >>> load_NK = np.array([[5], [4], [3]])
-        >>> _send_back(np.arange(3), np.array([0, 0, 1]), load_NK, np.array([8]), 2).tolist()
-        [False, True, True]
+        >>> keep, lsum_GK = _send_back(np.arange(3), np.array([0, 0, 1]), load_NK, np.array([8]), 2)
+        >>> keep.tolist(), lsum_GK.ravel().tolist()
+        ([False, True, True], [4, 3])
     """
     P = len(queue)
     K = load_NK.shape[1]
@@ -240,7 +241,7 @@ def _send_back(queue, gid, load_NK, caps_K, G):  # pragma: no cover - compiled
             keep[out] = False
             for k in range(K):
                 lsum[g, k] -= load_NK[queue[out], k]
-    return keep
+    return keep, lsum
 
 
 def _maximal_patterns(sizes: np.ndarray, cap: int, max_items: int) -> np.ndarray | None:
@@ -289,10 +290,3 @@ def _lp_counts(patterns_SP: np.ndarray, counts_S: np.ndarray) -> np.ndarray | No
     if res.status != 0:
         return None
     return np.floor(res.x + 1e-7).astype(np.int64)
-
-
-def _by_size(rows, load_NK, caps_K, rng):
-    """``rows`` by decreasing normalized size, ties in a seeded order (first fit decreasing's)."""
-    rows = np.asarray(rows, dtype=np.int64)
-    rows = rows[rng.permutation(len(rows))]
-    return rows[size_order((load_NK[rows] / np.maximum(caps_K, 1)).sum(axis=1), descending=True)]

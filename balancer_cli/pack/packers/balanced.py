@@ -58,7 +58,6 @@ import numpy as np
 
 from balancer_cli._columns import column_sums
 from balancer_cli._index import take_rows
-from balancer_cli._sort import size_order
 from balancer_cli.errors import InputError, UsageError, is_int
 from balancer_cli.pack.bounds import groups_lower_bound
 from balancer_cli.pack.packers._balanced_refine import refine
@@ -73,6 +72,7 @@ from balancer_cli.pack.packers._fill_kernels import (
     deal_order,
     deal_rounds,
     first_fit,
+    first_fit_orders,
     row_shares,
 )
 from balancer_cli.pack.packers._patterns import pattern_groups
@@ -307,17 +307,19 @@ def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed
         G = rounded(int(gid.max()) + 1)
         if G <= limit:
             break
+    binding = _binding(load, rows, caps) if G > limit else None
     if G > limit:
         # First fit decreasing by summed cap shares, then by the binding cap's: taken where the first is over
         # the limit or it saves 1% of the groups (it clusters sources more: docstring).
-        for i, ffd_queue in enumerate(_by_size(rows, load_c, caps_c, rng, _binding(load, rows, caps))):
+        for i, ffd_queue in enumerate(first_fit_orders(rows, load_c, caps_c, rng, binding)):
             ffd_gid, G_ffd = first_fit(ffd_queue, load_c, caps_c, suffix_min(ffd_queue, load_c), LOOKBACK,
                                        np.zeros((0, load_c.shape[1]), np.int64))
             G_ffd = rounded(G_ffd)
             if G_ffd < G and (i == 0 or G > limit or G_ffd < 0.99 * G):
                 queue, gid, G = ffd_queue, ffd_gid, G_ffd
     if G > limit or G + num_isolated > MAX_STEP_EXCESS * (rounded(lb) + num_isolated):  # over 1.03x in steps
-        filled = pattern_groups(rows, load_c, caps_c, _binding(load, rows, caps), rng=rng, max_items=max_count)
+        binding = _binding(load, rows, caps) if binding is None else binding
+        filled = pattern_groups(rows, load_c, caps_c, binding, rng=rng, max_items=max_count)
         if filled is not None and rounded(int(filled[1].max()) + 1) < G:
             (queue, gid), G = filled, rounded(int(filled[1].max()) + 1)
     members, count, wsum, lsum = group_tables(queue, gid, G, max_count, weight, load)
@@ -345,15 +347,6 @@ def _probe_fill_share(rows, load, weight, caps, seed):
     return _FILL_SHARES[-1]
 
 
-def _by_size(rows, load, caps, rng, binding=None):
-    """First fit's orders of ``rows`` (one seeded shuffle breaks ties): by decreasing normalized
-    size, then, with a ``binding`` column, by decreasing share of that cap (size breaks ties)."""
-    shuffled = rows[rng.permutation(len(rows))]
-    size = row_shares(shuffled, load, caps, load, np.zeros(0))[1]
-    keys = [size] + ([] if binding is None else [load[shuffled, binding] / caps[binding] + 0.1 * size])
-    return [shuffled[size_order(key, descending=True)] for key in keys]
-
-
 def _deal(rows, load, weight, caps, G, rng, fill_share):
     """Step 2 (module docstring): deal the bigger rows in rounds of G; the smallest rows
     (``fill_share`` of the volume) and any row dealing strands fill the room left by first fit.
@@ -378,7 +371,7 @@ def _deal(rows, load, weight, caps, G, rng, fill_share):
     rest = np.concatenate([queue[:cut][~dealt], queue[cut:]])
     if len(rest) == 0:
         return queue, gid
-    rest = _by_size(rest, load, caps, rng)[0]
+    rest = first_fit_orders(rest, load, caps, rng)[0]
     lsum_GK = load_sums(gid[dealt], queue[:cut][dealt], load, G)
     rest_gid, _ = first_fit(rest, load, caps, suffix_min(rest, load), LOOKBACK, lsum_GK)
     return np.concatenate([queue[:cut][dealt], rest]), np.concatenate([gid[dealt], rest_gid])
