@@ -21,6 +21,7 @@ import numpy as np
 
 from balancer_cli._index import take_rows
 from balancer_cli._sort import int_order, lexsort_order
+from balancer_cli.pack._blocks_kernel import pair_rounds
 from balancer_cli.metrics import dist_ratio, utilization
 from balancer_cli.pack.types import row_ids
 
@@ -237,22 +238,29 @@ def paired_rounds(cell_I, dev_ID, bins_C, rounds, rng, principal=False):
     position = np.arange(I) - first_C[cell_sorted]
     nb = bins_C[cell_sorted]
     round_I = np.where(nb > 0, position // np.maximum(nb, 1), rounds)
-    bin_cell = np.repeat(np.arange(len(bins_C)), bins_C)
-    sum_BD = np.zeros((len(bin_cell), dev_ID.shape[1]))
+    sum_BD = np.zeros((int(bins_C.sum()), dev_ID.shape[1]))
     bin_I = np.full(I, -1, dtype=np.int64)
     # The items of every round at once, each round's in the order above (a stable sort of the rounds):
     # one pass instead of a (I,) mask per round.
     by_round = order[np.argsort(round_I, kind="stable")]
     ends = np.cumsum(np.bincount(round_I, minlength=rounds + 1))
+    dev = np.ascontiguousarray(dev_ID, dtype=np.float64)
+    bins_C = np.asarray(bins_C, dtype=np.int64)
+    bin_first = np.concatenate([[0], np.cumsum(bins_C)[:-1]]).astype(np.int64)
+    tables = (by_round, ends, cell_I.astype(np.int64, copy=False), dev)
+    if not principal:  # the directions depend on nothing the rounds change: all rounds in one call
+        directions = np.empty((rounds, dev.shape[1]))
+        for t in range(rounds):  # drawn one round at a time, as the rounds would
+            directions[t] = rng.standard_normal(dev.shape[1])
+        pair_rounds(*tables, 0, directions, bins_C, bin_first, sum_BD, bin_I)
+        return bin_I
     for t in range(rounds):
-        items = by_round[ends[t - 1] if t else 0: ends[t]]
-        dev_XD = take_rows(dev_ID, items)
-        direction = _direction(sum_BD if t else dev_XD, rng) if principal else rng.standard_normal(dev_ID.shape[1])
-        by_item = np.lexsort((-(dev_XD @ direction), cell_I[items]))
-        items = items[by_item]
-        bins = np.lexsort((sum_BD @ direction, bin_cell))
-        bin_I[items] = bins
-        sum_BD[bins] += take_rows(dev_XD, by_item)
+        if t == 0:
+            first = by_round[: ends[0]]
+            direction = _direction(take_rows(dev, first), rng)
+        else:
+            direction = _direction(sum_BD, rng)
+        pair_rounds(*tables, t, direction[None, :], bins_C, bin_first, sum_BD, bin_I)
     return bin_I
 
 
