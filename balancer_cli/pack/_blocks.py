@@ -21,8 +21,8 @@ import numpy as np
 
 from balancer_cli._index import take_rows
 from balancer_cli._sort import int_order, lexsort_order
-from balancer_cli.pack._blocks_kernel import pair_rounds
 from balancer_cli.metrics import dist_ratio, utilization
+from balancer_cli.pack._blocks_kernel import pair_rounds
 from balancer_cli.pack.types import row_ids
 
 __all__ = ["form_blocks", "paired_rounds", "kd_blocks", "block_idle", "sparse_modules", "sparse_shares",
