@@ -226,7 +226,9 @@ def paired_rounds(cell_I, dev_ID, bins_C, rounds, rng, principal=False):
 
     Cell c has ``bins_C[c]`` bins. In round t every bin of a cell takes one item of the cell:
     items sorted by a random projection of their deviation (largest first) meet bins sorted by
-    their summed deviation (smallest first), so bin sums tend to the cell's mean.
+    their summed deviation (smallest first), so bin sums tend to the cell's mean. The rounds run
+    compiled (:func:`~balancer_cli.pack._blocks_kernel.pair_rounds`), all in one call unless
+    ``principal`` draws each round's direction from the bins' sums so far.
 
     Returns:
         (I,) bin id of every item, bins numbered cell by cell; -1 for items left over.
@@ -238,6 +240,7 @@ def paired_rounds(cell_I, dev_ID, bins_C, rounds, rng, principal=False):
     position = np.arange(I) - first_C[cell_sorted]
     nb = bins_C[cell_sorted]
     round_I = np.where(nb > 0, position // np.maximum(nb, 1), rounds)
+    bins_C = np.asarray(bins_C, dtype=np.int64)
     sum_BD = np.zeros((int(bins_C.sum()), dev_ID.shape[1]))
     bin_I = np.full(I, -1, dtype=np.int64)
     # The items of every round at once, each round's in the order above (a stable sort of the rounds):
@@ -245,7 +248,6 @@ def paired_rounds(cell_I, dev_ID, bins_C, rounds, rng, principal=False):
     by_round = order[np.argsort(round_I, kind="stable")]
     ends = np.cumsum(np.bincount(round_I, minlength=rounds + 1))
     dev = np.ascontiguousarray(dev_ID, dtype=np.float64)
-    bins_C = np.asarray(bins_C, dtype=np.int64)
     bin_first = np.concatenate([[0], np.cumsum(bins_C)[:-1]]).astype(np.int64)
     tables = (by_round, ends, cell_I.astype(np.int64, copy=False), dev)
     if not principal:  # the directions depend on nothing the rounds change: all rounds in one call

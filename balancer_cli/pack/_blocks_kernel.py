@@ -68,6 +68,17 @@ def pair_rounds(items, ends, cell_I, dev_ID, first_round, direction_TD, bins_C, 
         bin_first_C: (C,) first bin of each cell (bins are numbered cell by cell).
         sum_BD: (B, D) summed deviation of every bin, updated.
         bin_I: (I,) bin of every item, set for the items of the rounds run.
+
+    Example:
+        Two rounds of one cell of two bins: the first pairs the larger deviation with bin 0 (ties
+        keep the bins' order), the second gives bin 0 the smaller one.
+
+        >>> import numpy as np
+        >>> dev = np.array([[3.0], [1.0], [2.0], [0.0]]); sums = np.zeros((2, 1)); bins = np.full(4, -1)
+        >>> pair_rounds(np.array([0, 1, 2, 3]), np.array([2, 4]), np.zeros(4, np.int64), dev, 0,
+        ...             np.ones((2, 1)), np.array([2]), np.array([0]), sums, bins)
+        >>> bins.tolist(), sums.ravel().tolist()
+        ([0, 1, 1, 0], [3.0, 3.0])
     """
     D = dev_ID.shape[1]
     for r in range(direction_TD.shape[0]):
