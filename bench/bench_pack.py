@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import math
 import time
 from pathlib import Path
 
@@ -215,10 +214,11 @@ def scale(sizes, M):
 
 
 def _lifting_micro_batches(metrics, M):
-    """The fewest micro-batches that let every step hold each sparse module (the report's hint:
-    ``ceil(1 / group share)``), or M when it already can."""
-    shares = [v["group_share"] for v in metrics["modules"].values() if v.get("sparse") and v.get("group_share", 0) > 0]
-    return max([M] + [math.ceil(1 / share) for share in shares if share * M < 1])
+    """The fewest micro-batches that let every step hold each sparse module (the report's hint),
+    or M when it already can."""
+    from balancer_cli.report.markdown import sparse_floors
+
+    return max([M] + [lift for _, _, lift in sparse_floors(metrics["modules"], M)])
 
 
 def _scale_case(label, inputs, R, M):

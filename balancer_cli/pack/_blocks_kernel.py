@@ -14,10 +14,12 @@ from __future__ import annotations
 import numpy as np
 
 from balancer_cli._jit import njit
+from balancer_cli._sort import stable_argsort
 
 __all__ = ["pair_rounds"]
 
-#: Segments up to this long are sorted by insertion (stable, no allocation); longer ones by merge sort.
+#: Segments up to this long are sorted by insertion (stable, no allocation); longer ones by
+#: :func:`~balancer_cli._sort.stable_argsort`.
 _INSERTION_MAX = 24
 
 
@@ -26,7 +28,7 @@ def _stable_order(key_X):  # pragma: no cover
     """(X,) ``np.argsort(key_X, kind="stable")``: equal keys keep their order."""
     X = key_X.shape[0]
     if X > _INSERTION_MAX:
-        return np.argsort(key_X, kind="mergesort")
+        return stable_argsort(key_X)
     out = np.empty(X, np.int64)
     for x in range(X):
         j = x

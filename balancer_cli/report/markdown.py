@@ -17,7 +17,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["summary_table", "format_text_table", "markdown_table", "render_markdown", "contract_lines"]
+__all__ = ["summary_table", "format_text_table", "markdown_table", "render_markdown", "contract_lines",
+           "sparse_floors"]
 
 
 def _mix_vs_random(step_mix: Mapping[str, Any]) -> str:
@@ -118,15 +119,23 @@ def _sparse_hint(summary: Mapping[str, Any]) -> list[str]:
         '--micro-batches 5 or more lets every step hold it'
     """
     M = summary["manifest"]["micro_batches"]
-    lines = []
-    for module, v in summary["modules"].items():
-        share = v.get("group_share", 0.0)
-        if v.get("sparse") and 0 < share * M < 1:
-            lines.append(f"  {module} is in {share:.0%} of the groups and a step holds it on every rank or on none "
-                         f"(else they idle): at {M} micro-batch{'es' if M > 1 else ''} at most {share * M:.0%} of "
-                         "the steps hold it, and the sources that carry it gather in those: --micro-batches "
-                         f"{math.ceil(1 / share)} or more lets every step hold it")
-    return lines
+    return [f"  {module} is in {share:.0%} of the groups and a step holds it on every rank or on none "
+            f"(else they idle): at {M} micro-batch{'es' if M > 1 else ''} at most {share * M:.0%} of "
+            f"the steps hold it, and the sources that carry it gather in those: --micro-batches {lift} or more "
+            "lets every step hold it" for module, share, lift in sparse_floors(summary["modules"], M)]
+
+
+def sparse_floors(modules: Mapping[str, Any], micro_batches: int) -> list[tuple[str, float, int]]:
+    """``(module, group share, micro-batches)`` of each sparse module in too few groups to reach
+    every step at ``micro_batches`` (``share x M < 1``), with the fewest micro-batches that let
+    every step hold it (``ceil(1 / share)``); ``modules`` as the report's ``modules`` entry.
+
+    Example:
+        >>> sparse_floors({"audio": {"sparse": True, "group_share": 0.24}, "llm": {"sparse": False}}, 2)
+        [('audio', 0.24, 5)]
+    """
+    return [(module, v["group_share"], math.ceil(1 / v["group_share"])) for module, v in modules.items()
+            if v.get("sparse") and 0 < v.get("group_share", 0.0) * micro_batches < 1]
 
 
 def render_markdown(data: Mapping[str, Any]) -> str:

@@ -320,8 +320,9 @@ def _initial_groups(rows, load, weight, caps, group_multiple, num_isolated, seed
     if G > limit or G + num_isolated > MAX_STEP_EXCESS * (rounded(lb) + num_isolated):  # over 1.03x in steps
         binding = _binding(load, rows, caps) if binding is None else binding
         filled = pattern_groups(rows, load_c, caps_c, binding, rng=rng, max_items=max_count)
-        if filled is not None and rounded(int(filled[1].max()) + 1) < G:
-            (queue, gid), G = filled, rounded(int(filled[1].max()) + 1)
+        G_pat = G if filled is None else rounded(int(filled[1].max()) + 1)
+        if G_pat < G:
+            (queue, gid), G = filled, G_pat
     members, count, wsum, lsum = group_tables(queue, gid, G, max_count, weight, load)
     if (count == 0).any():
         if count.max() < 2:

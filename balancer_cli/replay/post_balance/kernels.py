@@ -220,14 +220,7 @@ def refine_bins(cost, bin_N, load, max_iters, num_candidates, by_cost):
         peak = load[order[num_bins - 1]]
         if peak <= 0.0:
             break
-        lo, hi = 0, num_bins - 1
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if load[order[mid]] < peak:
-                lo = mid + 1
-            else:
-                hi = mid
-        b = order[lo]
+        b = order[_first_above(order, load, 0, num_bins - 1, peak, -1)]
         w = 0  # the k least loaded bins other than b
         for t in range(k + 1):
             if order[t] != b and w < k:
