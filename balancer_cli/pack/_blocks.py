@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from balancer_cli._columns import column_sums, project
 from balancer_cli._index import take_rows
 from balancer_cli._sort import int_order, lexsort_order
 from balancer_cli.metrics import dist_ratio, utilization
@@ -26,13 +27,16 @@ from balancer_cli.pack._blocks_kernel import pair_rounds
 from balancer_cli.pack.types import row_ids
 
 __all__ = ["form_blocks", "paired_rounds", "kd_blocks", "block_idle", "sparse_modules", "sparse_shares",
-           "discrete_modules"]
+           "discrete_modules", "principal_axis"]
 
 #: A module held by at most this share of the groups is sparse (aligned to whole steps, coarse grid).
 _SPARSE_BELOW = 0.9
 #: A cell's leftovers are paired again on a grid this many times coarser, for up to this many levels.
 _COARSEN = 2.0
 _LEVELS = 4
+#: Power iterations of :func:`principal_axis` at most, and the change of the unit axis that ends them.
+_POWER_STEPS = 200
+_POWER_TOL = 1e-12
 
 
 def sparse_modules(cost_GK: np.ndarray) -> np.ndarray:
@@ -275,10 +279,39 @@ def _direction(dev_XD: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     noise = rng.standard_normal(dev_XD.shape[1])
     if dev_XD.shape[1] < 2 or len(dev_XD) < 2:
         return noise
-    centered = dev_XD - dev_XD.mean(axis=0)
-    scatter = centered.T @ centered
-    top = np.linalg.eigh(scatter)[1][:, -1]
-    scale = float(np.sqrt(max(np.linalg.eigvalsh(scatter)[-1], 0.0) / len(dev_XD)))
+    top, value = principal_axis(dev_XD - dev_XD.mean(axis=0))
+    scale = float(np.sqrt(max(value, 0.0) / len(dev_XD)))
     return top * max(scale, 1e-12) + 0.3 * scale * noise / np.sqrt(dev_XD.shape[1])
+
+
+def principal_axis(centered_XD: np.ndarray) -> tuple[np.ndarray, float]:
+    """``(axis, value)``: the unit (D,) axis along which the rows of ``centered_XD`` spread most and
+    their summed squares along it (the top eigenvector and eigenvalue of ``centered.T @ centered``).
+
+    By power iteration in IEEE products and in-order sums, from the scatter's column of the
+    largest diagonal: the same bits, and the same sign, on every machine. ``np.linalg.eigh``
+    leaves both to the LAPACK and BLAS build (the sign of an eigenvector is arbitrary), and the
+    pairing sorts by the projection, so a near-tie or a flipped sign paired other groups.
+
+    Example:
+        >>> axis, value = principal_axis(np.array([[1.0, 1.0], [-1.0, -1.0], [0.5, -0.5], [-0.5, 0.5]]))
+        >>> np.round(axis, 6).tolist(), round(value, 6)
+        ([0.707107, 0.707107], 4.0)
+    """
+    D = centered_XD.shape[1]
+    scatter = np.stack([column_sums(centered_XD * centered_XD[:, [d]]) for d in range(D)])
+    axis = scatter[:, int(np.argmax(np.diagonal(scatter)))]
+    norm = float(np.sqrt((axis * axis).sum()))
+    if norm == 0.0:  # no spread: any axis
+        return np.eye(D)[0], 0.0
+    axis = axis / norm
+    for _ in range(_POWER_STEPS):
+        step = project(scatter, axis)
+        step /= float(np.sqrt((step * step).sum()))
+        done = float(np.abs(step - axis).max()) <= _POWER_TOL
+        axis = step
+        if done:
+            break
+    return axis, float((axis * project(scatter, axis)).sum())
 
 

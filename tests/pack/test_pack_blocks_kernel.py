@@ -6,16 +6,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from balancer_cli._columns import project
 from balancer_cli._sort import lexsort_order
-from balancer_cli.pack._blocks import _direction, paired_rounds
-
-
-def _projection(table_XD, direction_D):
-    """``table_XD @ direction_D`` summed in column order (as the kernel does; BLAS may not)."""
-    out = np.zeros(len(table_XD))
-    for d in range(len(direction_D)):
-        out = out + table_XD[:, d] * direction_D[d]
-    return out
+from balancer_cli.pack._blocks import _direction, paired_rounds, principal_axis
 
 
 def _reference(cell_I, dev_ID, bins_C, rounds, rng, principal):
@@ -34,9 +27,9 @@ def _reference(cell_I, dev_ID, bins_C, rounds, rng, principal):
         items = order[round_I == t]  # round_I is by position in the drawn order
         dev_XD = dev_ID[items]
         direction = _direction(sum_BD if t else dev_XD, rng) if principal else rng.standard_normal(dev_ID.shape[1])
-        by_item = np.lexsort((-_projection(dev_XD, direction), cell_I[items]))
+        by_item = np.lexsort((-project(dev_XD, direction), cell_I[items]))
         items = items[by_item]
-        bins = np.lexsort((_projection(sum_BD, direction), bin_cell))
+        bins = np.lexsort((project(sum_BD, direction), bin_cell))
         bin_I[items] = bins
         sum_BD[bins] += dev_XD[by_item]
     return bin_I
@@ -60,3 +53,37 @@ def test_pairing_rounds_are_the_numpy_rounds_and_fill_every_bin_once_a_round(I, 
     assert np.bincount(got[placed], minlength=len(bin_cell)).tolist() == [rounds] * len(bin_cell)
     assert (bin_cell[got[placed]] == cell_I[placed]).all()
     assert int((~placed).sum()) == I - rounds * int(bins_C.sum())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(2, 40), st.integers(1, 9))
+def test_principal_axis_is_the_top_eigenvector_found_without_lapack(seed, X, D):
+    """The axis is the scatter's top eigenvector (up to the sign eigh leaves open) and the value its
+    eigenvalue; rows of equal deviations (no spread) give value 0; a second call gives the same bits."""
+    rng = np.random.default_rng(seed)
+    table = np.round(rng.standard_normal((X, D)) * rng.random(D) * 4, int(rng.integers(0, 3)))
+    centered = table - table.mean(axis=0)
+    axis, value = principal_axis(centered)
+    again = principal_axis(centered.copy())
+    assert again[1] == value and np.array_equal(again[0], axis)
+    eigenvalues, vectors = np.linalg.eigh(centered.T @ centered)
+    assert abs(float(np.sqrt((axis * axis).sum())) - 1.0) < 1e-9
+    top = max(1.0, eigenvalues[-1])
+    assert value <= eigenvalues[-1] + 1e-9 * top
+    gap = eigenvalues[-1] - (eigenvalues[-2] if D > 1 else 0.0)
+    if gap > 1e-3 * top:  # a unique top axis: the same one, up to its sign, and its eigenvalue
+        assert abs(abs(float(axis @ vectors[:, -1])) - 1.0) < 1e-6
+        assert abs(value - eigenvalues[-1]) <= 1e-7 * top
+    else:  # (nearly) shared: an axis of that space, which spreads the rows (nearly) as far
+        assert value >= eigenvalues[-1] - 1e-2 * top
+
+
+def test_project_adds_the_columns_in_order():
+    """``project`` is the in-order sum of the columns' products (what ``@`` may round otherwise)."""
+    rng = np.random.default_rng(3)
+    table, v = rng.standard_normal((1000, 5)), rng.standard_normal(5)
+    expected = table[:, 0] * v[0]
+    for k in range(1, 5):
+        expected = expected + table[:, k] * v[k]
+    assert np.array_equal(project(table, v), expected)
+    assert np.allclose(project(table, v), table @ v, rtol=0, atol=1e-12)

@@ -20,7 +20,7 @@ import itertools
 
 import numpy as np
 
-from balancer_cli._columns import column_max, column_sums
+from balancer_cli._columns import column_max, column_sums, project
 from balancer_cli._index import take_rows
 from balancer_cli._jit import HAVE_NUMBA
 from balancer_cli._procs import usable_cores
@@ -280,7 +280,7 @@ def _partners(wsum_GK, target_K, inv_t_K, rng):
     cand = rng.integers(0, G, size=(G, PARTNERS))
     if n_opp and G > 1:
         dev = (wsum_GK - target_K) * inv_t_K
-        key = dev @ rng.standard_normal(K)
+        key = project(dev, rng.standard_normal(K))  # in column order: the same near-ties on every machine
         by_key = stable_order(key)
         rank = np.empty(G, dtype=np.int64)
         rank[by_key] = np.arange(G)
