@@ -15,11 +15,12 @@ from hypothesis import strategies as st
 from balancer_cli.replay.post_balance import kernels
 
 
-def _reference(cost, bin_N, load, max_iters, num_candidates):
+def _reference(cost, bin_N, load, max_iters, num_candidates, stop_at=0.0):
     """Each iteration: the most loaded bin b (lowest index on ties), the ``num_candidates`` least
     loaded others by (load, index); the best move a -> c by (max of the two loads, candidate
     rank, a); a swap a <-> x (cost_a > cost_x) replaces it only if strictly better, the best
-    swap by (max, x, a); nothing unless the maximum strictly falls. Items of cost 0 never move."""
+    swap by (max, x, a); nothing unless the maximum strictly falls. Items of cost 0 never move.
+    Nothing more once the maximum is at most ``stop_at``."""
     n, num_bins = len(cost), len(load)
     k = min(num_candidates, num_bins - 1)
     applied = 0
@@ -27,7 +28,7 @@ def _reference(cost, bin_N, load, max_iters, num_candidates):
         return applied
     for _ in range(max_iters):
         peak = load.max()
-        if peak <= 0.0:
+        if peak <= stop_at:
             break
         b = int(np.flatnonzero(load == peak)[0])
         cands = [c for c in sorted(range(num_bins), key=lambda r: (load[r], r)) if c != b][:k]
@@ -73,17 +74,22 @@ def _instances(draw):
     cost = np.array(draw(st.lists(value, min_size=n, max_size=n)), dtype=np.float64)
     bin_N = np.array(draw(st.lists(st.integers(0, num_bins - 1), min_size=n, max_size=n)), dtype=np.int64)
     load = np.bincount(bin_N, weights=cost, minlength=num_bins).astype(np.float64)
-    return cost, bin_N, load, draw(st.integers(0, 40)), draw(st.integers(1, 8))
+    # where to stop: none, or a maximum between the mean load and the present one (ties with loads too)
+    stop_at = 0.0
+    if draw(st.booleans()) and len(load):
+        stop_at = float(draw(st.sampled_from(sorted(set(load.tolist()) | {float(load.mean())}))))
+    return cost, bin_N, load, draw(st.integers(0, 40)), draw(st.integers(1, 8)), stop_at
 
 
 @settings(max_examples=300, deadline=None)
 @given(_instances())
 def test_refine_bins_takes_the_specified_step_every_iteration(instance):
-    cost, bin_N, load, max_iters, candidates = instance
+    cost, bin_N, load, max_iters, candidates, stop_at = instance
     got_bins, got_load = bin_N.copy(), load.copy()
-    got = kernels.refine_bins(cost, got_bins, got_load, max_iters, candidates, kernels.descending_order(cost))
+    got = kernels.refine_bins(cost, got_bins, got_load, max_iters, candidates, kernels.descending_order(cost),
+                              stop_at)
     want_bins, want_load = bin_N.copy(), load.copy()
-    want = _reference(cost, want_bins, want_load, max_iters, candidates)
+    want = _reference(cost, want_bins, want_load, max_iters, candidates, stop_at)
     assert got == want
     assert got_bins.tolist() == want_bins.tolist()
     assert got_load.tolist() == want_load.tolist()

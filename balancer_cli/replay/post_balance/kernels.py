@@ -156,7 +156,7 @@ def _resort(order, load, x, new):
 
 
 @njit
-def refine_bins(cost, bin_N, load, max_iters, num_candidates, by_cost):
+def refine_bins(cost, bin_N, load, max_iters, num_candidates, by_cost, stop_at=0.0):
     """Local search on the most loaded bin: the best single move or pairwise swap per iteration.
 
     Each iteration takes the most loaded bin ``b`` and, among the ``num_candidates`` least loaded
@@ -178,6 +178,7 @@ def refine_bins(cost, bin_N, load, max_iters, num_candidates, by_cost):
         cost, bin_N, load: (N,) item costs, (N,) bin of each item (updated), (R,) bin loads (updated).
         max_iters, num_candidates: iterations at most; least loaded bins tried per iteration.
         by_cost: (N,) the items by descending cost (:func:`descending_order`; the caller has it).
+        stop_at: stop once the most loaded bin holds at most this (default 0: run to the end).
 
     Returns:
         The number of moves and swaps applied.
@@ -218,7 +219,7 @@ def refine_bins(cost, bin_N, load, max_iters, num_candidates, by_cost):
     for _ in range(max_iters):
         # the most loaded bin (lowest index on ties): the first of the last run of equal loads
         peak = load[order[num_bins - 1]]
-        if peak <= 0.0:
+        if peak <= stop_at:
             break
         b = order[_first_above(order, load, 0, num_bins - 1, peak, -1)]
         w = 0  # the k least loaded bins other than b

@@ -182,7 +182,8 @@ def _fewest_moves(phase: PhaseInput, balanced_N: np.ndarray, order: np.ndarray, 
                     repaired, load = repaired.copy(), load.copy()
                 placement_kernels.place_shed(cost_N, home_N, repaired, load, pool, cap, rpn if node_aware else 1)
                 if load.max() > cap:
-                    kernels.refine_bins(cost_N, repaired, load, phase.refine_iters, phase.refine_candidates, order)
+                    kernels.refine_bins(cost_N, repaired, load, phase.refine_iters, phase.refine_candidates, order,
+                                        cap)
                 if load.max() <= cap:
                     placement_kernels.move_back(cost_N, repaired, home_N, back_order, num_ranks, cap, rpn, False)
                     key = _move_key(repaired, home_N, rpn)
