@@ -302,12 +302,15 @@ def principal_axis(centered_XD: np.ndarray) -> tuple[np.ndarray, float]:
     scatter = np.stack([column_sums(centered_XD * centered_XD[:, [d]]) for d in range(D)])
     axis = scatter[:, int(np.argmax(np.diagonal(scatter)))]
     norm = float(np.sqrt((axis * axis).sum()))
-    if norm == 0.0:  # no spread: any axis
+    if not 0.0 < norm < np.inf:  # no spread (or none a float holds): any axis
         return np.eye(D)[0], 0.0
     axis = axis / norm
     for _ in range(_POWER_STEPS):
         step = project(scatter, axis)
-        step /= float(np.sqrt((step * step).sum()))
+        length = float(np.sqrt((step * step).sum()))
+        if not 0.0 < length < np.inf:  # underflow or overflow: keep the axis so far
+            break
+        step /= length
         done = float(np.abs(step - axis).max()) <= _POWER_TOL
         axis = step
         if done:
