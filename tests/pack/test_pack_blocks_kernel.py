@@ -87,3 +87,11 @@ def test_project_adds_the_columns_in_order():
         expected = expected + table[:, k] * v[k]
     assert np.array_equal(project(table, v), expected)
     assert np.allclose(project(table, v), table @ v, rtol=0, atol=1e-12)
+
+
+def test_principal_axis_of_rows_without_spread_is_any_unit_axis_of_value_zero():
+    """Equal rows (or spreads past what a float holds) give the first axis and value 0, never NaN."""
+    for centered in (np.zeros((4, 3)), np.array([[1e200, 1e200], [-1e200, -1e200]])):
+        with np.errstate(over="ignore", invalid="ignore"):
+            axis, value = principal_axis(centered)
+        assert value == 0.0 and axis.tolist() == [1.0] + [0.0] * (centered.shape[1] - 1)
