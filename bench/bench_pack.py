@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
+import os
 import time
 from pathlib import Path
 
@@ -292,16 +293,12 @@ def _warm(inputs, config, rounds=3):
 
 def _one_core():
     """One core of this process's affinity (None where the OS has no affinity to set)."""
-    import os
-
     return {min(os.sched_getaffinity(0))} if hasattr(os, "sched_setaffinity") else None
 
 
 @contextlib.contextmanager
 def _pinned(cores):
     """Run the block on ``cores`` (None: as it is), the process's affinity restored after."""
-    import os
-
     if cores is None:
         yield
         return
@@ -315,7 +312,6 @@ def _pinned(cores):
 
 def _cli_run(args):
     """``balancer pack ARGS`` in a child process: (CPU s, wall s, peak bytes) of that child alone."""
-    import os
     import subprocess
     import sys
 

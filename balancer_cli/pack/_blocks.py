@@ -300,21 +300,23 @@ def principal_axis(centered_XD: np.ndarray) -> tuple[np.ndarray, float]:
     """
     D = centered_XD.shape[1]
     scatter = np.stack([column_sums(centered_XD * centered_XD[:, [d]]) for d in range(D)])
-    axis = scatter[:, int(np.argmax(np.diagonal(scatter)))]
-    norm = float(np.sqrt((axis * axis).sum()))
-    if not 0.0 < norm < np.inf:  # no spread (or none a float holds): any axis
+    axis = _unit(scatter[:, int(np.argmax(np.diagonal(scatter)))])
+    if axis is None:  # no spread (or none a float holds): any axis
         return np.eye(D)[0], 0.0
-    axis = axis / norm
     for _ in range(_POWER_STEPS):
-        step = project(scatter, axis)
-        length = float(np.sqrt((step * step).sum()))
-        if not 0.0 < length < np.inf:  # underflow or overflow: keep the axis so far
+        step = _unit(project(scatter, axis))
+        if step is None:  # underflow or overflow: keep the axis so far
             break
-        step /= length
         done = float(np.abs(step - axis).max()) <= _POWER_TOL
         axis = step
         if done:
             break
     return axis, float((axis * project(scatter, axis)).sum())
+
+
+def _unit(v_D: np.ndarray) -> np.ndarray | None:
+    """``v_D`` scaled to length 1, or None where its length is 0 or past what a float holds."""
+    length = float(np.sqrt((v_D * v_D).sum()))
+    return v_D / length if 0.0 < length < np.inf else None
 
 
