@@ -315,8 +315,8 @@ def _normalize(table: pa.Table, origin: str) -> pa.Table:
 
 
 def _read_one(path: Path) -> tuple[pa.Table, dict]:
-    if not path.is_file():
-        raise InputError(f"{path}: no such file", fix="check the path")
+    if not path.is_file():  # a folder, device or pipe is no lengths file (reading a pipe would block)
+        raise InputError(f"{path}: {'not a regular file' if path.exists() else 'no such file'}", fix="check the path")
     with open(path, "rb") as handle:
         magic = handle.read(4)
     if magic == _PARQUET_MAGIC:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 from unittest import mock
 
 import numpy as np
@@ -190,6 +192,19 @@ def test_a_file_of_neither_format_is_named_with_its_start(tmp_path, content, mat
     with pytest.raises(InputError, match=match) as error:
         read_lengths(path)
     assert str(path) in error.value.message
+
+
+def test_a_path_that_is_no_regular_file_is_named_so(tmp_path):
+    """A folder, device or pipe is refused as what it is (a pipe is never opened: reading would
+    block); only a path that does not exist is 'no such file'."""
+    fifo = tmp_path / "pipe.parquet"
+    os.mkfifo(fifo)
+    for path in (tmp_path, fifo, Path(os.devnull)):
+        with pytest.raises(InputError, match="not a regular file") as error:
+            read_lengths(path)
+        assert str(path) in error.value.message
+    with pytest.raises(InputError, match="no such file"):
+        read_lengths(tmp_path / "missing.parquet")
 
 
 def test_null_sources_read_as_the_default_source(tmp_path):
