@@ -66,6 +66,9 @@ BLOCKS_FROM = 32_768
 HOLD_WEIGHT = 1e9
 #: A group whose objective term is at most this is on target (the passes skip it).
 _TOL = 1e-12
+#: Targeted swaps' grid keeps offsets for its occupied cells only past this many cells a row
+#: (:func:`~balancer_cli.pack.packers._table_kernels.grid_cells`; the same swaps either way).
+_SPARSE_CELLS_PER_ROW = 8
 
 
 def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsum_GK: np.ndarray,
@@ -264,13 +267,15 @@ def _membership(members_GX, count_G):
 
 
 def _weight_grid(weight_FK, inv_t_K, width):
-    """Bucket rows by normalized weight (cells of ``width`` per module, at most ~2M cells)."""
+    """Bucket rows by normalized weight (cells of ``width`` per module, at most ~2M cells; offsets
+    for the occupied cells only where the grid has over :data:`_SPARSE_CELLS_PER_ROW` cells a row)."""
     top = column_max(weight_FK) * inv_t_K  # the largest normalized weight (inv_t_K >= 0)
     while np.prod(np.floor(top / width) + 1) > 2**21:
         width *= 1.5
     dims = (np.floor(top / width) + 1).astype(np.int64)
-    cell, cell_start, order = grid_cells(weight_FK, inv_t_K, float(width), dims)
-    return cell, cell_start, order, float(width), dims
+    sparse = float(np.prod(dims.astype(np.float64))) > _SPARSE_CELLS_PER_ROW * len(weight_FK)
+    keys, cell_start, order = grid_cells(weight_FK, inv_t_K, float(width), dims, sparse)
+    return keys, cell_start, order, float(width), dims
 
 
 def _partners(wsum_GK, target_K, inv_t_K, rng):

@@ -270,7 +270,7 @@ def refine_pass(order_G, cand_GC, members_GX, count_G, sum_GK, lsum_GK, weight_N
 
 @njit
 def targeted_pass(order_G, members_GX, count_G, group_of_N, pos_N, sum_GK, lsum_GK, weight_NK, code_N, load_NK,
-                  caps_K, target_K, inv_t_K, inv_t2_K, cell_of_N, cell_start, cell_rows, width, dims_K, scan,
+                  caps_K, target_K, inv_t_K, inv_t2_K, cell_keys, cell_start, cell_rows, width, dims_K, scan,
                   tol):  # pragma: no cover
     """One pass of targeted swaps, in place.
 
@@ -285,8 +285,10 @@ def targeted_pass(order_G, members_GX, count_G, group_of_N, pos_N, sum_GK, lsum_
         group_of_N: (N,) group of each packed row (-1 for rows not packed), updated.
         pos_N: (N,) position of each packed row in its group's member row, updated.
         inv_t_K: (K,) ``1 / target``: normalizes weights for the grid lookup.
-        cell_of_N: (N,) grid cell of each row (-1 for rows not packed).
-        cell_start: (cells + 1,) offsets of each cell's rows in ``cell_rows``.
+        cell_keys: the grid's occupied cells, ascending, where ``cell_start`` covers only them
+            (a sparse grid); empty where it covers every cell
+            (:func:`~balancer_cli.pack.packers._table_kernels.grid_cells`).
+        cell_start: offsets of each cell's rows in ``cell_rows`` (cells + 1, or occupied cells + 1).
         cell_rows: rows bucketed by cell, ``floor(w * inv_t / width)`` per module (row-major).
         width: grid cell size, as a share of a group's target.
         dims_K: cells per module of the grid (its first ``len(dims_K)`` weight columns).
@@ -302,7 +304,7 @@ def targeted_pass(order_G, members_GX, count_G, group_of_N, pos_N, sum_GK, lsum_
         >>> import numpy as np
         >>> members_GX = np.array([[0, 1], [2, 3]]); group_of_N = np.array([0, 0, 1, 1]); pos_N = np.array([0, 1, 0, 1])
         >>> weight_NK = np.array([[4.0], [3.0], [1.0], [0.0]]); sum_GK = np.array([[7.0], [1.0]])
-        >>> grid = (np.array([4, 3, 1, 0]), np.array([0, 1, 2, 2, 3, 4]), np.array([3, 2, 1, 0]), 0.25, np.array([5]))
+        >>> grid = (np.zeros(0, np.int64), np.array([0, 1, 2, 2, 3, 4]), np.array([3, 2, 1, 0]), 0.25, np.array([5]))
         >>> targeted_pass(np.arange(2), members_GX, np.array([2, 2]), group_of_N, pos_N, sum_GK,
         ...               sum_GK.astype(np.int64), weight_NK, np.zeros(0, np.int64), weight_NK.astype(np.int64), np.array([9]),
         ...               np.array([4.0]), np.array([0.25]), np.array([1 / 16]), *grid, 8, 1e-12)
@@ -339,8 +341,15 @@ def targeted_pass(order_G, members_GX, count_G, group_of_N, pos_N, sum_GK, lsum_
                     cell = cell * dims_K[k] + c
                 if not inside:
                     continue
-                lo = cell_start[cell]
-                hi = cell_start[cell + 1]
+                if len(cell_keys) == 0:  # dense: every cell has its offsets
+                    lo = cell_start[cell]
+                    hi = cell_start[cell + 1]
+                else:  # sparse: an unoccupied cell has no rows
+                    u = np.searchsorted(cell_keys, cell)
+                    if u == len(cell_keys) or cell_keys[u] != cell:
+                        continue
+                    lo = cell_start[u]
+                    hi = cell_start[u + 1]
                 n = hi - lo
                 if n == 0:
                     continue

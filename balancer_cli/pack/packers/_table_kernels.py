@@ -199,27 +199,37 @@ def expand_rows(local_GX, count_G, rows_F, members_GX, order_G):  # pragma: no c
 
 
 @njit
-def grid_cells(weight_FK, inv_t_K, width, dims_K):  # pragma: no cover - compiled
+def grid_cells(weight_FK, inv_t_K, width, dims_K, sparse):  # pragma: no cover - compiled
     """Rows bucketed by normalized weight: cell ``floor(w_k * inv_t_k / width)`` per module (at
-    most ``dims_k - 1``), cells numbered row-major; a counting sort, one pass where numpy's stable
-    argsort of the cells took half of it (770k rows: ~40 ms).
+    most ``dims_k - 1``), cells numbered row-major.
+
+    Dense (``sparse`` false), the offsets cover every cell of the grid: a counting sort, one pass
+    where numpy's stable argsort of the cells took half of it (770k rows: ~40 ms), and a lookup
+    is one read. Sparse, they cover only the occupied cells, listed in ``keys_U`` (a lookup
+    searches them): a grid of many more cells than rows (three modules of 12k rows: ~1M cells,
+    2 ms to clear and sum, a table of 8 MB read at random) costs what its rows do. Both give
+    every cell the same rows in the same order.
 
     Returns:
-        (cell_F, cell_start, order_F): each row's cell; the offsets of each cell's rows in
-        ``order_F`` (cells + 1); the rows by cell, ascending within a cell.
+        (keys_U, cell_start, order_F): the occupied cells in ascending order (sparse; empty when
+        dense); the offsets of each cell's rows in ``order_F`` (cells + 1, or U + 1); the rows by
+        cell, ascending within a cell.
 
     Example:
         >>> import numpy as np
-        >>> cell, start, order = grid_cells(np.array([[3.0], [0.5], [2.0]]), np.array([0.5]), 0.5, np.array([4]))
-        >>> cell.tolist(), start.tolist(), order.tolist()
-        ([3, 0, 2], [0, 1, 1, 2, 3], [1, 2, 0])
+        >>> weight = np.array([[3.0], [0.5], [2.0], [3.2]])
+        >>> keys, start, order = grid_cells(weight, np.array([0.5]), 0.5, np.array([4]), False)
+        >>> keys.tolist(), start.tolist(), order.tolist()
+        ([], [0, 1, 1, 2, 4], [1, 2, 0, 3])
+        >>> keys, start, order = grid_cells(weight, np.array([0.5]), 0.5, np.array([4]), True)
+        >>> keys.tolist(), start.tolist(), order.tolist()
+        ([0, 2, 3], [0, 1, 2, 4], [1, 2, 0, 3])
     """
     F, K = weight_FK.shape
     cells = 1
     for k in range(K):
         cells *= dims_K[k]
     cell_F = np.empty(F, np.int64)
-    cell_start = np.zeros(cells + 1, np.int64)
     for f in range(F):
         c = 0
         for k in range(K):
@@ -228,15 +238,38 @@ def grid_cells(weight_FK, inv_t_K, width, dims_K):  # pragma: no cover - compile
                 raise ValueError("negative weights have no grid cell")
             c = c * dims_K[k] + ck
         cell_F[f] = c
-        cell_start[c + 1] += 1
+    order_F = np.empty(F, np.int64)
+    if sparse:
+        # (cell, row) words sorted: the rows by cell, ascending within a cell (rows < 2^bits)
+        bits = 1
+        while (1 << bits) < F:
+            bits += 1
+        word = np.empty(F, np.int64)
+        for f in range(F):
+            word[f] = (cell_F[f] << bits) | f
+        word.sort()
+        keys = np.empty(F, np.int64)
+        cell_start = np.empty(F + 1, np.int64)
+        used = 0
+        for i in range(F):
+            order_F[i] = word[i] & ((1 << bits) - 1)
+            c = word[i] >> bits
+            if used == 0 or keys[used - 1] != c:
+                keys[used] = c
+                cell_start[used] = i
+                used += 1
+        cell_start[used] = F
+        return keys[:used].copy(), cell_start[:used + 1].copy(), order_F
+    cell_start = np.zeros(cells + 1, np.int64)
+    for f in range(F):
+        cell_start[cell_F[f] + 1] += 1
     for c in range(cells):
         cell_start[c + 1] += cell_start[c]
     fill = cell_start[:cells].copy()
-    order_F = np.empty(F, np.int64)
     for f in range(F):
         order_F[fill[cell_F[f]]] = f
         fill[cell_F[f]] += 1
-    return cell_F, cell_start, order_F
+    return np.zeros(0, np.int64), cell_start, order_F
 
 
 @njit
