@@ -143,7 +143,6 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInput
     del rows  # the baselines below pack from the lengths alone
     groups_per_epoch = max(manifest.num_steps * config.shape.groups_per_step / max(config.epochs, 1), 1)
     base_config = PackConfig.from_meta(meta, batch_size=max(1, round(placed_per_epoch / groups_per_epoch)), **cost)
-    plan = None
     for name in baselines:
         if name == config.algorithm:
             continue

@@ -207,6 +207,21 @@ def test_baselines_sharing_one_window_plan_report_as_each_alone(tmp_path):
         assert json.dumps(together[name], sort_keys=True) == json.dumps(alone, sort_keys=True), name
 
 
+def test_the_plan_pack_hands_over_is_the_baselines_plan(tmp_path, monkeypatch):
+    """With the windows pack planned (``PackResult.plan``) the baselines pack them without planning
+    again (10M: ~0.5-1 s), and the report is the one that plans them itself."""
+    import balancer_cli.report.build as build
+
+    lt = _lengths(n=1500, seed=5)
+    result = _write(tmp_path, lt, PackConfig(world_size=4, micro_batches=2, epochs=2, window_samples=400,
+                                             caps=(("llm", 3000), ("vision", 10))))
+    names = ("random", "llm-ffd", "isf")
+    planned = build_report(open_manifest(tmp_path), lt, baselines=names).data
+    monkeypatch.setattr(build, "plan_windows", lambda *a, **k: pytest.fail("planned again"))
+    handed = build_report(open_manifest(tmp_path), lt, baselines=names, plan=result.plan).data
+    assert json.dumps(handed, sort_keys=True) == json.dumps(planned, sort_keys=True)
+
+
 @pytest.mark.parametrize(("micro_batches", "share", "advised"), [(1, 0.6, 2), (1, 0.1, 10), (2, 0.3, 4), (2, 0.5, None),
                                                                   (4, 0.3, None)])
 def test_a_missed_mix_names_the_micro_batches_that_let_every_step_hold_a_sparse_module(micro_batches, share, advised):
