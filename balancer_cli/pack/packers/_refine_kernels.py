@@ -286,8 +286,8 @@ def targeted_pass(order_G, members_GX, count_G, group_of_N, pos_N, sum_GK, lsum_
         pos_N: (N,) position of each packed row in its group's member row, updated.
         inv_t_K: (K,) ``1 / target``: normalizes weights for the grid lookup.
         cell_keys: the grid's occupied cells, ascending, where ``cell_start`` covers only them
-            (a sparse grid); empty where it covers every cell
-            (:func:`~balancer_cli.pack.packers._table_kernels.grid_cells`).
+            (a sparse grid: one offset more than keys, none for a grid of no rows); empty where it
+            covers every cell (:func:`~balancer_cli.pack.packers._table_kernels.grid_cells`).
         cell_start: offsets of each cell's rows in ``cell_rows`` (cells + 1, or occupied cells + 1).
         cell_rows: rows bucketed by cell, ``floor(w * inv_t / width)`` per module (row-major).
         width: grid cell size, as a share of a group's target.
@@ -341,7 +341,7 @@ def targeted_pass(order_G, members_GX, count_G, group_of_N, pos_N, sum_GK, lsum_
                     cell = cell * dims_K[k] + c
                 if not inside:
                     continue
-                if len(cell_keys) == 0:  # dense: every cell has its offsets
+                if len(cell_start) != len(cell_keys) + 1:  # dense: offsets for every cell, none listed
                     lo = cell_start[cell]
                     hi = cell_start[cell + 1]
                 else:  # sparse: an unoccupied cell has no rows

@@ -230,6 +230,7 @@ def grid_cells(weight_FK, inv_t_K, width, dims_K, sparse):  # pragma: no cover -
     for k in range(K):
         cells *= dims_K[k]
     cell_F = np.empty(F, np.int64)
+    cell_start = np.zeros(1 if sparse else cells + 1, np.int64)  # dense: counted as the cells are found
     for f in range(F):
         c = 0
         for k in range(K):
@@ -238,6 +239,8 @@ def grid_cells(weight_FK, inv_t_K, width, dims_K, sparse):  # pragma: no cover -
                 raise ValueError("negative weights have no grid cell")
             c = c * dims_K[k] + ck
         cell_F[f] = c
+        if not sparse:
+            cell_start[c + 1] += 1
     order_F = np.empty(F, np.int64)
     if sparse:
         # (cell, row) words sorted: the rows by cell, ascending within a cell (rows < 2^bits)
@@ -260,9 +263,6 @@ def grid_cells(weight_FK, inv_t_K, width, dims_K, sparse):  # pragma: no cover -
                 used += 1
         cell_start[used] = F
         return keys[:used].copy(), cell_start[:used + 1].copy(), order_F
-    cell_start = np.zeros(cells + 1, np.int64)
-    for f in range(F):
-        cell_start[cell_F[f] + 1] += 1
     for c in range(cells):
         cell_start[c + 1] += cell_start[c]
     fill = cell_start[:cells].copy()
