@@ -56,6 +56,11 @@ _MAGIC = {b"PAR1": "parquet"}
 #: File suffix -> format, for files whose first bytes do not say (Arrow IPC streams).
 _SUFFIXES = {".arrow": "hf"}
 _WHITESPACE = " \t\r\n"
+#: Bytes :func:`detect_format` reads, and the lines of them it tries as records past the first.
+_HEAD_BYTES = 1 << 16
+_PROBE_LINES = 9
+#: Names of JSON lines files: where the content is one broken line, the name decides.
+_JSONL_SUFFIXES = (".jsonl", ".ndjson")
 #: The largest InternVL ``max_dynamic_patch`` accepted (InternVL's own configs use 6..48 tiles).
 MAX_DYNAMIC_PATCH = 1024
 
@@ -133,7 +138,7 @@ def detect_format(path: str) -> str:
     if not target.exists():
         raise InputError(f"{path}: no such file", fix="check the path")
     with open_input(path) as handle:
-        head = handle.read(1 << 16)
+        head = handle.read(_HEAD_BYTES)
     for magic, name in _MAGIC.items():
         if head.startswith(magic):
             return name
@@ -144,20 +149,40 @@ def detect_format(path: str) -> str:
     text = head.decode("utf-8", errors="replace").lstrip(_WHITESPACE + "\ufeff")
     if not text:
         raise InputError(f"{path}: the input file is empty", fix="pass a file with at least one record")
+    # Whole lines only: the head may end inside one (a file of 64 KiB or more).
+    lines = [line for line in text.split("\n")[: None if len(head) < _HEAD_BYTES else -1] if line.strip(_WHITESPACE)]
+    first_ok, first = _line_value(lines[0]) if lines else (False, None)
+    # A line of its own that parses, then more lines: JSON lines whose first record is that line
+    # (a list there is that record's error); a JSON list or object spans its lines or ends the file.
     if text[0] == "[":
-        return "json"
+        return "jsonl" if first_ok and len(lines) > 1 else "json"
+    if text[0] == "{" and first_ok:
+        return "internvl-meta" if _is_meta(first) else "jsonl"
+    # The first line does not parse. Records on the next lines make it JSON lines whose first
+    # record is broken (its own error, not the end of the scan); else a pretty-printed object
+    # (only meta files are objects), or a .jsonl file of one broken line.
+    if any(isinstance(_line_value(line)[1], dict) for line in lines[1:_PROBE_LINES]):
+        return "jsonl"
     if text[0] == "{":
-        first_line = text.split("\n", 1)[0]
-        try:
-            obj = json.loads(first_line)
-        except RecursionError:
-            return "jsonl"  # a record nested too deeply to decode (its own error); meta files are shallow
-        except ValueError:  # JSONDecodeError, or a number of too many digits
-            obj = _load_small_json(target)  # a pretty-printed object: only meta files are objects
-        return "internvl-meta" if _is_meta(obj) else "jsonl"
+        if target.suffix.lower() in _JSONL_SUFFIXES:
+            return "jsonl"
+        return "internvl-meta" if _is_meta(_load_small_json(target)) else "jsonl"
+    if target.suffix.lower() in _JSONL_SUFFIXES:
+        return "jsonl"
     raise InputError(f"{path}: cannot detect the input format (starts with {text[:20]!r})",
                      fix="pass JSONL, a JSON list, an InternVL meta JSON, Parquet, or a datasets folder "
                          "(or force one with --format " + "|".join(FORMATS) + ")")
+
+
+def _line_value(line: str) -> tuple[bool, Any]:
+    """``(parses, value)`` of one line as a JSON document (a line nested too deeply to decode counts
+    as one: it is a record, its own error when read, as meta files are shallow)."""
+    try:
+        return True, json.loads(line)
+    except RecursionError:
+        return True, None
+    except ValueError:  # JSONDecodeError, or a number of too many digits
+        return False, None
 
 
 def _load_small_json(path: Path) -> Any:

@@ -99,6 +99,10 @@ def iter_json_list(path: str) -> Iterator[tuple[int, str]]:
                     raise fail("unexpected end of file")
                 char = buf[pos]
                 if char == "]":
+                    pos += 1
+                    skip()
+                    if pos < len(buf):  # a second list, or text: its records would be lost unseen
+                        raise fail("more data after the list's closing ']'")
                     return
                 if char == "," and not expect_value:
                     pos += 1

@@ -236,11 +236,23 @@ def _unexpected(exc: Exception) -> RecordError:
     return RecordError(f"cannot measure the record ({type(exc).__name__}: {text})")
 
 
+#: The fix a row error of each kind names where the check that raised it named none.
+_KIND_FIXES = {
+    "malformed_record": "fix the record (one JSON object with the fields of a LLaVA or messages record, "
+                        "see --field), or drop it",
+    "missing_video_metadata": "give the record the video's file, or its duration or num_frames",
+    "missing_audio_duration": "give the record the clip's file, or its duration in seconds",
+    "rejected_by_model": "fix the media size in the record or re-encode the file, or drop the sample",
+    "too_large": "shorten or split the sample, or drop it",
+    "unreadable_file": "check the file and its permissions",
+}
+
+
 def _sample_error(exc: Exception, block: RecordBlock, line: int) -> SampleError:
-    if isinstance(exc, SampleError):
-        return SampleError(exc.message, kind=exc.kind, file=block.path, line=line, fix=exc.fix)
     kind = getattr(exc, "kind", "malformed_record")
-    return SampleError(str(exc), kind=kind, file=block.path, line=line)
+    fix = getattr(exc, "fix", None) or _KIND_FIXES.get(kind, "fix the sample in its input, or drop it")
+    message = exc.message if isinstance(exc, SampleError) else str(exc)
+    return SampleError(message, kind=kind, file=block.path, line=line, fix=fix)
 
 
 def measure_block(block: RecordBlock, config: ScanConfig) -> pa.Table:
@@ -354,7 +366,7 @@ def measure_job(block: RecordBlock, config: ScanConfig) -> pa.Table | tuple:
         >>> measure_job(block, ScanConfig(strict=True))[:3]
         ('sample_error', 'record is a JSON list, expected an object', 'malformed_record')
         >>> unwrap_job(measure_job(block, ScanConfig())).column("error").to_pylist()  # doctest: +ELLIPSIS
-        ['malformed_record: ...d.jsonl:1: record is a JSON list, expected an object']
+        ['malformed_record: ...d.jsonl:1: record is a JSON list, expected an object; fix: ...']
     """
     try:
         return measure_block(block, config)

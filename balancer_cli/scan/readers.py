@@ -12,7 +12,7 @@ Example:
     >>> p = pathlib.Path(tempfile.mkdtemp()) / "d.jsonl"
     >>> _ = p.write_text(json.dumps({"text": "a"}) + "\\n\\nnot json\\n")
     >>> list(read_block(next(iter_blocks([str(p)]))))
-    [(1, {'text': 'a'}), (3, BadRecord(message='line is not valid JSON (Expecting value)', kind='malformed_record'))]
+    [(1, {'text': 'a'}), (3, BadRecord(message='line is not valid JSON (Expecting value)', kind='malformed_record', fix=None))]
 """
 
 from __future__ import annotations

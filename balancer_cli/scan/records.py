@@ -54,9 +54,10 @@ _PATH_KEYS = ("path", "image", "video", "audio", "file", "file_name", "filename"
 class RecordError(Exception):
     """A record that cannot be measured; ``kind`` as in :class:`~balancer_cli.errors.SampleError`."""
 
-    def __init__(self, message: str, kind: str = "malformed_record") -> None:
+    def __init__(self, message: str, kind: str = "malformed_record", fix: str | None = None) -> None:
         super().__init__(message)
         self.kind = kind
+        self.fix = fix  # None: the kind's own (``measure._KIND_FIXES``)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class BadRecord:
 
     message: str
     kind: str = "malformed_record"
+    fix: str | None = None
 
 
 def decode_record(raw: str | bytes, what: str) -> Any:
@@ -75,7 +77,7 @@ def decode_record(raw: str | bytes, what: str) -> Any:
 
     Example:
         >>> decode_record('{"text": "a"}', "line"), decode_record("[1,", "line")
-        ({'text': 'a'}, BadRecord(message='line is not valid JSON (Expecting value)', kind='malformed_record'))
+        ({'text': 'a'}, BadRecord(message='line is not valid JSON (Expecting value)', kind='malformed_record', fix=None))
     """
     try:
         return json.loads(raw)
@@ -356,7 +358,7 @@ def parse_record(record: Any, fields: Mapping[str, str] | None = None) -> Sample
         [Media(kind='audio', ref='a.wav', width=None, height=None, duration=2.5, num_frames=None, fps=None, sample_rate=None)]
     """
     if isinstance(record, BadRecord):
-        raise RecordError(record.message, record.kind)
+        raise RecordError(record.message, record.kind, record.fix)
     if not isinstance(record, Mapping):
         raise RecordError(f"record is a JSON {type(record).__name__}, expected an object")
     if fields:

@@ -318,7 +318,8 @@ def sample_record(shard: str, sample: TarSample, fd: int, fields: Mapping[str, s
         elif "txt" in members:
             record = {fields.get("text", "text"): _read_member(fd, members["txt"]).decode("utf-8")}
         else:
-            return BadRecord(f"sample {sample.key!r} has no json or txt member (members: {', '.join(sample.names)})")
+            return BadRecord(f"sample {sample.key!r} has no json or txt member (members: {', '.join(sample.names)})",
+                             fix=f"add {sample.key}.json (the record) or {sample.key}.txt (its text) to the shard")
     except UnicodeDecodeError as exc:
         return BadRecord(f"member {sample.key}.txt is not UTF-8 ({exc.reason})")
     except OSError as exc:

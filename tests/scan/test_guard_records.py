@@ -176,3 +176,35 @@ def test_a_fifo_or_a_nul_path_as_input_is_an_input_error_not_a_hang(tmp_path):
         _scan(tmp_path / "pipe.jsonl")
     with pytest.raises(InputError):
         _scan(Path(str(tmp_path / "a") + "\x00.jsonl"))
+
+
+@pytest.mark.parametrize("first", ["[1]", "[]", '{"text": "a"', '{"text": "a"}\u0000', "garbage", '"a string"',
+                                   '{"a": 1} {"b": 2}', '{"w": ' + "9" * 5000 + "}"])
+def test_a_bad_first_line_is_that_records_error_not_the_files(tmp_path, first):
+    """The format was told by the first line alone: a list there made the file a JSON list (its
+    records after the list lost, exit 0), a broken object or text ended the scan. Records on the
+    next lines make it JSON lines, whose first record is broken."""
+    data = tmp_path / "d.data"  # no .jsonl suffix: the content decides
+    data.write_text(first + "\n" + (json.dumps(GOOD) + "\n") * 2)
+    lengths = _scan(data)
+    assert _errors(lengths) == ["malformed_record", None, None]
+    assert "; fix: " in lengths.errors().tolist()[0]  # a row error names its fix too
+
+
+def test_a_json_list_followed_by_more_data_is_refused_not_cut(tmp_path):
+    for text in ("[" + json.dumps(GOOD) + "][" + json.dumps(GOOD) + "]", "[" + json.dumps(GOOD) + "] trailing text",
+                 "[\n" + json.dumps(GOOD) + "\n]\n" + json.dumps(GOOD)):
+        data = tmp_path / "d.json"
+        data.write_text(text)
+        with pytest.raises(InputError, match=r"d\.json:\d+: not a valid JSON list \(more data after the list"):
+            _scan(data)
+    data.write_text("[" + json.dumps(GOOD) + "]\n \n")  # whitespace after the list is fine
+    assert _errors(_scan(data)) == [None]
+
+
+def test_a_one_line_file_that_is_no_json_is_a_jsonl_record_by_its_name(tmp_path):
+    (tmp_path / "one.jsonl").write_text('{"text": "a"')
+    assert _errors(_scan(tmp_path / "one.jsonl")) == ["malformed_record"]
+    (tmp_path / "one.json").write_text('{"text": "a"')
+    with pytest.raises(InputError, match="neither JSONL nor a valid JSON document"):
+        _scan(tmp_path / "one.json")

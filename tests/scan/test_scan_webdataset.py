@@ -233,7 +233,8 @@ def test_tar_scan_equals_the_scan_of_the_extracted_files(shards, scanned, tmp_pa
     for row in tar_rows:
         by_key.setdefault(row["key"], row)  # (a0's first sample)
     assert by_key["s3"]["error"] == (f"malformed_record: {folder / '000.tar'}:s3: sample 's3' has no json or "
-                                     "txt member (members: jpg)")
+                                     "txt member (members: jpg); fix: add s3.json (the record) or s3.txt (its text) "
+                                     "to the shard")
     assert by_key["s4"]["error"].startswith(f"corrupt_image: {folder / '000.tar'}:s4: s4.jpg: corrupt")
     assert by_key["d0"]["error"].startswith("malformed_record: ") and "twice" in by_key["d0"]["error"]
     assert by_key["s0"]["vision_items"] == 2 and by_key["a0"]["audio_tokens"] == 75
