@@ -32,12 +32,15 @@ from typing import BinaryIO, Union
 
 from balancer_cli.errors import SampleError
 
-__all__ = ["ImageSource", "read_image_size", "open_regular"]
+__all__ = ["MAX_SIDE", "ImageSource", "read_image_size", "open_regular"]
 
 ImageSource = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, BinaryIO]
 
 _JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 _ORIENTATION_TAG = 0x0112
+#: The longest side an image header may declare: what a record's width and height may give
+#: (:data:`balancer_cli.scan.records.FIELD_LIMITS`); past it a header is corrupt, not a picture.
+MAX_SIDE = 1 << 20
 _MAX_EXIF_BYTES = 1 << 20
 
 
@@ -231,8 +234,7 @@ def _pillow_plugin(fp: BinaryIO, head: bytes, name: str) -> tuple[int, int, int]
         fp.seek(0)
         try:
             image = factory(fp, name)
-        except (SyntaxError, IndexError, TypeError, KeyError, EOFError, struct.error, ValueError,
-                OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 (a plugin raises what it likes on bad bytes: DDS NotImplementedError)
             if accept is not None and failure is None:  # its signature matched: a broken file
                 failure = f"{fmt} header: {_safe(exc)}"
             continue
@@ -276,11 +278,14 @@ def _parse(fp: BinaryIO, name: str, apply_exif_orientation: bool) -> tuple[int, 
         raise SampleError(f"{name}: unsupported image format ({exc})",
                           kind="unsupported_image",
                           fix="convert the image to PNG/JPEG/WEBP, or drop the sample") from None
-    except (_Corrupt, struct.error) as exc:
-        raise SampleError(f"{name}: corrupt or truncated image header ({exc})", kind="corrupt_image",
+    except (_Corrupt, struct.error, ValueError, OverflowError) as exc:  # a seek past what an offset holds
+        raise SampleError(f"{name}: corrupt or truncated image header ({_safe(exc)})", kind="corrupt_image",
                           fix="re-encode or re-download the image, or drop the sample") from None
     if width < 1 or height < 1:
         raise SampleError(f"{name}: image header declares an empty size {width}x{height}",
+                          kind="corrupt_image", fix="re-encode the image, or drop the sample")
+    if max(width, height) > MAX_SIDE:
+        raise SampleError(f"{name}: image header declares an absurd size {width}x{height} (past {MAX_SIDE:,} a side)",
                           kind="corrupt_image", fix="re-encode the image, or drop the sample")
     if apply_exif_orientation and orientation >= 5:
         return height, width  # 90-degree rotations swap the sides

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
 from balancer_cli.errors import SampleError
-from balancer_cli.scan.image_header import read_image_size
+from balancer_cli.scan.image_header import MAX_SIDE, read_image_size
 
 FORMATS = {  # format -> (mode, save kwargs)
     "PNG": ("RGBA", {}), "JPEG": ("RGB", {}), "GIF": ("P", {}), "WEBP": ("RGB", {}),
@@ -192,3 +192,22 @@ def test_stream_is_read_from_its_start():
     stream = io.BytesIO(_encode("PNG", (12, 34)))
     stream.seek(10)
     assert read_image_size(stream) == (12, 34)
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG's signature and IHDR chunk only: all a header read takes."""
+    ihdr = b"IHDR" + struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + ihdr + struct.pack(">I", zlib.crc32(ihdr))
+
+
+def test_headers_past_what_a_file_holds_are_corrupt_images():
+    """A BigTIFF directory offset past what a seek takes (ValueError), a DDS of unknown pixel flags
+    (Pillow's NotImplementedError) and a PNG claiming 2^31 - 1 a side were a generic
+    ``malformed_record`` or a 65,536-token image; each is the image's ``corrupt_image`` error."""
+    bigtiff = b"II+\x00\x08\x00\x00\x00" + struct.pack("<Q", 2**63) + bytes(50)
+    dds = b"DDS " + struct.pack("<IIII", 124, 0, 2**31, 2**31) + bytes(120)
+    for data in (bigtiff, dds, _png_header(2**31 - 1, 2**31 - 1), _png_header(MAX_SIDE + 1, 10)):
+        kind, message = _kind(data)
+        assert kind == "corrupt_image" and "fix: re-encode" in message, message
+    assert "absurd size 2147483647x2147483647" in _kind(_png_header(2**31 - 1, 2**31 - 1))[1]
+    assert read_image_size(_png_header(MAX_SIDE, 10)) == (MAX_SIDE, 10)  # the limit itself is a picture
