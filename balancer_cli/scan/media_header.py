@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, Union
 
 from balancer_cli.errors import SampleError
+from balancer_cli.scan._sndfile import muted_stderr, sndfile_reason
 from balancer_cli.scan.audio_header import AUDIO_HEAD_BYTES, audio_from_header
 from balancer_cli.scan.avi_header import avi_video
 from balancer_cli.scan.image_header import open_regular
@@ -157,7 +158,8 @@ def _av_failure(av: Any, exc: Exception, name: str, kind: str) -> SampleError:
     """The SampleError of a failed ``av.open`` (or stream read)."""
     if isinstance(exc, av.error.ArgumentError):  # EINVAL: the probed format is not on our list
         names = VIDEO_DEMUXERS if kind == "video" else AUDIO_DEMUXERS
-        return SampleError(f"{name}: not a {kind} container this scan reads ({', '.join(names)})",
+        return SampleError(f"{name}: not {'an' if kind == 'audio' else 'a'} {kind} container this scan reads "
+                           f"({', '.join(names)})",
                            kind=f"unsupported_{kind}", fix=f"convert the {kind} (e.g. to mp4), or drop the sample")
     if isinstance(exc, (av.error.PermissionError, av.error.FileNotFoundError)):
         return SampleError(f"{name}: cannot open {kind} ({exc})", kind="missing_file",
@@ -356,9 +358,10 @@ def read_audio_info(source: MediaSource) -> AudioInfo:
     reason = None
     if sf is not None:
         try:
-            info = sf.info(_rewind(target))
+            with muted_stderr():  # libmpg123 warns on fd 2 (_sndfile)
+                info = sf.info(_rewind(target))
         except (RuntimeError, TypeError, ValueError, OSError) as exc:  # LibsndfileError is a RuntimeError
-            reason = str(exc).split(": ", 1)[-1].strip() or type(exc).__name__
+            reason = sndfile_reason(exc)
         else:
             return _checked_audio(name, info.frames / info.samplerate if info.samplerate > 0 else None,
                                   info.samplerate, info.frames, info.channels, info.format, "soundfile")

@@ -420,3 +420,16 @@ def test_decoded_hf_audio_dicts_give_their_duration(tmp_path):
                {"audio": {"path": "x.wav", "duration": 0.5}, "conversations": _conv("<audio>")}]
     rows = _rows(_scan(tmp_path, "d.jsonl", records))
     assert rows[0] == rows[1] and rows[0]["audio_tokens"] == 25
+
+
+def test_libsndfiles_mp3_warnings_stay_off_the_terminal(tmp_path, capfd):
+    """libsndfile reads MP3 through libmpg123, which printed four warning lines to file descriptor
+    2 for an ID3 tag without audio (``-q`` or not), and libsndfile called the file it could not
+    place one that "does not exist or is not a regular file"."""
+    clip = tmp_path / "z.mp3"
+    clip.write_bytes(b"ID3\x04" + bytes(306))
+    with pytest.raises(SampleError) as info:
+        read_audio_info(clip)
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+    assert info.value.kind == "corrupt_audio" and "does not exist" not in str(info.value)
