@@ -32,7 +32,7 @@ from pathlib import Path
 
 from balancer_cli.errors import InputError
 
-__all__ = ["atomic_path", "file_fingerprint", "bytes_fingerprint", "check_output", "check_regular",
+__all__ = ["atomic_path", "file_fingerprint", "bytes_fingerprint", "check_output", "check_regular", "check_writable",
            "PARTS_MARKER", "claim_parts_dir", "remove_parts_dir", "temporary_prefix", "dead_temporary_of",
            "remove_dead_temporaries"]
 
@@ -260,6 +260,36 @@ def check_output(output: str | os.PathLike, inputs: Sequence[str | os.PathLike],
             raise InputError(f"input {source} is inside the output folder {out}, which is replaced", fix=fix)
         if source.is_dir() and _inside(real_out, real_in):
             raise InputError(f"output {out} is inside the input folder {source}", fix=fix)
+    check_writable(out)
+
+
+def check_writable(output: str | os.PathLike) -> None:
+    """Refuse, before any work, an output whose folder cannot be written: its nearest existing
+    folder is a file, or a file of our own cannot be created there (read-only, ``/sys``, ``/proc``).
+
+    Raises:
+        InputError: one line naming the output and the folder.
+
+    Example:
+        >>> check_writable("/proc/balancer-out.parquet")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        balancer_cli.errors.InputError: cannot write /proc/balancer-out.parquet: /proc is not writable (...); fix: ...
+    """
+    out = Path(output)
+    folder = out.parent
+    while not folder.exists() and folder != folder.parent:  # the folders write would create
+        folder = folder.parent
+    if not folder.is_dir():
+        raise InputError(f"cannot write {out}: {folder} is a file, not a folder",
+                         fix="name an output path under a folder")
+    try:  # a probe of our own, removed at once: permissions alone miss read-only mounts and root
+        fd, probe = tempfile.mkstemp(prefix=temporary_prefix(out) + f"{os.getpid()}-", suffix=".tmp", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as error:
+        raise InputError(f"cannot write {out}: {folder} is not writable ({error.strerror or error})",
+                         fix="choose a writable folder for the output") from None
 
 
 def claim_parts_dir(path: str | os.PathLike) -> Path:

@@ -104,7 +104,7 @@ def scan_to_file(inputs: Sequence[str | os.PathLike], output: str | os.PathLike,
     started = time.perf_counter()
     result = scan([str(p) for p in inputs], config, jobs=jobs, engine=engine, progress=progress,
                   engine_options=engine_options, **scan_options)
-    write_lengths(result.lengths, output)
+    _writable(output, lambda: write_lengths(result.lengths, output))
     if engine_options is not None:
         from balancer_cli.scan.engines.ray import remove_parts
 
@@ -226,7 +226,7 @@ def _writable(out: Path | str, work: Callable[[], Any]) -> Any:
         return work()
     except OSError as error:
         raise InputError(f"cannot write to {out}: {error.strerror or error}",
-                         fix="pass a writable directory as {out}") from None
+                         fix="choose a writable folder for the output") from None
 
 
 def _pack_engine_options(engine: str, out: str | os.PathLike, fingerprint: str, ray_address: str | None,

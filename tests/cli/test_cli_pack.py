@@ -212,7 +212,9 @@ def test_unwritable_output_is_a_one_line_error(tmp_path):
     blocker.write_text("not a directory")
     result = _run("pack", _lengths_file(tmp_path), "-o", blocker / "out", "--baselines", "none", *CAPS)
     assert result.exit_code == 1, result.output
-    assert result.output.startswith("Error: cannot write to") and "fix: pass a writable directory" in result.output
+    # Refused before any work (the folder checked first), one line naming the file in the way.
+    assert result.output.startswith(f"Error: cannot write {blocker / 'out'}: {blocker} is a file, not a folder")
+    assert "fix: name an output path under a folder" in result.output and result.output.count("\n") == 1
 
 
 def test_flops_cost_model_is_recorded_and_replayed_by_report(tmp_path):

@@ -91,6 +91,29 @@ def test_scan_refuses_its_own_input_as_output(tmp_path):
     assert data.read_bytes() == before and not (tmp_path / "lengths.parquet").exists()
 
 
+def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path, monkeypatch):
+    """``-o`` under a file, or in a folder that refuses files (``/sys``, a read-only mount), was an
+    "internal error" traceback line once the whole scan had run; it is one line before the scan."""
+    from balancer_cli.scan import pipeline
+
+    data = tmp_path / "data.jsonl"
+    shutil.copy(ROOT / "sample_data" / "llava.jsonl", data)
+    (tmp_path / "afile").write_text("mine")
+    scanned = []
+    monkeypatch.setattr(pipeline, "scan", lambda *a, **k: scanned.append(a))
+    _refused(_run("scan", data, "-o", tmp_path / "afile" / "sub" / "x.parquet", "--model", "qwen2-vl"),
+             f"{tmp_path / 'afile'} is a file, not a folder")
+    _refused(_run("pack", _lengths(tmp_path / "l.parquet"), "-o", tmp_path / "afile" / "out"), "is a file, not a folder")
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("tempfile.mkstemp", refuse)  # what a read-only folder does (root passes access checks)
+    _refused(_run("scan", data, "-o", tmp_path / "new" / "x.parquet", "--model", "qwen2-vl"),
+             f"{tmp_path} is not writable (Permission denied)", "choose a writable folder")
+    assert not scanned and (tmp_path / "afile").read_text() == "mine" and not (tmp_path / "new").exists()
+
+
 @pytest.mark.parametrize("kind", ["fifo", "link-to-fifo", "device"])
 def test_special_files_are_never_replaced(tmp_path, kind):
     lengths = _lengths(tmp_path / "lengths.parquet")
