@@ -7,6 +7,7 @@ cleanly when it is not installed (CI installs it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -157,3 +158,84 @@ def test_an_address_where_nothing_answers_is_refused_before_ray_waits_for_it():
         server.listen()
         _check_reachable(f"127.0.0.1:{server.getsockname()[1]}")  # something answers: Ray's turn
     _check_reachable("auto")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="lists processes through /proc")
+def test_a_stopped_session_ends_its_processes_that_ignore_sigterm():
+    """After a SIGTERM, Ray's dashboard and runtime-env agents outlived their stopped raylet by
+    ~60 s (they ignore SIGTERM). The session lists its Ray processes before it stops and ends
+    those left: SIGTERM, then SIGKILL after a grace period; none is left a zombie."""
+    import subprocess
+    import sys
+    import time
+
+    from balancer_cli._ray import _end_processes, _ray_descendants
+
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code, "ray::DashboardAgent"], stdout=subprocess.PIPE)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # not Ray's: left alone
+    try:
+        child.stdout.readline()  # SIGTERM is ignored from here on
+        # (a Ray session of the test run may have processes of its own: only ours are looked at)
+        listed = [(pid, start) for pid, start in _ray_descendants() if pid in (child.pid, other.pid)]
+        assert [pid for pid, _ in listed] == [child.pid]
+        started = time.monotonic()
+        _end_processes(listed, grace_s=0.5)
+        assert time.monotonic() - started < 5
+        assert not Path(f"/proc/{child.pid}").exists()  # killed and reaped
+        assert other.poll() is None
+    finally:
+        for process in (child, other):
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds processes through /proc")
+def test_a_ray_pack_ended_by_sigterm_leaves_no_ray_process(lengths, tmp_path):
+    """``balancer pack --engine ray`` stopped by SIGTERM exits 143 with one line, and no process
+    of its local cluster (they inherit a marker in their environment) outlives it by more than a
+    few seconds (Ray's own agents lingered ~60 s)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    from balancer_cli._ray import _cmdline
+
+    pytest.importorskip("ray")
+    marker = uuid.uuid4().hex
+    needle = f"BALANCER_TEST_MARKER={marker}".encode()
+
+    def marked() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and needle in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+        return found
+
+    args = [sys.executable, "-m", "balancer_cli", "pack", lengths, "-o", str(tmp_path / "out"), "--engine", "ray",
+            "--dp", "4", "--micro-batches", "2", "--window-samples", "600", "--epochs", "4", "--quiet"]
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "BALANCER_TEST_MARKER": marker})
+    deadline = time.monotonic() + 120
+    while not any(b"ray::_place" in _cmdline(pid) for pid in marked()) and process.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)  # until a window's task runs: a SIGTERM then interrupted Ray's shutdown
+    process.send_signal(signal.SIGTERM)
+    code = process.wait(timeout=120)
+    stderr = process.stderr.read()
+    assert code in (0, 143), stderr
+    if code == 143:
+        assert stderr.strip().splitlines()[-1].startswith("Error: terminated"), stderr
+    deadline = time.monotonic() + 5
+    while marked() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = marked()
+    for pid in left:  # not to burden the other tests when it fails
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"{len(left)} Ray processes outlived the pack"
