@@ -61,6 +61,7 @@ COMMIT_FILE = "_COMMIT.json"
 #: Files up to this size are checksummed on every quick verification (cheap: a few ms).
 SMALL_BYTES = 8 << 20
 _FORMAT = "balancer-commit"
+_VERSION = 1
 _FIX = "re-run `balancer pack` to write this folder again"
 
 
@@ -75,7 +76,7 @@ def write_commit(folder: str | os.PathLike, names: Sequence[str] | None = None) 
                        if p.is_file() and p.name != COMMIT_FILE and not p.name.startswith("."))
     files = {name: {"size": (folder / name).stat().st_size, "blake2b": file_fingerprint(folder / name)}
              for name in names}
-    record = {"format": _FORMAT, "version": 1, "tool_version": __version__, "files": files}
+    record = {"format": _FORMAT, "version": _VERSION, "tool_version": __version__, "files": files}
     with atomic_path(folder / COMMIT_FILE) as tmp:
         tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return folder / COMMIT_FILE
@@ -105,11 +106,17 @@ def verify_commit(folder: str | os.PathLike, *, names: Sequence[str], full: bool
     if record is None:
         raise ManifestError(f"{folder}: no valid {COMMIT_FILE}; the run that wrote it did not finish, "
                             "or it was written by an older balancer_cli", fix=_FIX)
+    if record.get("version") != _VERSION:
+        raise ManifestError(f"{folder}: {COMMIT_FILE} is of version {record.get('version')!r}, this balancer_cli "
+                            f"reads version {_VERSION}", fix="read it with the balancer_cli that wrote it, or " + _FIX)
     for name in names:
         entry = record["files"].get(name)
         path = folder / name
         if not isinstance(entry, dict):
             raise ManifestError(f"{folder}: {name} is not listed in {COMMIT_FILE}", fix=_FIX)
+        if not (type(entry.get("size")) is int and isinstance(entry.get("blake2b"), str)):
+            raise ManifestError(f"{folder}: {COMMIT_FILE}'s entry of {name} is malformed (size "
+                                f"{entry.get('size')!r}, checksum {str(entry.get('blake2b'))[:40]!r})", fix=_FIX)
         try:
             size = path.stat().st_size
         except OSError:

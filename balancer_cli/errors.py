@@ -86,7 +86,7 @@ PARAMETERS = frozenset({
     "world_size", "micro_batches", "algorithm", "caps", "bounds", "iterations", "oversize", "epochs", "seed",
     "cost_model", "target_group_size", "batch_size", "max_caps_K", "sample_size", "window_samples", "memory_gb",
     # the file-to-file entry points
-    "out", "lengths_files", "engine", "ray_address", "keep_parts",
+    "out", "lengths_files", "engine", "ray_address", "keep_parts", "baselines",
     # cost models and planners
     "attention", "tp", "stages", "dp", "zero_stage", "cuts", "manifest", "lengths",
     "group_llm_tokens", "group_vision_items", "group_vision_tokens", "group_audio_items", "gpu_memory_gb",

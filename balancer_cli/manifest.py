@@ -48,36 +48,21 @@ from balancer_cli._index import run_blocks, search_sorted, sorted_runs
 from balancer_cli._memory import release_freed_memory
 from balancer_cli.commit import verify_commit, write_commit
 from balancer_cli.errors import ManifestError, check_int
+from balancer_cli.manifest_meta import KEY_COLUMNS as _KEY_COLUMNS
+from balancer_cli.manifest_meta import METADATA_KEY, read_meta
 
-__all__ = [
-    "SCHEMA_VERSION",
-    "MANIFEST_FILE",
-    "DROPPED_FILE",
-    "REPORT_JSON",
-    "REPORT_MD",
-    "REPORT_PNG",
-    "StepShape",
-    "ManifestRows",
-    "ManifestFile",
-    "write_manifest",
-    "is_slot_sorted",
-    "open_manifest",
-    "read_dropped",
-]
+__all__ = ["SCHEMA_VERSION", "MANIFEST_FILE", "DROPPED_FILE", "REPORT_JSON", "REPORT_MD", "REPORT_PNG", "StepShape",
+           "ManifestRows", "ManifestFile", "write_manifest", "is_slot_sorted", "open_manifest", "read_dropped"]
 
 #: 2: epochs, packer, assigner and search draw from independent named random streams
 #: (:func:`balancer_cli.pack.config.stream_seed`); 1 seeded each with ``seed + epoch``. The layout
 #: is the same, so both are read.
 SCHEMA_VERSION = 2
-READABLE_SCHEMA_VERSIONS = (1, 2)
-METADATA_KEY = b"balancer"
 MANIFEST_FILE = "manifest.parquet"
 DROPPED_FILE = "dropped.parquet"
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 REPORT_PNG = "report.png"
-_KEY_COLUMNS = ("step", "rank", "micro", "sample")
-_FOREIGN = "pass a folder `balancer pack` wrote, or re-run `balancer pack` into it"
 #: Target rows per row group; a row group always ends at a step boundary.
 DEFAULT_ROWS_PER_ROW_GROUP = 1 << 16
 #: Every rank decodes every row it replays, so the manifest favours decode speed: LZ4 (about 3x
@@ -333,10 +318,19 @@ class ManifestFile:
         starts = list(self.meta["row_group_first_steps"])
         lo = int(np.searchsorted(starts, first, side="right")) - 1
         hi = int(np.searchsorted(starts, last, side="left"))
-        table = self._file.read_row_groups(list(range(lo, hi)))
+        table = self.read_row_groups(list(range(lo, hi)))
         step = table.column("step").to_numpy()
         a, b = search_sorted(step, [first, last])
         return ManifestRows.from_table(table.slice(int(a), int(b - a)))
+
+    def read_row_groups(self, indices: list[int], **options: Any) -> pa.Table:
+        """Row groups of the file (``pq.ParquetFile.read_row_groups``); damage that keeps the file's size
+        (the commit record checksums files over 8 MiB only on a full check) is a ManifestError."""
+        try:
+            return self._file.read_row_groups(indices, **options)
+        except (OSError, pa.ArrowException, ValueError) as exc:  # ValueError: a page's bytes, not UTF-8
+            raise ManifestError(f"{self.path / MANIFEST_FILE}: unreadable rows ({' '.join(str(exc).split())[:160]})",
+                                fix="re-run `balancer pack` (the file was changed after it was written)") from None
 
     def read_all(self) -> ManifestRows:
         """All rows (every epoch), a row group at a time into arrays of their final size and type."""
@@ -345,7 +339,7 @@ class ManifestFile:
                                   f.schema_arrow.field(name).type.to_pandas_dtype()) for name in f.schema_arrow.names}
         at = 0
         for i in range(f.num_row_groups):
-            table = f.read_row_group(i, use_threads=False)
+            table = self.read_row_groups([i], use_threads=False)
             for name, target in columns.items():
                 values = table.column(name).to_numpy()
                 if values.dtype != target.dtype and not (  # ids that are not int32 (not our file): kept exact
@@ -371,23 +365,7 @@ def open_manifest(manifest_dir: str | os.PathLike, *, full: bool = False) -> Man
     if not file.is_file():
         raise ManifestError(f"{path}: no {MANIFEST_FILE} there", fix="run `balancer pack ... -o DIR` first")
     verify_commit(file.parent, names=(file.name, DROPPED_FILE), full=full)
-    try:
-        parquet = pq.ParquetFile(file)
-        raw = (parquet.schema_arrow.metadata or {}).get(METADATA_KEY)
-        meta = json.loads(raw) if raw else None
-    except (OSError, pa.ArrowException, json.JSONDecodeError) as exc:
-        raise ManifestError(f"{file}: unreadable manifest ({exc})", fix="re-run `balancer pack`") from None
-    if not meta or not isinstance(meta, dict):
-        raise ManifestError(f"{file}: no 'balancer' metadata; not a manifest written by balancer pack", fix=_FOREIGN)
-    schema = parquet.schema_arrow
-    odd = [n for n in _KEY_COLUMNS if (i := schema.get_field_index(n)) < 0 or not pa.types.is_integer(schema.types[i])]
-    if odd:
-        raise ManifestError(f"{file}: no single integer column '{odd[0]}'; not a balancer pack manifest", fix=_FOREIGN)
-    version = meta.get("schema_version")
-    if version not in READABLE_SCHEMA_VERSIONS:
-        raise ManifestError(f"{file}: manifest schema_version {version}, this balancer_cli reads "
-                            f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))}",
-                            fix="re-run `balancer pack` with this version")
+    parquet, meta = read_meta(file)
     return ManifestFile(path=file.parent, meta=meta, _file=parquet)
 
 
@@ -396,5 +374,12 @@ def read_dropped(manifest_dir: str | os.PathLike) -> tuple[np.ndarray, np.ndarra
     file = Path(manifest_dir) / DROPPED_FILE
     if not file.is_file():
         raise ManifestError(f"{manifest_dir}: no {DROPPED_FILE} there", fix="re-run `balancer pack`")
-    table = pq.read_table(file)
-    return table.column("sample").to_numpy(), np.asarray(table.column("reason").to_numpy(False), dtype=object)
+    try:
+        table = pq.read_table(file)
+        sample, reason = table.column("sample"), table.column("reason")
+        if not pa.types.is_integer(sample.type) or not pa.types.is_string(reason.type):
+            raise TypeError(f"columns sample {sample.type}, reason {reason.type}")
+        return sample.to_numpy(), np.asarray(reason.to_numpy(False), dtype=object)
+    except (OSError, pa.ArrowException, KeyError, TypeError) as exc:  # KeyError: a column missing
+        raise ManifestError(f"{file}: not a list of dropped samples ({' '.join(str(exc).split())[:200]})",
+                            fix="re-run `balancer pack`") from None

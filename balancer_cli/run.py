@@ -270,15 +270,23 @@ def report_dir(out: str | os.PathLike, *, lengths_files: Sequence[str | os.PathL
     """
     manifest = open_manifest(out, full=True)
     if baselines is None:
-        baselines = manifest.meta.get("report_baselines", registry.names(baseline=True))
+        try:
+            baselines = tuple(registry.get(n).name for n in manifest.meta.get("report_baselines",
+                                                                          registry.names(baseline=True)))
+        except UsageError as exc:  # recorded, not passed: the manifest's fault
+            raise ManifestError(f"{out}: its recorded report baselines are invalid ({exc.message})",
+                                fix="pass {baselines}, or re-run `balancer pack`") from None
     baselines = tuple(registry.get(name).name for name in baselines)
-    paths = [str(p) for p in lengths_files] or list(manifest.meta.get("lengths_files", []))
+    given = [str(p) for p in lengths_files]
+    paths = given or [str(p) for p in manifest.meta.get("lengths_files", [])]
     if not paths:
         raise ManifestError(f"{out}: the manifest records no lengths files", fix="pass them as {lengths_files}")
     missing = [p for p in paths if not Path(p).is_file()]
-    if missing:
+    if missing and not given:  # a given path's own error comes from read_lengths (no such file, no regular file)
         raise ManifestError(f"lengths file {missing[0]} (recorded in {out}) no longer exists",
                             fix="pass the lengths files as {lengths_files}")
+    for name in (REPORT_JSON, REPORT_MD, REPORT_PNG):  # the report replaces these: never an input
+        check_output(manifest.path / name, paths)
     table = read_lengths(paths)
     try:
         summary = _report(out, table, baselines, cost)

@@ -22,13 +22,14 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
-from balancer_cli.errors import UsageError, check_int
+from balancer_cli.errors import ManifestError, UsageError, check_int
 from balancer_cli.manifest import StepShape
 from balancer_cli.pack.types import OVERSIZE_POLICIES, Oversize
 
@@ -153,9 +154,23 @@ class PackConfig:
         }
 
     @classmethod
-    def from_meta(cls, meta: Mapping[str, Any], **overrides: Any) -> PackConfig:
+    def from_meta(cls, meta: Mapping[str, Any], where: str = "the manifest", **overrides: Any) -> PackConfig:
         """The config a manifest was packed with, from its metadata; its resolved caps and bounds are
-        the config's caps and bounds (so re-packing needs no search). ``overrides`` replace fields."""
+        the config's caps and bounds (so re-packing needs no search). ``overrides`` replace fields.
+
+        Raises:
+            ManifestError: the metadata (of ``where``) holds parameters no run could have had.
+            UsageError: ``overrides`` do (a caller's own options).
+        """
+        try:
+            config = cls._recorded(meta)
+        except UsageError as exc:  # the record's fault, not an option's: exit 1, named by field
+            raise ManifestError(f"{where}: its recorded parameters are invalid ({exc.for_flags({}).split('; fix: ')[0]})",
+                                fix="re-run `balancer pack` (the metadata was edited after it was written)") from None
+        return dataclasses.replace(config, **overrides) if overrides else config
+
+    @classmethod
+    def _recorded(cls, meta: Mapping[str, Any]) -> PackConfig:
         params = meta.get("params", {})
         fields = dict(
             world_size=int(meta["world_size"]), micro_batches=int(meta["micro_batches"]),
@@ -170,7 +185,6 @@ class PackConfig:
             target_group_size=params.get("target_group_size"), batch_size=params.get("batch_size"),
             lengths_files=tuple(meta.get("lengths_files", ())), post_balance=bool(params.get("post_balance", False)),
             window_samples=params.get("window_samples"))
-        fields.update(overrides)
         return cls(**fields)
 
     def epoch_seed(self, epoch: int, stream: Stream) -> int:

@@ -127,8 +127,7 @@ class ManifestReader:
             self._cache.move_to_end(index)
             return cached
         # One thread: the columns are small, and thread start-up costs more than it saves.
-        table = self.manifest._file.read_row_group(index, columns=["step", "rank", "micro", "sample"],  # noqa: SLF001
-                                                   use_threads=False)
+        table = self.manifest.read_row_groups([index], columns=["step", "rank", "micro", "sample"], use_threads=False)
         first, last = int(self._starts[index]), int(self._starts[index + 1])
         group = self._decode(table, first, last - first)
         self._cache[index] = group
@@ -340,13 +339,12 @@ class ManifestReader:
             self._step_samples = np.zeros(self.num_steps, dtype=np.int64)
         if first >= last:
             return self._step_samples
-        parquet = self.manifest._file  # noqa: SLF001
         lo = bisect.bisect_right(self._starts_list, first) - 1
         hi = bisect.bisect_right(self._starts_list, last - 1) - 1
         for index in range(lo, hi + 1):
             if index in self._counted:
                 continue
-            step = parquet.read_row_group(index, columns=["step"], use_threads=False).column("step").to_numpy()
+            step = self.manifest.read_row_groups([index], columns=["step"], use_threads=False).column("step").to_numpy()
             a, b = self._starts_list[index], self._starts_list[index + 1]
             # Rows are sorted by step (checked when the row group is decoded): counts are the
             # distances between the first rows of consecutive steps.

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from balancer_cli._fsutil import atomic_path
-from balancer_cli.errors import BalancerError
+from balancer_cli.errors import BalancerError, ManifestError
 from balancer_cli.lengths import LengthsTable
 from balancer_cli.manifest import (
     REPORT_JSON,
@@ -74,6 +74,16 @@ class Report:
 
     data: dict
     loads: dict
+
+
+def _recorded(manifest: ManifestFile, name: str, modules: Sequence[str]) -> np.ndarray:
+    """(K,) the caps or bounds (``name``) the manifest records for each of ``modules``."""
+    values = (manifest.meta.get("params") or {}).get(name) or {}
+    missing = [m for m in modules if m not in values]
+    if missing:
+        raise ManifestError(f"{manifest.path}: the metadata records no {name} for module {missing[0]!r}",
+                            fix="re-run `balancer pack` (the metadata was edited after it was written)")
+    return np.array([values[m] for m in modules], dtype=np.int64)
 
 
 def _drawn_baseline(loads: Mapping[str, Any]) -> str | None:
@@ -112,14 +122,13 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInput
     rows = check_manifest(manifest)  # metadata, step shape and conservation, before any metric
     meta = manifest.meta
     cost = dict(cost or {})
-    config = PackConfig.from_meta(meta, **cost)
+    config = PackConfig.from_meta(meta, str(manifest.path), **cost)
     if isinstance(lengths, tuple):
         inputs, fingerprint = lengths
     else:
         inputs, fingerprint = prepare_inputs(lengths, config.cost_model, config.cost_presets, costs=config.costs), lengths.fingerprint
     manifest.check_lengths(fingerprint)
-    caps_K = np.array([meta["params"]["caps"][m] for m in inputs.modules], dtype=np.int64)
-    bounds_K = np.array([meta["params"]["bounds"][m] for m in inputs.modules], dtype=np.int64)
+    caps_K, bounds_K = (_recorded(manifest, name, inputs.modules) for name in ("caps", "bounds"))
     dropped_sample, dropped_reason = read_dropped(manifest.path)
     shape = dict(caps_K=caps_K, world_size=config.world_size, micro_batches=config.micro_batches)
     if ours is None or cost:
@@ -142,7 +151,7 @@ def build_report(manifest: ManifestFile, lengths: LengthsTable | tuple[PackInput
     placed_per_epoch = len(rows) / max(config.epochs, 1)
     del rows  # the baselines below pack from the lengths alone
     groups_per_epoch = max(manifest.num_steps * config.shape.groups_per_step / max(config.epochs, 1), 1)
-    base_config = PackConfig.from_meta(meta, batch_size=max(1, round(placed_per_epoch / groups_per_epoch)), **cost)
+    base_config = PackConfig.from_meta(meta, str(manifest.path), batch_size=max(1, round(placed_per_epoch / groups_per_epoch)), **cost)
     for name in baselines:
         if name == config.algorithm:
             continue

@@ -192,8 +192,25 @@ def test_edited_epochs_are_refused(packed, tmp_path):
 @pytest.mark.parametrize("field, value, message", [
     ("num_steps", "x", "metadata field 'num_steps' is 'x', not an integer"),
     ("world_size", None, "metadata field 'world_size' is missing"),
-    ("epoch_num_steps", ["a", 1], "metadata field 'epoch_num_steps' is 'a', not an integer"),
-    ("epoch_num_steps", 7, "metadata field 'epoch_num_steps' = 7 is not a list of step counts"),
+    ("epoch_num_steps", ["a", 1], "metadata field 'epoch_num_steps' is ['a', 1], not a list of step counts"),
+    ("epoch_num_steps", 7, "metadata field 'epoch_num_steps' is 7, not a list of step counts"),
+    # Each was a crash far from its cause, a silent truncation or a usage error about a flag
+    # nobody passed (exit 2), before the metadata was checked on opening.
+    ("num_samples", "329", "metadata field 'num_samples' is '329', not an integer in 0..1099511627776"),
+    ("num_samples", 10**13, "metadata field 'num_samples' is 10000000000000, not an integer"),
+    ("micro_batches", 1.5, "metadata field 'micro_batches' is 1.5, not an integer in 1..2097151"),
+    ("seed", -1, "metadata field 'seed' is -1, not an integer"),
+    ("seed", True, "metadata field 'seed' is True, not an integer"),
+    ("row_group_first_steps", [5], "metadata field 'row_group_first_steps' is [5], not the first step of each"),
+    ("row_group_first_steps", "x", "metadata field 'row_group_first_steps' is 'x'"),
+    ("epochs", 5, "metadata field 'epochs' is 5, not the 2 epochs of epoch_num_steps"),
+    ("report_baselines", "isf", "metadata field 'report_baselines' is 'isf', not a list of names"),
+    ("params", {"caps": None}, "metadata field 'params.caps' is None, not an object of positive integers"),
+    ("params", {"caps": {"llm": -1}}, "metadata field 'params.caps' is {'llm': -1}"),
+    ("params", [], "metadata field 'params' is [], not an object"),
+    ("params", None, "the metadata records no caps for module 'vision'"),  # (None: the field removed)
+    ("algorithm", "bogus", "its recorded parameters are invalid (unknown algorithm 'bogus')"),
+    ("report_baselines", ["bogus"], "its recorded report baselines are invalid (unknown algorithm 'bogus')"),
 ])
 def test_a_metadata_field_that_is_not_an_integer_is_named(packed, tmp_path, field, value, message):
     folder = _rewrite(packed, tmp_path / "meta")
@@ -208,6 +225,62 @@ def test_a_metadata_field_that_is_not_an_integer_is_named(packed, tmp_path, fiel
     result = _run("report", folder)
     lines = result.output.strip().splitlines()
     assert result.exit_code == 1 and len(lines) == 1 and message in lines[0], result.output
+    if "record" not in message:  # what the report alone reads aside, every reader refuses it alike
+        with pytest.raises(ManifestError, match=re.escape(message)):
+            list(ManifestReplay(folder, rank=0, world_size=2))
+
+
+def test_the_report_never_writes_over_an_input_and_names_a_given_lengths_path(packed, tmp_path):
+    """A lengths file passed as ``--lengths`` at ``OUT/report.md`` (or linked from ``report.json``) was
+    replaced by the report; a given path that is missing or no regular file was said to be "recorded
+    in OUT" and "no longer" there."""
+    folder = _copy(packed, tmp_path / "in")
+    lengths = packed.parent / "lengths.parquet"
+    (folder / "report.md").write_bytes(lengths.read_bytes())
+    result = _run("report", folder, "--lengths", folder / "report.md")
+    assert result.exit_code == 1 and "is also an input" in result.output, result.output
+    assert (folder / "report.md").read_bytes() == lengths.read_bytes()
+    (folder / "report.json").unlink()
+    (folder / "report.json").symlink_to(lengths)
+    result = _run("report", folder, "--lengths", lengths)
+    assert result.exit_code == 1 and "is also an input" in result.output, result.output
+    for path, message in ((tmp_path / "nope.parquet", "no such file"), ("/dev/null", "not a regular file")):
+        result = _run("report", packed, "--lengths", path)
+        assert result.exit_code == 1 and f"{path}: {message}" in result.output, result.output
+
+
+def test_a_malformed_or_newer_commit_record_is_named(packed, tmp_path):
+    folder = _copy(packed, tmp_path / "record")
+    record = json.loads((folder / COMMIT_FILE).read_text())
+    size = record["files"]["manifest.parquet"]["size"]
+    record["files"]["manifest.parquet"]["size"] = str(size)
+    (folder / COMMIT_FILE).write_text(json.dumps(record))
+    _refused_by_all(folder, f"entry of manifest.parquet is malformed (size '{size}'")
+    record["files"]["manifest.parquet"]["size"], record["version"] = size, 99
+    (folder / COMMIT_FILE).write_text(json.dumps(record))
+    _refused_by_all(folder, f"{COMMIT_FILE} is of version 99, this balancer_cli reads version 1")
+
+
+def test_damaged_rows_and_dropped_lists_are_manifest_errors(packed, tmp_path, monkeypatch):
+    """Past 8 MiB the commit record's quick check compares sizes only: a changed byte of the rows
+    raised the Parquet reader's own OSError or UnicodeDecodeError, naming no file; a dropped list
+    without its reason column a KeyError."""
+    from balancer_cli.manifest import ManifestFile
+
+    folder = _copy(packed, tmp_path / "damaged")
+
+    def corrupt(self, indices, **options):
+        raise OSError("Corrupt Lz4 compressed data.")
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", corrupt)
+    _refused_by_all(folder, "manifest.parquet: unreadable rows (Corrupt Lz4 compressed data.)")
+    monkeypatch.undo()
+    assert ManifestFile.read_row_groups  # the one way rows are read
+    folder = _copy(packed, tmp_path / "dropped")
+    pq.write_table(pq.read_table(folder / "dropped.parquet").drop_columns(["reason"]), folder / "dropped.parquet")
+    (folder / COMMIT_FILE).unlink()
+    write_commit(folder)
+    _refused_by_all(folder, "dropped.parquet: not a list of dropped samples")
 
 
 def test_a_phase_rank_column_out_of_range_is_refused(packed, tmp_path):
