@@ -96,7 +96,11 @@ def scan_to_file(inputs: Sequence[str | os.PathLike], output: str | os.PathLike,
     if engine == "ray":
         from balancer_cli.scan.engines.ray import RayOptions, parts_dir_for
 
-        check_output(parts_dir_for(output), inputs_as_files, folder=True)
+        parts = parts_dir_for(output)
+        if parts.exists() and not parts.is_dir():
+            raise InputError(f"{parts} (the ray engine's work folder for {output}) exists and is not a folder",
+                             fix="move it away, or write the output elsewhere")
+        check_output(parts, inputs_as_files, folder=True)
         engine_options = RayOptions(parts_dir=str(parts_dir_for(output)), address=ray_address, num_cpus=jobs or None,
                                     keep_parts=keep_parts, notify=notify)
     elif keep_parts or ray_address:

@@ -41,7 +41,7 @@ def _parse_size(text: str) -> tuple[int, int]:
     except ValueError:
         raise UsageError(f"--video-size {text!r} is not WIDTHxHEIGHT", fix="e.g. --video-size 640x360") from None
     if width < 1 or height < 1:
-        raise UsageError(f"--video-size {text!r} must be positive")
+        raise UsageError(f"--video-size {text!r} must be positive", fix="e.g. --video-size 640x360")
     return width, height
 
 

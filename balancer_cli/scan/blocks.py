@@ -95,10 +95,10 @@ def iter_blocks(inputs: Sequence[str] | Sequence[InputSpec], block_size: int = 2
         >>> next(iter_blocks(["x.jsonl"], block_size=0))
         Traceback (most recent call last):
         ...
-        balancer_cli.errors.UsageError: --block-size 0 must be >= 1
+        balancer_cli.errors.UsageError: --block-size 0 must be >= 1; fix: e.g. --block-size 2048
     """
     if block_size < 1:
-        raise UsageError(f"--block-size {block_size} must be >= 1")
+        raise UsageError(f"--block-size {block_size} must be >= 1", fix="e.g. --block-size 2048")
     specs: list[InputSpec] = []
     for item in inputs:
         specs += [item] if isinstance(item, InputSpec) else expand_inputs([str(item)])

@@ -307,6 +307,12 @@ def _specs(path: str, format: str | None, image_root: str | None, split: str | N
         fmt = detect_format(path)  # raises for a missing path
     elif os.path.exists(path):
         fmt = format
+        folder = Path(path).is_dir()
+        if folder and fmt not in ("hf", "webdataset"):  # the others read one file
+            raise InputError(f"{path}: a folder, and --format {fmt} reads a file", fix="pass the file, or drop --format")
+        if not folder and fmt == "hf" and Path(path).suffix not in _SUFFIXES:
+            raise InputError(f"{path}: a file, and --format hf reads a datasets save_to_disk folder or .arrow file",
+                             fix="pass the folder, or drop --format")
     else:
         raise InputError(f"{path}: no such file", fix="check the path")
     if fmt == "internvl-meta":

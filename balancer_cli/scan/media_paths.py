@@ -69,6 +69,8 @@ def resolve_media_path(ref: str, root: str, kind: str = "image", media_roots: tu
     ref = ref.removeprefix("file://")
     if "\x00" in ref:
         raise RecordError(f"{kind} path {ref[:60]!r} holds a NUL byte")
+    if not ref.strip():  # (it would name the root folder itself)
+        raise RecordError(f"{kind} path is empty ({ref!r})", fix=f"give the {kind}'s file, or drop the {kind} field")
     base = os.path.normpath(os.path.abspath(root))
     full = os.path.normpath(os.path.join(base, ref))
     fix = f"keep {kind} paths inside --image-root (or pass a wider --image-root)"

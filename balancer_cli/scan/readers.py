@@ -83,10 +83,14 @@ def _read_json_list(block: RecordBlock, fields: dict[str, str]) -> Iterator[tupl
 def _wanted_columns(names: Sequence[str], fields: dict[str, str], path: str) -> list[str]:
     keep = set(FIELD_NAMES) | set(fields.values())
     wanted = [name for name in names if name in keep]
+    shown = ", ".join(map(str, names[:8])) + (", ..." if len(names) > 8 else "")
     if not wanted:  # reading no column would give rows without records: refuse the file
-        shown = ", ".join(map(str, names[:8])) + (", ..." if len(names) > 8 else "")
         raise InputError(f"{path}: no column the scan understands (columns: {shown or 'none'})",
                          fix="map one with --field, e.g. --field text=caption --field image=file_name")
+    absent = [f"{name}={key}" for name, key in sorted(fields.items()) if key not in names]
+    if absent:  # a table's columns are known: a mapping to none of them is a typo, not records without it
+        raise InputError(f"{path}: --field {absent[0]} names no column of the table (columns: {shown})",
+                         fix="map an existing column, or scan this input with its own --field options")
     return wanted
 
 

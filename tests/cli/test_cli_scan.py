@@ -125,6 +125,13 @@ def test_atomic_output_leaves_previous_file_untouched(bad_dataset, tmp_path):
     (["--model", "qwen2-vl", "--video-size", "big"], 2, "WIDTHxHEIGHT"),
     (["--model", "qwen2-vl", "--field", "colour=c"], 2, "--field"),
     (["--model", "qwen2-vl", "--engine", "warp"], 2, "unknown --engine 'warp'"),
+    # each named no fix before
+    (["--model", "qwen2-vl", "--video-size", "0x0"], 2, "--video-size '0x0' must be positive"),
+    (["--model", "qwen2-vl", "--param", "max_pixels=-1"], 2, "max_pixels=-1 must be >= 1"),
+    (["--model", "qwen2-vl", "--param", "max_pixels=abc"], 2, "max_pixels='abc' must be of type int"),
+    (["--model", "qwen2-vl", "--param", "min_pixels=99999999999"], 2, "min_pixels=99999999999 exceeds max_pixels"),
+    (["--model", "qwen2-vl", "--param", "frame_sampler=x"], 2, "frame_sampler='x' is not one of"),
+    (["--model", "qwen2-vl", "--block-size", "0"], 2, "--block-size 0 must be >= 1"),
 ])
 def test_usage_errors_exit_2(args, code, message, tmp_path):
     result = CliRunner().invoke(main, ["scan", str(SAMPLE / "messages.json"), "-o", str(tmp_path / "x.parquet"), *args])
@@ -145,6 +152,11 @@ def test_input_errors_exit_1(tmp_path):
         assert result.output.startswith("Error: ") and message in result.output and "fix: " in result.output
         assert len(result.output.strip().splitlines()) == 1
     assert not Path(out).exists()
+    (tmp_path / "x.parquet.parts").write_text("mine")  # where the ray engine keeps its blocks
+    result = CliRunner().invoke(main, ["scan", str(SAMPLE / "messages.json"), "-o", out, "--model", "qwen2-vl",
+                                       "--engine", "ray"])
+    assert result.exit_code == 1 and "x.parquet.parts (the ray engine's work folder for" in result.output
+    assert (tmp_path / "x.parquet.parts").read_text() == "mine"
     missing = CliRunner().invoke(main, ["scan", "-o", out, "--model", "qwen2-vl"])
     assert missing.exit_code == 2
 

@@ -230,3 +230,29 @@ def test_blocks_and_lines(tmp_path):
     pretty.write_text('[\n  {"text": "a"},\n  {"text": }\n]\n')
     with pytest.raises(InputError, match=r"p.json:3: not a valid JSON list"):
         list(iter_blocks([str(pretty)]))
+
+
+def test_a_forced_format_or_field_that_names_nothing_is_refused(tmp_path):
+    """``--format hf`` on a JSONL file read as datasets' own 'Directory ... is neither a Dataset
+    directory', ``--format internvl-meta`` on a folder as '[Errno 21] Is a directory'; a ``--field``
+    naming no column of a Parquet table found no images, silently."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "a"}\n')
+    with pytest.raises(InputError, match=r"d\.jsonl: a file, and --format hf reads a datasets save_to_disk folder"):
+        expand_inputs([str(data)], format="hf")
+    with pytest.raises(InputError, match="a folder, and --format internvl-meta reads a file"):
+        expand_inputs([str(tmp_path)], format="internvl-meta")
+    table = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"text": ["a"], "file_name": ["x.png"]}), table)
+    config = ScanConfig(model="qwen2-vl", tokenizer="qwen2", fields=(("image", "nope"),))
+    with pytest.raises(InputError, match=r"--field image=nope names no column of the table \(columns: text, file_name"):
+        scan([str(table)], config, jobs=1)
+    mapped = ScanConfig(model="qwen2-vl", tokenizer="qwen2", fields=(("image", "file_name"),))
+    assert scan([str(table)], mapped, jobs=1).lengths.errors().tolist()[0].startswith("missing_file")
+
+
+def test_an_empty_media_path_is_that_records_error(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"image": "", "conversations": [{"from": "human", "value": "<image>hi"}]}\n')
+    (error,) = scan([str(data)], ScanConfig(model="qwen2-vl", tokenizer="qwen2"), jobs=1).lengths.errors().tolist()
+    assert error.startswith("malformed_record: ") and "image path is empty ('')" in error and "; fix: " in error

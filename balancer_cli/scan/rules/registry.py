@@ -148,7 +148,9 @@ def get_rule(name: str, **overrides: Any) -> VisionRule:
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-            raise UsageError(f"vision preset {key!r}: {raw}={value!r} must be of type {expected.__name__}")
+            raise UsageError(f"vision preset {key!r}: {raw}={value!r} must be of type {expected.__name__}",
+                             fix=f"give {'an' if expected is int else 'a'} {expected.__name__}, e.g. "
+                                 f"--param {raw}={getattr(default, field)}")
         kwargs[field] = value
     rule = dataclasses.replace(default, **kwargs)
     _check_values(key, rule)
@@ -169,14 +171,16 @@ def _check_values(key: str, rule: Any) -> None:
             continue
         lowest = 0 if f.name in _MAY_BE_ZERO else (1 if isinstance(value, int) else 1e-9)
         if value < lowest:
-            raise UsageError(f"vision preset {key!r}: {f.name}={value} must be >= {lowest:g}")
+            raise UsageError(f"vision preset {key!r}: {f.name}={value} must be >= {lowest:g}",
+                             fix=f"give {f.name} a value of at least {lowest:g}, or leave it to the preset")
     sampler = getattr(rule, "frame_sampler", None)
     if sampler is not None and sampler not in SAMPLERS:
-        raise UsageError(f"vision preset {key!r}: frame_sampler={sampler!r} is not one of {', '.join(SAMPLERS)}")
+        raise UsageError(f"vision preset {key!r}: frame_sampler={sampler!r} is not one of {', '.join(SAMPLERS)}",
+                         fix=f"use one of: {', '.join(SAMPLERS)}")
     for low, high in _ORDERED:
         if hasattr(rule, low) and getattr(rule, low) > getattr(rule, high):
             raise UsageError(f"vision preset {key!r}: {low}={getattr(rule, low)} exceeds "
-                             f"{high}={getattr(rule, high)}")
+                             f"{high}={getattr(rule, high)}", fix=f"give {low} <= {high}")
 
 
 def _only(keys: tuple[str, ...], reader: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
