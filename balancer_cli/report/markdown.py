@@ -100,8 +100,27 @@ def contract_lines(summary: Mapping[str, Any]) -> list[str]:
     missed = [_MISSED[kind](summary, module, limits) for kind, _, module in (b.partition(":") for b in broken)]
     lines = ["bounds missed: " + "; ".join(missed) + " (docs/packing.md: what still misses, and why)"]
     if "mix" in broken:
-        lines += _sparse_hint(summary)
+        lines += _sparse_hint(summary) or _one_slot_hint(summary)
     return lines
+
+
+def _one_slot_hint(summary: Mapping[str, Any]) -> list[str]:
+    """Why one micro-batch can leave steps less mixed than random batching where no sparse module
+    binds: a rank's load is then one group, so a step's R groups must be equal on every module
+    (within the Dist bound), and the groups packing could not make equal (tight caps, few coarse
+    items) share steps with their like, sources and all; with two micro-batches a rank pairs two
+    unequal groups (random three-module inputs: 1.42x -> 0.53x, 1.14x -> 0.92x; docs/packing.md).
+
+    Example:
+        >>> _one_slot_hint({"manifest": {"micro_batches": 1}})[0].split(": ")[-1]
+        '--micro-batches 2 lets each rank pair two unequal groups'
+        >>> _one_slot_hint({"manifest": {"micro_batches": 2}})
+        []
+    """
+    if summary["manifest"]["micro_batches"] != 1:
+        return []
+    return ["  at one micro-batch a step's groups must be equal on every module, so groups of like costs share "
+            "steps, and their sources with them: --micro-batches 2 lets each rank pair two unequal groups"]
 
 
 def _sparse_hint(summary: Mapping[str, Any]) -> list[str]:
