@@ -50,12 +50,7 @@ from balancer_cli.replay.epoch_plan import EpochPlan, EpochPlanner
 from balancer_cli.replay.plan_cache import PLANS_DIR
 from balancer_cli.replay.reader import ManifestReader
 from balancer_cli.replay.samples import ReplaySamples, StepTokens
-from balancer_cli.replay.state import (
-    POSITION_KEYS,
-    ReplayIdentity,
-    make_state,
-    read_state,
-)
+from balancer_cli.replay.state import POSITION_KEYS, ReplayIdentity, make_state, read_state
 
 __all__ = ["ManifestReplay", "check_rank"]
 
@@ -68,7 +63,8 @@ def check_rank(rank: int, world_size: int, *, fix: str = "pass {rank} in 0..{wor
         fix: the advice of the error (a caller that also reads them elsewhere says where).
 
     Raises:
-        UsageError: ``world_size < 1`` or ``rank`` outside ``0..world_size-1``.
+        UsageError: either is not an integer (a bool, float or str), ``world_size < 1`` or ``rank``
+            outside ``0..world_size-1``.
 
     Example:
         >>> check_rank(1, 4)
@@ -77,6 +73,10 @@ def check_rank(rank: int, world_size: int, *, fix: str = "pass {rank} in 0..{wor
         Traceback (most recent call last):
         balancer_cli.errors.UsageError: rank 4 is not in 0..3 (world size 4); fix: pass rank in 0..world_size-1
     """
+    for name, value in (("rank", rank), ("world_size", world_size)):  # (1.5 or "0" was truncated or compared)
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise UsageError(f"{{{name}}} {value!r} is not an integer ({type(value).__name__})",
+                             fix=f"pass {{{name}}} as an int")
     if world_size < 1 or not 0 <= rank < world_size:
         raise UsageError(f"{{rank}} {rank} is not in 0..{world_size - 1} (world size {world_size})", fix=fix)
     return int(rank), int(world_size)

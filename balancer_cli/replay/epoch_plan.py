@@ -42,7 +42,12 @@ import numpy as np
 from balancer_cli.manifest import MANIFEST_FILE
 from balancer_cli.metrics import dist_ratio_per_step
 from balancer_cli.replay.elastic import ElasticReport, batches_per_rank, form_runs
-from balancer_cli.replay.plan_cache import PlanCache, plan_cache_path, write_plan_cache
+from balancer_cli.replay.plan_cache import (
+    PlanCache,
+    PlanFileInvalid,
+    plan_cache_path,
+    write_plan_cache,
+)
 from balancer_cli.replay.reader import ManifestReader
 from balancer_cli.replay.replan import UnitWindow, WindowPlan, plan_units
 from balancer_cli.replay.samples import ReplaySamples
@@ -111,6 +116,7 @@ class EpochPlanner:
         self._plans: dict = {}
         self._caches: dict[int, PlanCache | None] = {}
         self._built: set[int] = set()  # world sizes whose plan file this planner wrote (or failed to)
+        self._rejected: dict[Path, tuple | None] = {}  # plan files that failed their checks, by (inode, size, mtime)
 
     def __getstate__(self) -> dict:
         # Plans and mapped plan files are caches, rebuilt on demand.
@@ -322,7 +328,7 @@ class EpochPlanner:
         path = plan_cache_path(self.plan_dir, fingerprint=reader.fingerprint,
                                manifest_bytes=os.path.getsize(Path(reader.manifest.path) / MANIFEST_FILE),
                                lengths=samples.fingerprint, caps=samples.caps, world_size=world_size, batches=k)
-        cache = PlanCache.open(path, num_steps=reader.num_steps, world_size=world_size, batches=k)
+        cache = self._verified(path, world_size, k)
         if cache is not None or not self.build_plans or world_size in self._built:
             return cache
         self._built.add(world_size)
@@ -334,7 +340,27 @@ class EpochPlanner:
             return None
         self.logger.info("planned every step of the manifest for %d ranks in %.2f s, kept in %s (later runs read it)",
                          world_size, time.perf_counter() - start, path)
-        return PlanCache.open(path, num_steps=reader.num_steps, world_size=world_size, batches=k)
+        return self._verified(path, world_size, k)
+
+    def _verified(self, path: Path, world_size: int, k: int) -> PlanCache | None:
+        """The plan file at ``path`` once it passes its checks, else ``None`` (one warning per file
+        version: the planner then writes it again, or another rank plans as the replay goes)."""
+        try:  # a file that failed is not read and reported again at every pass, unless it changed
+            info = path.stat()
+            version = (info.st_ino, info.st_size, info.st_mtime_ns)
+        except OSError:
+            version = None
+        if version is not None and self._rejected.get(path) == version:
+            return None
+        try:
+            return PlanCache.open(path, step_samples=self.reader.step_sample_counts(), epoch_starts=self.epoch_starts,
+                                  num_samples=self.reader.num_samples, world_size=world_size, batches=k)
+        except PlanFileInvalid as error:
+            self._rejected[path] = version
+            self.logger.warning("elastic plan file %s is not used: %s; %s", path, error,
+                                "planning it again" if self.build_plans and world_size not in self._built
+                                else "planning as the replay goes")
+            return None
 
     def _write_plans(self, path: Path, world_size: int, k: int) -> None:
         """Plan every step that is a unit of its own (at least ``k * R'`` samples) and write the plans."""

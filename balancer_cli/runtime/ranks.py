@@ -13,11 +13,13 @@ Example:
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from balancer_cli.errors import UsageError
@@ -55,18 +57,21 @@ def resolve_rank(
             ``dp`` or ``batch``, or the only dimension of a 1-D mesh.
 
     Raises:
-        UsageError: ``rank`` outside ``0..world_size-1``; ``dp_group`` and ``mesh`` both given; a
+        UsageError: ``rank`` or ``world_size`` not an integer (a bool, a float, a string), or
+            ``rank`` outside ``0..world_size-1``; ``dp_group`` and ``mesh`` both given; a
             group or mesh that this process is not in, that disagrees with an explicit value, or
             whose size does not divide the global world size; only ``world_size`` given and it is
             not ``WORLD_SIZE`` (the global rank would be taken for a data-parallel one);
-            ``WORLD_SIZE`` > 1 without ``RANK`` before torch.distributed is initialized (Lightning's
-            launcher); the default global rank while Megatron's parallel state has fewer
-            data-parallel ranks.
+            ``WORLD_SIZE`` > 1 without ``RANK``, or ``RANK`` > 0 without ``WORLD_SIZE``, before
+            torch.distributed is initialized (Lightning's launcher sets the first); ``RANK`` or
+            ``WORLD_SIZE`` not an integer, or outside ``0 <= RANK < WORLD_SIZE``; the default
+            global rank while Megatron's parallel state has fewer data-parallel ranks.
 
     Example:
         >>> resolve_rank(1, 4)
         (1, 4)
     """
+    rank, world_size = _integer("rank", rank), _integer("world_size", world_size)
     if dp_group is not None and mesh is not None:
         raise UsageError("both dp_group and mesh were given", fix="pass one of them")
     if mesh_dim is not None and mesh is None:
@@ -152,19 +157,56 @@ def _group_rank(group: Any) -> tuple[int, int]:
     return rank, torch.distributed.get_world_size(group)
 
 
+def _integer(name: str, value: Any) -> int | None:
+    """``value`` as an int (``None`` kept), refusing what only looks like one: a bool, a float, a string."""
+    if value is None:
+        return None
+    # bool is an int to Python, and 1.5 or "0" would be truncated or compared as text further on.
+    if not isinstance(value, (bool, np.bool_)) and getattr(value, "dtype", None) != torch.bool:
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise UsageError(f"{{{name}}} {value!r} is not an integer ({type(value).__name__})",
+                     fix=f"pass {{{name}}} as an int")
+
+
+def _env_integer(name: str) -> int | None:
+    """The integer in environment variable ``name`` (``None`` when unset), or a UsageError naming it."""
+    text = os.environ.get(name)
+    if text is None:
+        return None
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise UsageError(f"environment variable {name} is {text!r}, not an integer",
+                         fix=f"set {name} to a whole number (as torchrun does), or unset it and pass "
+                             "{rank} and {world_size}") from None
+
+
 def _global_rank() -> tuple[int, int]:
-    """``RANK``/``WORLD_SIZE``, else torch.distributed, else (0, 1) unless ``WORLD_SIZE`` says more."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    """``RANK``/``WORLD_SIZE``, else torch.distributed, else (0, 1) unless ``RANK``/``WORLD_SIZE`` say more."""
+    env_rank, env_world = _env_integer("RANK"), _env_integer("WORLD_SIZE")
+    if env_rank is not None and env_world is not None:
+        if env_world < 1 or not 0 <= env_rank < env_world:
+            raise UsageError(f"environment variables RANK={env_rank} and WORLD_SIZE={env_world} do not satisfy "
+                             f"0 <= RANK < WORLD_SIZE", fix="set them as the launcher does, or pass {rank} and "
+                                                             "{world_size}")
+        return env_rank, env_world
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if env_world is not None and env_world > 1:
         # Lightning's launcher sets WORLD_SIZE and LOCAL_RANK but not RANK, and joins the process
         # group only in fit(): a sampler built before that would be every process's rank 0 of 1.
         raise UsageError(f"WORLD_SIZE is {os.environ['WORLD_SIZE']} but RANK is not set and torch.distributed "
                          f"is not initialized, so this process's rank is unknown",
                          fix="build the sampler once the process group exists (in Lightning: inside "
                              "train_dataloader()), or pass {rank} and {world_size}")
+    if env_rank is not None and env_rank != 0:
+        # Rank 0 of 1 here would replay the whole epoch on every process of the job.
+        raise UsageError(f"RANK is {os.environ['RANK']} but WORLD_SIZE is not set and torch.distributed is not "
+                         f"initialized, so the number of processes is unknown",
+                         fix="set WORLD_SIZE too (torchrun sets both), or pass {rank} and {world_size}")
     return 0, 1
 
 

@@ -292,3 +292,14 @@ def test_replay_pickles_mid_epoch_with_its_position(manifest, lengths):
         copy = pickle.loads(pickle.dumps(replay))
         assert copy.state_dict() == replay.state_dict()
         assert first + list(copy) == simulate(manifest, world, lengths=lengths)[1]
+
+
+@pytest.mark.parametrize("rank, world_size", [(1.5, 2), (True, 2), ("0", 2), (0, 2.0), (0, "2")])
+def test_a_rank_or_world_size_that_is_no_integer_is_refused(rank, world_size):
+    """``ManifestReplay(rank=1.5)`` replayed rank 1's groups and ``rank=True`` rank 1's; ``"0"``
+    raised a TypeError from a comparison. Each is a usage error naming the parameter."""
+    from balancer_cli.errors import UsageError
+    from balancer_cli.replay.cursor import check_rank
+
+    with pytest.raises(UsageError, match=r"is not an integer \((float|bool|str)\); fix: pass (rank|world_size) as"):
+        check_rank(rank, world_size)
