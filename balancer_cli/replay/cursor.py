@@ -50,7 +50,12 @@ from balancer_cli.replay.epoch_plan import EpochPlan, EpochPlanner
 from balancer_cli.replay.plan_cache import PLANS_DIR
 from balancer_cli.replay.reader import ManifestReader
 from balancer_cli.replay.samples import ReplaySamples, StepTokens
-from balancer_cli.replay.state import POSITION_KEYS, ReplayIdentity, make_state, read_state
+from balancer_cli.replay.state import (
+    POSITION_KEYS,
+    ReplayIdentity,
+    make_state,
+    read_state,
+)
 
 __all__ = ["ManifestReplay", "check_rank"]
 
@@ -63,8 +68,7 @@ def check_rank(rank: int, world_size: int, *, fix: str = "pass {rank} in 0..{wor
         fix: the advice of the error (a caller that also reads them elsewhere says where).
 
     Raises:
-        UsageError: either is not an integer (a bool, float or str), ``world_size < 1`` or ``rank``
-            outside ``0..world_size-1``.
+        UsageError: either is no integer (a bool, float, str), ``world_size < 1``, ``rank`` not in ``0..world_size-1``.
 
     Example:
         >>> check_rank(1, 4)
