@@ -197,7 +197,7 @@ def _end_processes(listed: list[tuple[int, str]], grace_s: float = 2.0) -> None:
                 pids.append(pid)
         return pids
 
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 1.0)):  # (then dead, to be reaped)
         pids = alive()
         for pid in pids:
             with contextlib.suppress(OSError):

@@ -30,9 +30,10 @@ __all__ = ["command"]
 @click.option("--attention", type=click.Choice(["sdpa", "eager", "flash_attention_2"]), default="sdpa", show_default=True,
               help="Attention kernel; the LLM's samples attend within themselves (variable-length) in every case.")
 @click.option("--max-llm-tokens", type=click.IntRange(min=1), default=None,
-              help="Largest LLM group timed, in tokens (default: 8 median samples); use the cap you pack with.")
+              help="Largest LLM group timed, in tokens (default: 8 median samples; at most 1048576); "
+                   "use the cap you pack with.")
 @click.option("--max-vision-items", type=click.IntRange(min=1), default=None,
-              help="Largest vision group timed, in items (default: 8 median samples' items).")
+              help="Largest vision group timed, in items (default: 8 median samples' items; at most 4096).")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Timed rounds over all shapes (each shape keeps its median).")
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Untimed runs per shape first.")
 @click.option("--gpu-memory-gb", type=FiniteFloatRange(min=0, min_open=True), default=None,
@@ -56,8 +57,20 @@ def command(config_dir, lengths_files, modules, layers, device, dtype, attention
           --dtype bfloat16 --attention flash_attention_2 -o costs.json
       balancer pack lengths.parquet --dp 8 --cost-model measured --costs costs.json -o out/
     """
-    from balancer_cli.errors import BalancerError
+    from balancer_cli.cost.calibration import MAX_GROUP_ITEMS, MAX_GROUP_TOKENS
+    from balancer_cli.errors import BalancerError, UsageError
 
+    # Checked before torch loads: every fit shape up to a limit is built and timed, so an
+    # unbounded one ran out of memory instead of failing.
+    for flag, value, most in (("--max-llm-tokens", max_llm_tokens, MAX_GROUP_TOKENS),
+                              ("--max-vision-items", max_vision_items, MAX_GROUP_ITEMS)):
+        if value is not None and value > most:
+            raise UsageError(f"{flag} must be an integer in 1..{most}, not {value}",
+                             fix=f"give the largest group you pack (its {flag} of `balancer pack`), at most {most}")
+    names = None if modules is None else [m.strip() for m in modules.split(",") if m.strip()]
+    if names is not None and not names:  # an empty list is a mistake, not "every module"
+        raise UsageError(f"--modules {modules!r} names no module",
+                         fix="give a comma list such as llm,vision, or leave --modules out to calibrate every module")
     # The model folder's own files are the inputs: costs.json may sit beside config.json.
     check_output_option(out, [os.path.join(config_dir, "config.json"), *lengths_files])
     try:  # torch and transformers are imported here only, by the runtime package
@@ -69,7 +82,7 @@ def command(config_dir, lengths_files, modules, layers, device, dtype, attention
     limits = {m: {key: value} for m, key, value in (("llm", "max_total", max_llm_tokens),
                                                     ("vision", "max_count", max_vision_items)) if value}
     summary = calibrate_to_file(config_dir, lengths_files, out,
-                                modules=[m.strip() for m in modules.split(",") if m.strip()] if modules else None,
+                                modules=names,
                                 layers=layers, device=device, dtype=dtype, attention=attention, seed=seed,
                                 limits=limits or None, repeats=repeats, warmup=warmup, gpu_memory_gb=gpu_memory_gb,
                                 margin=margin, progress=not quiet)

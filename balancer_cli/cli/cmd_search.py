@@ -51,9 +51,14 @@ def command(lengths, world_size, micro_batches, algorithm, max_llm_tokens, max_v
     Example:
       balancer search data/*_token_lengths.json --dp 8 --max-llm-tokens 16384 -o search.json --plot search.png
     """
+    from balancer_cli.errors import UsageError
     from balancer_cli.pack.config import PackConfig
+    from balancer_cli.pack.search import MAX_GRID
     from balancer_cli.run import SEARCH_PHASES, search_to_files
 
+    if grid > MAX_GRID:  # click checks the least; the most lives with the search (imported late: heavy)
+        raise UsageError(f"--grid must be an integer in 2..{MAX_GRID}, not {grid}",
+                         fix="try a few values per module (default 5): the search packs grid^modules candidates")
     config = PackConfig(
         world_size=world_size, micro_batches=micro_batches, algorithm=algorithm, seed=seed,
         caps=caps_from_options(max_llm_tokens, {"vision": max_vision_items, "audio": max_audio_items,

@@ -32,6 +32,8 @@ from balancer_cli.errors import UsageError
 from balancer_cli.lengths import LLM, LengthsTable
 
 __all__ = [
+    "MAX_GROUP_ITEMS",
+    "MAX_GROUP_TOKENS",
     "GridSpec",
     "Shape",
     "default_limits",
@@ -43,6 +45,13 @@ __all__ = [
 
 #: One group of one module: the lengths of its sequences.
 Shape = tuple[int, ...]
+
+#: The largest LLM group a calibration times, in tokens (``--max-llm-tokens``): 1M tokens, past
+#: the longest context windows; every fit shape up to it is built and run, so an unbounded limit
+#: would ask for groups no machine holds.
+MAX_GROUP_TOKENS = 1 << 20
+#: The largest encoder group a calibration times, in items (``--max-vision-items``).
+MAX_GROUP_ITEMS = 1 << 12
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,7 +67,8 @@ class GridSpec:
         seed: the held-out draw's seed.
 
     Raises:
-        UsageError: neither limit, a limit below 1, or fewer than 2 lengths.
+        UsageError: neither limit, a limit below 1 or above :data:`MAX_GROUP_TOKENS` /
+            :data:`MAX_GROUP_ITEMS`, or fewer than 2 lengths.
     """
 
     max_total: int | None = None
@@ -71,10 +81,11 @@ class GridSpec:
     def __post_init__(self) -> None:
         if self.max_total is None and self.max_count is None:
             raise UsageError("a calibration grid needs a group limit (max_total or max_count)")
-        for name in ("max_total", "max_count"):
+        for name, most in (("max_total", MAX_GROUP_TOKENS), ("max_count", MAX_GROUP_ITEMS)):
             value = getattr(self, name)
-            if value is not None and value < 1:
-                raise UsageError(f"{name} must be >= 1, not {value}")
+            if value is not None and not 1 <= value <= most:
+                raise UsageError(f"{name} must be in 1..{most}, not {value}",
+                                 fix=f"time groups of at most {most} (the cap you pack with)")
         if self.num_lengths < 2 or self.num_heldout < 1 or self.quantum < 1:
             raise UsageError("a calibration grid needs num_lengths >= 2, num_heldout >= 1 and quantum >= 1")
 

@@ -61,7 +61,7 @@ class ModelConfig:
 
     Raises:
         UsageError: an unknown kind, a size that is not positive, heads that do not divide the
-            width, or ``merge < 1``.
+            width, ``merge < 1``, or more ``class_tokens`` than ``tokens_per_item``.
 
     Example:
         >>> m = ModelConfig(name="tiny", kind="llm", num_layers=2, hidden_size=256, ffn_hidden_size=1024,
@@ -102,6 +102,12 @@ class ModelConfig:
                              f"and be a multiple of num_kv_heads ({self.num_kv_heads})", fix="check the head counts")
         if self.merge < 1:
             raise UsageError("field 'merge' must be >= 1", fix="use 1 when the projector keeps every token")
+        # The class tokens are part of an item's tokens: more of them would leave an item a negative
+        # number of tokens for the projector (and the planners negative layer costs).
+        if self.tokens_per_item and self.class_tokens > self.tokens_per_item:
+            raise UsageError(f"field 'class_tokens' ({self.class_tokens}) exceeds tokens_per_item "
+                             f"({self.tokens_per_item})",
+                             fix="count the class tokens within tokens_per_item (patches + class tokens)")
 
     @property
     def head_dim(self) -> int:

@@ -63,7 +63,8 @@ class CostModel:
         dropout: whether layers train with dropout (adds masks to the stored activations).
 
     Raises:
-        UsageError: an unknown attention kind or ``tp < 1``.
+        UsageError: an unknown attention kind, ``tp < 1``, or a ``tp`` that does not divide the LLM's
+            attention heads and KV heads.
 
     Example:
         >>> model = CostModel(llm=get_model("llama3-8b"), tp=2)
@@ -83,6 +84,15 @@ class CostModel:
                              fix=f"use one of: {', '.join(flops.ATTENTION_KINDS)}")
         if self.tp < 1:
             raise UsageError(f"tensor-parallel size {self.tp} < 1", fix="pass {tp} 1 or more")
+        # Tensor parallelism splits the LLM's attention heads (and KV groups) across the GPUs:
+        # Megatron-LM refuses a size that does not divide them, so no plan may be made for one.
+        heads, kv = self.llm.num_heads, self.llm.num_kv_heads
+        if heads % self.tp or kv % self.tp:
+            what = f"{heads} attention heads" + (f" and {kv} KV heads" if kv != heads else "")
+            # num_heads is a multiple of num_kv_heads (ModelConfig), so the sizes that work divide kv.
+            sizes = ", ".join(str(d) for d in range(1, kv + 1) if kv % d == 0) if kv <= 1024 else f"a divisor of {kv}"
+            raise UsageError(f"{{tp}} {self.tp} does not divide the {what} of LLM {self.llm.name!r}",
+                             fix=f"use a tensor-parallel size that divides them: {sizes}")
 
     @classmethod
     def build(cls, llm: str | ModelConfig, encoders: Mapping[str, str | ModelConfig | None] | None = None, *,

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 CostModelName = Literal["tokens", "flops", "measured"]
 
-__all__ = ["PackConfig", "CostModelName", "Stream", "STREAMS", "rng", "stream_seed"]
+__all__ = ["PackConfig", "CostModelName", "Stream", "STREAMS", "MAX_CAP", "MAX_TARGET_GROUP_SIZE", "rng", "stream_seed"]
 
 
 Stream = Literal["pack", "assign", "search", "window", "polish", "trade"]
@@ -47,14 +47,22 @@ STREAMS: tuple[str, ...] = get_args(Stream)
 
 Pairs = tuple[tuple[str, int], ...]
 
+#: The largest cap or bound (items or tokens of one group): int32's range, far past any GPU's
+#: memory, and small enough that sums of a group's loads never overflow the packers' int64.
+MAX_CAP = (1 << 31) - 1
+#: The largest ``target_group_size``: the search scales the caps by it, so past this they would
+#: leave every integer type (a million samples in one group is past any training job).
+MAX_TARGET_GROUP_SIZE = 1_000_000
+
 
 def _pairs(value: Mapping[str, int] | Sequence[tuple[str, int]], name: str) -> Pairs:
-    """``{m: v}`` or ``((m, v), ...)`` -> ``((m, int v), ...)`` with positive integers, in the given order."""
+    """``{m: v}`` or ``((m, v), ...)`` -> ``((m, int v), ...)`` with integers in 1..MAX_CAP, in the given order."""
     items = tuple(value.items()) if isinstance(value, Mapping) else tuple(tuple(x) for x in value)
     for module, number in items:
-        if isinstance(number, bool) or not isinstance(number, (int, np.integer)) or number <= 0:
-            raise UsageError(f"{{{name}[{module}]}} {number!r} must be a positive integer",
-                             fix="give a positive integer")
+        if (isinstance(number, bool) or not isinstance(number, (int, np.integer)) or number <= 0
+                or number > MAX_CAP):
+            raise UsageError(f"{{{name}[{module}]}} {number!r} must be a positive integer up to {MAX_CAP}",
+                             fix=f"give a positive integer of at most {MAX_CAP}")
     return tuple((str(m), int(v)) for m, v in items)
 
 
@@ -73,8 +81,9 @@ class PackConfig:
         world_size: data-parallel ranks R.
         micro_batches: groups per rank per step M.
         algorithm: a packer of :data:`balancer_cli.pack.packers.registry.PACKERS`.
-        caps: ``{module: cap}`` (or pairs): encoder items / LLM tokens per group. When some module
-            has no cap, the threshold search picks all caps, using the given ones as upper limits.
+        caps: ``{module: cap}`` (or pairs): encoder items / LLM tokens per group, each at most
+            :data:`MAX_CAP`. When some module has no cap, the threshold search picks all caps, using
+            the given ones as upper limits.
         bounds: ``{module: bound}``: ISF acceptance bounds Q'; default from the search or 0.9 x cap.
         iterations: ISF sampling iterations C.
         oversize: what to do with a sample over a cap on its own (:data:`OVERSIZE_POLICIES`).
@@ -84,7 +93,8 @@ class PackConfig:
         cost_presets: ``{module: preset or model file}`` for the ``flops`` cost model.
         costs: the calibration of the ``measured`` cost model
             (:class:`~balancer_cli.cost.measured.MeasuredCosts` or the path of a costs.json, read here).
-        target_group_size: optional samples-per-group target handed to the search.
+        target_group_size: optional samples-per-group target handed to the search (1 to
+            :data:`MAX_TARGET_GROUP_SIZE`).
         batch_size: fixed samples per group of the ``random`` packer (default: the mean group size
             the caps give, rounded).
         lengths_files: input paths, recorded in the metadata for ``balancer report``.
@@ -119,9 +129,9 @@ class PackConfig:
         _positive(self, "world_size", "micro_batches", "epochs", "iterations", "batch_size", "window_samples")
         target = self.target_group_size
         if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float, np.number))
-                                   or not target >= 1):
-            raise UsageError(f"{{target_group_size}} must be a number >= 1, not {target!r}",
-                             fix="give a mean group size of at least 1 sample")
+                                   or not 1 <= target <= MAX_TARGET_GROUP_SIZE):
+            raise UsageError(f"{{target_group_size}} must be a number >= 1 and <= {MAX_TARGET_GROUP_SIZE}, "
+                             f"not {target!r}", fix=f"give a mean group size from 1 to {MAX_TARGET_GROUP_SIZE} samples")
         check_int("seed", self.seed, least=0, fix="give a non-negative seed")
         for name, choices in (("algorithm", tuple(PACKERS)), ("oversize", OVERSIZE_POLICIES),
                               ("cost_model", tuple(COST_MODELS))):

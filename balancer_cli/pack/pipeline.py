@@ -125,6 +125,14 @@ def _check_caps_fit(inputs: PackInputs, caps_K: np.ndarray) -> None:
             fix=f"raise {{caps[{module}]}} to at least {smallest}, typically to several samples' worth")
 
 
+def _require_measured(inputs: PackInputs) -> None:
+    """Fail when every sample has a scan error: there is nothing to search caps for or pack."""
+    if not inputs.ok_N.any():
+        first = inputs.error_texts[0]
+        raise InputError(f"all {inputs.num_samples} samples have a scan error (first: {first})",
+                         fix="fix the dataset and re-run `balancer scan`")
+
+
 def _largest(inputs: PackInputs) -> np.ndarray:
     """(K,) the largest load of a sample without error, per module (loads are >= 0)."""
     load = inputs.load_NK
@@ -152,6 +160,7 @@ def run_search(inputs: PackInputs, config: PackConfig, **search_options: Any) ->
     )
 
     caps = _by_module(config.caps, inputs.modules, "caps")
+    _require_measured(inputs)  # the limits below are percentiles of the measured samples
     largest_K = _largest(inputs)
     max_caps_K = _default_max_caps(inputs, largest_K)
     min_caps_K = None
@@ -325,10 +334,7 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
     """
     from balancer_cli.pack.evaluate import evaluate_rows
 
-    if not inputs.ok_N.any():
-        first = inputs.error_texts[0]
-        raise InputError(f"all {inputs.num_samples} samples have a scan error (first: {first})",
-                         fix="fix the dataset and re-run `balancer scan`")
+    _require_measured(inputs)
 
     def run(caps_K: np.ndarray, bounds_K: np.ndarray, probe: WindowTrial | None = None) -> Trial:
         # Planned here to be kept: the report's baselines pack the same windows (10M: ~1.2 s saved).

@@ -63,7 +63,8 @@ from balancer_cli.pack.contract import (
 from balancer_cli.pack.packers.balanced import MAX_STEP_EXCESS, deal_balanced
 from balancer_cli.pack.polish import polish_passes
 
-__all__ = ["SearchResult", "Candidate", "search_thresholds", "default_caps", "DEFAULT_GROUP_SIZE", "SUBSAMPLE_STEPS"]
+__all__ = ["SearchResult", "Candidate", "search_thresholds", "default_caps", "DEFAULT_GROUP_SIZE", "SUBSAMPLE_STEPS",
+           "MAX_GRID"]
 
 #: Weight of groups beyond ``MAX_STEP_EXCESS`` x the lower bound: steps past it are a cost the
 #: user did not ask for (a contract, not a preference), so they outweigh any other term.
@@ -80,6 +81,9 @@ DEFAULT_GROUP_SIZE = 4.5
 #: many groups a step (a 12k subsample at ``--dp 1000 x 2`` fills about one step, and every
 #: candidate failed on 19k samples, which fill up to 9 steps of one sample a group).
 SUBSAMPLE_STEPS = 8
+#: The most cap values tried per module: the search packs ``grid ** K`` candidates (64 ** 3 is
+#: already ~262k), and numpy cannot lay out an axis of an unbounded one.
+MAX_GRID = 64
 
 
 @dataclass(frozen=True)
@@ -202,7 +206,7 @@ def search_thresholds(
             it centers the grid and weighs in the objective.
         seed: subsample and packing seed.
         algorithm: ``balanced`` (our packer; bounds are reported equal to the caps) or ``isf``.
-        grid: points per module axis (``grid ** K`` cap candidates).
+        grid: points per module axis (``grid ** K`` cap candidates), 1 to :data:`MAX_GRID`.
         sample_size: samples evaluated per candidate (a seeded subsample; an input of up to 1.5x
             this many is evaluated whole, exactly as it will be packed). Raised to hold
             :data:`SUBSAMPLE_STEPS` steps of ``target_group_size`` samples a group.
@@ -239,8 +243,8 @@ def search_thresholds(
     if len(max_caps) != load.shape[1] or (max_caps < 1).any():
         raise UsageError(f"{{max_caps_K}} {max_caps.tolist()} must be one positive value per module "
                          f"({load.shape[1]})", fix="give one positive limit per module, encoders first, llm last")
-    if grid < 1:
-        raise UsageError(f"grid must be >= 1, got {grid}", fix="use --grid 5")
+    if not 1 <= grid <= MAX_GRID:
+        raise UsageError(f"grid must be in 1..{MAX_GRID}, got {grid}", fix="use --grid 5")
     shape = StepShape(world_size=world_size, micro_batches=micro_batches)
     R, M = shape.world_size, shape.micro_batches
     rng = np.random.default_rng(seed)

@@ -115,7 +115,9 @@ def plan_recompute_summary(*, llm: str | ModelConfig, vision: str | ModelConfig 
     """
     model, chain = build_model_chain(llm=llm, vision=vision, audio=audio, attention=attention, tp=tp, stages=stages)
     loaded = load_workload(model, workload)
-    if cuts:
+    # Text is checked even when empty (`--cuts ''` is refused); an empty sequence means none given.
+    by_hand = cuts is not None and (isinstance(cuts, str) or len(cuts) > 0)
+    if by_hand:
         bounds = _cut_bounds(cuts, stages, len(chain))
     else:
         costs = load_profile(profile, chain) if profile else layer_costs(chain, loaded.typical)
@@ -130,7 +132,7 @@ def plan_recompute_summary(*, llm: str | ModelConfig, vision: str | ModelConfig 
         "workload_source": loaded.source,
         "settings": {"gpu_memory_gb": gpu_memory_gb, "margin": margin, "zero_stage": zero_stage, "dp": dp,
                      "micro_batches": micro, "tp": tp, "attention": attention,
-                     "stages_from": "cuts" if cuts else ("profile" if profile else "FLOPs")},
+                     "stages_from": "cuts" if by_hand else ("profile" if profile else "FLOPs")},
         "title": (f"plan-recompute: {_title_names(model)}, {stages} stages, {gpu_memory_gb:g} GB/GPU, "
                   f"ZeRO-{zero_stage} dp {dp}, tp {tp}, {micro} micro-batches, {attention} attention"),
     })
@@ -139,13 +141,19 @@ def plan_recompute_summary(*, llm: str | ModelConfig, vision: str | ModelConfig 
 
 def _cut_bounds(cuts: str | Sequence[int], stages: int, num_layers: int) -> Bounds:
     """Stage bounds from cuts given by hand, checked against the stages and the chain's length."""
+    if isinstance(cuts, str) and not cuts.strip():
+        # An empty --cuts is a mistake (a shell variable that expanded to nothing), not a request
+        # for BMP's stages: those come from leaving it out.
+        wanted = "" if stages == 1 else f"give {stages - 1} layer {'index' if stages == 2 else 'indices'}, or "
+        raise UsageError(f"{{cuts}} {cuts!r} gives no stage boundary",
+                         fix=f"{wanted}leave {{cuts}} out to plan the stages")
     try:
         cut_list = [int(c) for c in (cuts.split(",") if isinstance(cuts, str) else cuts)]
     except (TypeError, ValueError):
         raise UsageError(f"{{cuts}} {cuts!r} is not a comma-separated list of layer indices",
                          fix="e.g. {cuts} 23,45,72") from None
-    if (len(cut_list) != stages - 1 or cut_list != sorted(set(cut_list)) or cut_list[0] <= 0
-            or cut_list[-1] >= num_layers):
+    if (len(cut_list) != stages - 1 or cut_list != sorted(set(cut_list))
+            or (cut_list and (cut_list[0] <= 0 or cut_list[-1] >= num_layers))):
         raise UsageError(f"{{cuts}} {cuts!r} must be {stages - 1} increasing indices in 1..{num_layers - 1}",
                          fix="take them from `balancer plan-partition --json` (stages[i].layers[0])")
     return bounds_from_cuts(cut_list, num_layers)

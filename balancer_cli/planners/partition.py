@@ -218,8 +218,7 @@ def bmp_candidates(costs: Sequence[float], out_bytes: Sequence[float], stages: i
     anchor = greedy_partition(c, stages)
     if stages == 1:
         return anchor, [make_partition(anchor, c, out)], 0
-    while radius > 0 and (2 * radius + 1) ** (stages - 1) > MAX_CANDIDATES:
-        radius -= 1
+    radius = min(radius, _largest_radius(stages))
     anchor_cuts = np.array([b[0] for b in anchor[1:]], dtype=np.int64)
     offsets = np.array(list(itertools.product(range(-radius, radius + 1), repeat=stages - 1)), dtype=np.int64)
     cuts = anchor_cuts[None, :] + offsets.reshape(-1, stages - 1)
@@ -233,6 +232,24 @@ def bmp_candidates(costs: Sequence[float], out_bytes: Sequence[float], stages: i
     order = np.lexsort((comm, variance))[:top_k]
     top = [make_partition(bounds_from_cuts(edges[i, 1:-1].tolist(), n), c, out) for i in order]
     return anchor, top, radius
+
+
+def _largest_radius(stages: int) -> int:
+    """The largest r with (2r + 1)^(P - 1) <= :data:`MAX_CANDIDATES` (0 if none).
+
+    What shrinking a radius one step at a time reaches, found without walking down from the
+    radius asked for (``--radius 99999999999999999999`` never finished).
+
+    Example:
+        >>> _largest_radius(2), _largest_radius(3), _largest_radius(40)
+        (499999, 499, 0)
+    """
+    root = int((MAX_CANDIDATES ** (1.0 / (stages - 1)) - 1) // 2)  # a float estimate, corrected below
+    while (2 * (root + 1) + 1) ** (stages - 1) <= MAX_CANDIDATES:
+        root += 1
+    while root > 0 and (2 * root + 1) ** (stages - 1) > MAX_CANDIDATES:
+        root -= 1
+    return max(root, 0)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -42,6 +42,7 @@ from balancer_cli.planners.chain import (
     mean_features,
     sequential_groups,
 )
+from balancer_cli.replay.integrity import check_manifest
 
 __all__ = ["DEFAULT_GROUP_LLM_TOKENS", "WorkloadSpec", "Workload", "build_model", "build_model_chain",
            "load_workload", "manifest_groups", "load_profile"]
@@ -243,6 +244,8 @@ def manifest_groups(manifest: str | os.PathLike, table: LengthsTable) -> tuple[n
     path = Path(manifest)
     opened = open_manifest(path)
     opened.check_lengths(table.fingerprint, required=False)
+    if "num_samples" in opened.meta:  # conservation, as the sampler checks it (a plan for rows it refuses helps none)
+        check_manifest(opened)
     first_epoch = opened.epoch_num_steps[0] if opened.epoch_num_steps else opened.num_steps
     rows = opened.read_steps(0, first_epoch)
     if len(rows) == 0:
@@ -285,8 +288,8 @@ def load_profile(path: str | os.PathLike, chain: Sequence[Layer]) -> np.ndarray:
     a layer, on the LLM head and each encoder's projector; 0 on embeddings and stems).
 
     Raises:
-        InputError: an unreadable file, unknown or missing layers, or times that are not finite
-            numbers >= 0.
+        InputError: an unreadable file, unknown or missing layers, times that are not finite
+            numbers >= 0, or no time above 0.
 
     Example:
         >>> import tempfile
@@ -317,8 +320,9 @@ def load_profile(path: str | os.PathLike, chain: Sequence[Layer]) -> np.ndarray:
         for layer in chain:
             value = data.get(layer.name, data.get(f"{layer.module}.{layer.kind}"))
             if value is None:
-                raise InputError(f"{path}: no time for layer {layer.name!r}",
-                                 fix=f"add '{layer.name}' or '{layer.module}.{layer.kind}'")
+                kind = f"{layer.module}.{layer.kind}"  # a chain's one embedding is named as its kind
+                spellings = f"'{layer.name}'" if kind == layer.name else f"'{layer.name}' or '{kind}'"
+                raise InputError(f"{path}: no time for layer {layer.name!r}", fix=f"add {spellings}")
             values.append(value)
     else:
         raise InputError(f"{path}: expected a JSON list or object", fix="pass a JSON list or {layer: seconds}")
@@ -328,4 +332,9 @@ def load_profile(path: str | os.PathLike, chain: Sequence[Layer]) -> np.ndarray:
         raise InputError(f"{path}: times must be numbers", fix="write seconds as numbers") from None
     if (times < 0).any() or not np.isfinite(times).all():
         raise InputError(f"{path}: times must be finite and >= 0", fix="check the profile")
+    # Stages are balanced by their share of the time: with none measured there is nothing to
+    # balance (and every stage ratio the plans report would divide by zero).
+    if not (times > 0).any():
+        raise InputError(f"{path}: every layer's time is 0 (no layer has a positive cost)",
+                         fix="give each layer its measured seconds (at least one above 0)")
     return times

@@ -354,3 +354,21 @@ def test_conservation_verdicts_are_those_of_plain_counts(n, epochs, data):
     else:
         with pytest.raises(ManifestError, match=re.escape(verdict)):
             integrity.check_rows("m", step, zeros, zeros, sample, **check)
+
+
+def test_the_planners_refuse_a_manifest_the_sampler_refuses(packed, tmp_path):
+    """``plan-partition --manifest`` planned for rows that place a sample twice (exit 0) where the
+    sampler refuses them: the planners check conservation too."""
+    def duplicated(rows):
+        sample = rows.sample.copy()
+        sample[0] = sample[1]
+        return ManifestRows(rows.step, rows.rank, rows.micro, sample, rows.extra)
+
+    folder = _rewrite(packed, tmp_path / "dup", rows=duplicated)
+    args = ["--llm", "qwen2-7b", "--vision", "internvit-300m", "--stages", 2, "--manifest", folder,
+            "--lengths", packed.parent / "lengths.parquet"]
+    result = _run("plan-partition", *args)
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1 and "placed 2 times" in lines[0], result.output
+    assert _run("plan-partition", *args[:-4], "--manifest", packed, "--lengths",
+                packed.parent / "lengths.parquet").exit_code == 0
