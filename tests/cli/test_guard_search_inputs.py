@@ -6,28 +6,15 @@ import warnings
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from cli_util import invoke as _invoke
+from cli_util import one_error as _one_error
 
-from balancer_cli.cli import DEBUG_ENV, main
 from balancer_cli.cost.calibration import MAX_GROUP_ITEMS, MAX_GROUP_TOKENS, GridSpec
 from balancer_cli.errors import UsageError
 from balancer_cli.lengths import make_lengths_table, write_lengths
 from balancer_cli.pack.config import MAX_CAP, MAX_TARGET_GROUP_SIZE, PackConfig
 
 HUGE = "99999999999999999999"
-
-
-def _invoke(args):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, env={DEBUG_ENV: ""})
-
-
-def _one_error(result, code):
-    """The single ``Error: ...; fix: ...`` line of a refused command."""
-    lines = result.output.strip().splitlines()
-    assert result.exit_code == code, result.output
-    assert len(lines) == 1 and lines[0].startswith("Error: ") and "; fix: " in lines[0], result.output
-    assert "internal error" not in lines[0] and "Traceback" not in result.output
-    return lines[0]
 
 
 def _lengths(tmp_path, n=300, error_every_row=False):

@@ -6,9 +6,9 @@ import json
 import time
 
 import pytest
-from click.testing import CliRunner
+from cli_util import invoke as _invoke
+from cli_util import one_error as _one_error
 
-from balancer_cli.cli import DEBUG_ENV, main
 from balancer_cli.cost.presets import load_model_file
 from balancer_cli.cost.samples import CostModel
 from balancer_cli.errors import InputError, UsageError
@@ -19,19 +19,6 @@ from balancer_cli.planners.workload import build_model_chain, load_profile
 TINY = {"kind": "llm", "num_layers": 4, "hidden_size": 256, "ffn_hidden_size": 512, "num_heads": 4, "vocab_size": 1000}
 CLS = {"kind": "vision", "num_layers": 3, "hidden_size": 128, "ffn_hidden_size": 256, "num_heads": 4,
        "patch_size": 14, "image_size": 448, "tokens_per_item": 1, "merge": 4, "class_tokens": 5}
-
-
-def _invoke(args):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, env={DEBUG_ENV: ""})
-
-
-def _one_error(result, code):
-    """The single ``Error: ...; fix: ...`` line of a refused command."""
-    lines = result.output.strip().splitlines()
-    assert result.exit_code == code, result.output
-    assert len(lines) == 1 and lines[0].startswith("Error: ") and "; fix: " in lines[0], result.output
-    assert "internal error" not in lines[0] and "Traceback" not in result.output
-    return lines[0]
 
 
 @pytest.fixture()

@@ -10,8 +10,6 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from replay_util import pack_random, random_lengths
-from resume_util import with_caps
 
 from balancer_cli.replay import plan_cache
 from balancer_cli.replay.cursor import ManifestReplay
@@ -23,14 +21,6 @@ from balancer_cli.replay.plan_cache import (
 )
 
 WORLD = 3
-
-
-@pytest.fixture
-def capped(tmp_path):
-    lengths = random_lengths(300, seed=8)
-    src = pack_random(tmp_path / "src", num_samples=300, world_size=4, micro_batches=2, epochs=2, seed=8,
-                      rows_per_row_group=32)
-    return with_caps(src, tmp_path / "m", lengths, {"vision": 14, "llm": 3000}), lengths
 
 
 def every_rank(manifest, world=WORLD, **kwargs):

@@ -8,21 +8,11 @@ import json
 
 import numpy as np
 import pytest
-
-from replay_util import pack_random, random_lengths
-from resume_util import run, with_caps
+from resume_util import run
 
 from balancer_cli.replay import epoch_plan
 from balancer_cli.replay.cursor import ManifestReplay
 from balancer_cli.replay.plan_cache import PLANS_DIR
-
-
-@pytest.fixture
-def capped(tmp_path):
-    lengths = random_lengths(300, seed=8)
-    src = pack_random(tmp_path / "src", num_samples=300, world_size=4, micro_batches=2, epochs=2, seed=8,
-                      rows_per_row_group=32)
-    return with_caps(src, tmp_path / "m", lengths, {"vision": 14, "llm": 3000}), lengths
 
 
 def every_rank(manifest, world, epoch=0, **kwargs):

@@ -4,8 +4,6 @@ gives one of RANK/WORLD_SIZE without the other (every process would be rank 0 of
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 
@@ -16,16 +14,6 @@ from replay_util import pack_random
 from balancer_cli.errors import UsageError
 from balancer_cli.runtime.ranks import resolve_rank
 from balancer_cli.runtime.sampler import ManifestBatchSampler
-
-
-@pytest.fixture
-def env(monkeypatch):
-    """A clean environment: no RANK/WORLD_SIZE, no process group, no Megatron."""
-    for name in ("RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.delitem(sys.modules, "megatron.core.parallel_state", raising=False)
-    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
-    return monkeypatch
 
 
 @pytest.fixture(scope="module")

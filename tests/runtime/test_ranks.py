@@ -34,16 +34,6 @@ class Mesh:
         return self.shape[dim]
 
 
-@pytest.fixture
-def env(monkeypatch):
-    """A clean environment: no RANK/WORLD_SIZE, no process group, no Megatron."""
-    for name in ("RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.delitem(sys.modules, "megatron.core.parallel_state", raising=False)
-    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
-    return monkeypatch
-
-
 def test_explicit_values_then_the_environment_then_one_process(env):
     assert resolve_rank() == (0, 1)
     assert resolve_rank(2, 3) == (2, 3)
