@@ -20,11 +20,14 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from balancer_cli._reaper import VARIABLE as REAPER_VARIABLE
 from balancer_cli._signals import kept_signal_handlers
 from balancer_cli.errors import InputError, UsageError
 
@@ -72,14 +75,18 @@ def ray_session(options: Any) -> Iterator[Any]:
     own options).
     """
     ray = import_ray()
-    started = False
+    started, reaper = False, None
     auth_mode = os.environ.get(_AUTH_MODE)
     if not ray.is_initialized():
+        reaper = None if options.address else _start_reaper()  # a cluster of our own: ended if we are killed
         try:
             with kept_signal_handlers(*_HELD):  # ray.init and shutdown replace SIGTERM's: exit 143 stays ours
                 _init(ray, options)
         except BaseException as exc:
-            _stop(ray, auth_mode)  # what ray.init started before it was stopped (processes, connection)
+            try:
+                _stop(ray, auth_mode)  # what ray.init started before it was stopped (processes, connection)
+            finally:
+                _close_reaper(reaper)
             if isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:
                 signal.raise_signal(signal.SIGTERM)  # Ray's handler took it: now the handler it replaced
             raise
@@ -89,7 +96,44 @@ def ray_session(options: Any) -> Iterator[Any]:
             yield ray
     finally:
         if started:
-            _stop(ray, auth_mode)
+            try:
+                _stop(ray, auth_mode)
+            finally:
+                _close_reaper(reaper)
+
+
+def _start_reaper() -> tuple[subprocess.Popen, str | None] | None:
+    """Start :mod:`balancer_cli._reaper` for the local cluster about to start, and mark this process's
+    environment (which the cluster's processes inherit): ``(reaper, the variable's previous value)``,
+    or None where no process can be started (the cluster then ends on Ray's own time if we are killed)."""
+    marker = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if k != REAPER_VARIABLE}  # the reaper is not its own prey
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                      env.get("PYTHONPATH")]))
+    try:
+        reaper = subprocess.Popen([sys.executable, "-m", "balancer_cli._reaper", marker], stdin=subprocess.PIPE,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                                  start_new_session=True)  # Ctrl-C to the command's group leaves it to its work
+    except OSError:
+        return None
+    previous = os.environ.get(REAPER_VARIABLE)
+    os.environ[REAPER_VARIABLE] = marker
+    return reaper, previous
+
+
+def _close_reaper(started: tuple[subprocess.Popen, str | None] | None) -> None:
+    """The environment as it was, and the reaper told the cluster is stopped (it finds nothing left)."""
+    if started is None:
+        return
+    reaper, previous = started
+    if previous is None:
+        os.environ.pop(REAPER_VARIABLE, None)
+    else:
+        os.environ[REAPER_VARIABLE] = previous
+    with contextlib.suppress(OSError):
+        reaper.stdin.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        reaper.wait(timeout=5)
 
 
 def _init(ray: Any, options: Any) -> None:

@@ -191,10 +191,12 @@ def test_a_stopped_session_ends_its_processes_that_ignore_sigterm():
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds processes through /proc")
-def test_a_ray_pack_ended_by_sigterm_leaves_no_ray_process(lengths, tmp_path):
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_ray_pack_ended_by_a_signal_leaves_no_ray_process(lengths, tmp_path, sig):
     """``balancer pack --engine ray`` stopped by SIGTERM exits 143 with one line, and no process
     of its local cluster (they inherit a marker in their environment) outlives it by more than a
-    few seconds (Ray's own agents lingered ~60 s)."""
+    few seconds (Ray's own agents lingered ~60 s). Killed by SIGKILL, it runs no code: its reaper
+    (balancer_cli._reaper) ends the cluster (Ray's processes stayed ~60-100 s)."""
     import signal
     import subprocess
     import sys
@@ -225,13 +227,13 @@ def test_a_ray_pack_ended_by_sigterm_leaves_no_ray_process(lengths, tmp_path):
     while not any(b"ray::_place" in _cmdline(pid) for pid in marked()) and process.poll() is None \
             and time.monotonic() < deadline:
         time.sleep(0.05)  # until a window's task runs: a SIGTERM then interrupted Ray's shutdown
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(getattr(signal, sig))
     code = process.wait(timeout=120)
     stderr = process.stderr.read()
-    assert code in (0, 143), stderr
+    assert code in (0, 143, -signal.SIGKILL), stderr
     if code == 143:
         assert stderr.strip().splitlines()[-1].startswith("Error: terminated"), stderr
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 8
     while marked() and time.monotonic() < deadline:
         time.sleep(0.1)
     left = marked()
