@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from balancer_cli._reaper import STOPPED as REAPER_STOPPED
 from balancer_cli._reaper import VARIABLE as REAPER_VARIABLE
 from balancer_cli._signals import kept_signal_handlers
 from balancer_cli.errors import InputError, UsageError
@@ -122,7 +123,7 @@ def _start_reaper() -> tuple[subprocess.Popen, str | None] | None:
 
 
 def _close_reaper(started: tuple[subprocess.Popen, str | None] | None) -> None:
-    """The environment as it was, and the reaper told the cluster is stopped (it finds nothing left)."""
+    """The environment as it was, and the reaper told the cluster is stopped (it exits)."""
     if started is None:
         return
     reaper, previous = started
@@ -131,6 +132,7 @@ def _close_reaper(started: tuple[subprocess.Popen, str | None] | None) -> None:
     else:
         os.environ[REAPER_VARIABLE] = previous
     with contextlib.suppress(OSError):
+        reaper.stdin.write(REAPER_STOPPED)
         reaper.stdin.close()
     with contextlib.suppress(subprocess.TimeoutExpired):
         reaper.wait(timeout=5)
