@@ -18,7 +18,8 @@ The plan must keep ``peak_i <= (1 - margin) x G``; the margin (default 10%) cove
 context, NCCL and allocator fragmentation, which the formulas do not model. Among plans that fit,
 the planner minimizes the added forward FLOPs (a multiple-choice knapsack per stage, solved
 exactly by dynamic programming over memory discretized into ``resolution`` steps, savings rounded
-down so a plan that fits on the grid fits for real). With no recompute needed it recomputes
+down so a plan that fits on the grid fits for real, and rounded up for a relaxation whose pick is
+taken where it fits for real and costs less). With no recompute needed it recomputes
 nothing; when even full recomputation of every layer does not fit it raises
 :class:`~balancer_cli.errors.PlanError` with the memory needed.
 
@@ -162,7 +163,22 @@ def _knapsack(saving: np.ndarray, cost: np.ndarray, need: float, resolution: int
     if saving.max(axis=1).sum() < need:
         return None
     unit = need / resolution
-    units = np.minimum(np.floor(saving / unit + 1e-9).astype(np.int64), resolution)
+    # Savings rounded down: a pick that fits on the grid fits for real, but one whose savings reach
+    # ``need`` only with their fractions is missed. Rounded up they make a relaxation (its least cost
+    # is at most the true optimum's): its pick, where its exact savings do reach ``need`` and it
+    # costs less, is the exact optimum (a memory budget at such an edge got a dearer plan).
+    safe = _grid_knapsack(np.minimum(np.floor(saving / unit + 1e-9).astype(np.int64), resolution), cost, resolution)
+    relaxed = _grid_knapsack(np.minimum(np.ceil(saving / unit - 1e-9).astype(np.int64), resolution), cost, resolution)
+    rows = np.arange(n)
+    if relaxed is not None and saving[rows, relaxed].sum() >= need and (
+            safe is None or cost[rows, relaxed].sum() < cost[rows, safe].sum() * (1 - 1e-12)):
+        return relaxed
+    return safe
+
+
+def _grid_knapsack(units: np.ndarray, cost: np.ndarray, resolution: int) -> np.ndarray | None:
+    """:func:`_knapsack` on a grid: ``units`` (L, 3) of saving per mode, ``resolution`` units needed."""
+    n = len(units)
     best = np.full(resolution + 1, np.inf)  # best[j]: least cost saving >= j units (capped)
     best[0] = 0.0
     picks = np.zeros((n, resolution + 1), dtype=np.int8)

@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from balancer_cli.cost import flops
@@ -50,6 +50,7 @@ def brute_force(chain, bounds, feats, budget, inflight_of, per_param):
 
 @settings(max_examples=40, deadline=None)
 @given(st.floats(0.08, 0.4))
+@example(0.12395396180149845)  # savings that reach the need only with their fractions: a dearer plan once
 def test_knapsack_matches_brute_force_on_a_tiny_model(gb):
     model, chain, feats = tiny()
     bounds = ((0, 5), (6, len(chain) - 1))
