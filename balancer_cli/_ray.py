@@ -29,6 +29,7 @@ from typing import Any
 
 from balancer_cli._reaper import STOPPED as REAPER_STOPPED
 from balancer_cli._reaper import VARIABLE as REAPER_VARIABLE
+from balancer_cli._reaper import end_processes, proc_stat, processes
 from balancer_cli._signals import kept_signal_handlers
 from balancer_cli.errors import InputError, UsageError
 
@@ -205,19 +206,12 @@ def _stop(ray: Any, auth_mode: str | None) -> None:
 def _ray_descendants() -> list[tuple[int, str]]:
     """``(pid, start time)`` of this process's descendants whose command line names Ray (Linux
     ``/proc``; none elsewhere). The start time tells a reused PID from the process listed."""
-    parent: dict[int, int] = {}
-    started: dict[int, str] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):  # gone meanwhile, or no /proc
-            continue
-        parent[int(entry.name)], started[int(entry.name)] = int(fields[1]), fields[19]
+    table = processes()
     found, frontier = [], [os.getpid()]
     while frontier:
-        frontier = [pid for pid, ppid in parent.items() if ppid in frontier]
+        frontier = [pid for pid, (parent, _, _) in table.items() if parent in frontier]
         found += frontier
-    return [(pid, started[pid]) for pid in found if b"ray" in _cmdline(pid)]
+    return [(pid, table[pid][1]) for pid in found if b"ray" in _cmdline(pid)]
 
 
 def _cmdline(pid: int) -> bytes:
@@ -228,33 +222,15 @@ def _cmdline(pid: int) -> bytes:
 
 
 def _end_processes(listed: list[tuple[int, str]], grace_s: float = 2.0) -> None:
-    """SIGTERM the listed processes still alive (the same start time), then SIGKILL those left
-    after ``grace_s``."""
-    import time
+    """End the listed processes still alive (the same start time; :func:`balancer_cli._reaper.end_processes`),
+    then reap those that are ours (the cluster's raylet and GCS): no zombie left behind."""
 
     def alive() -> list[int]:
-        pids = []
-        for pid, start in listed:
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if fields[19] == start and fields[0] != "Z":  # a zombie is gone but for its parent's wait
-                pids.append(pid)
-        return pids
+        return [pid for pid, start in listed if (stat := proc_stat(pid)) is not None and stat[2] == start
+                and stat[0] != "Z"]
 
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 1.0)):  # (then dead, to be reaped)
-        pids = alive()
-        for pid in pids:
-            with contextlib.suppress(OSError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + wait_s
-        while pids and time.monotonic() < deadline:
-            time.sleep(0.05)
-            pids = alive()
-        if not pids:
-            break
-    for pid, _ in listed:  # ours to reap (the cluster's raylet and GCS): no zombie left behind
+    end_processes(alive, grace_s, settle_s=0.05)
+    for pid, _ in listed:
         with contextlib.suppress(OSError):
             os.waitpid(pid, os.WNOHANG)
 
