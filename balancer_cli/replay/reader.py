@@ -90,7 +90,7 @@ class ManifestReader:
         meta = self.manifest.meta
         for key in ("world_size", "micro_batches", "num_samples", "num_steps", "row_group_first_steps"):
             if key not in meta:
-                raise ManifestError(f"{self.manifest.path}: metadata lacks '{key}'", fix="re-run `balancer pack`")
+                raise ManifestError(f"{self.manifest.path}: metadata field '{key}' is missing", fix="re-run `balancer pack`")
         if verify:
             check_manifest(self.manifest)
         self.world_size = int(meta["world_size"])

@@ -198,6 +198,7 @@ def test_edited_epochs_are_refused(packed, tmp_path):
     # nobody passed (exit 2), before the metadata was checked on opening.
     ("num_samples", "329", "metadata field 'num_samples' is '329', not an integer in 0..1099511627776"),
     ("num_samples", 10**13, "metadata field 'num_samples' is 10000000000000, not an integer"),
+    ("num_samples", None, "metadata field 'num_samples' is missing"),  # conservation counts them
     ("micro_batches", 1.5, "metadata field 'micro_batches' is 1.5, not an integer in 1..2097151"),
     ("seed", -1, "metadata field 'seed' is -1, not an integer"),
     ("seed", True, "metadata field 'seed' is True, not an integer"),
