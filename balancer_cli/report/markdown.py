@@ -85,13 +85,16 @@ _MISSED = {
 def contract_lines(summary: Mapping[str, Any]) -> list[str]:
     """A line naming the contract's bounds ours misses (none when it meets them all), and why the
     step mix cannot reach random batching where a sparse module's groups are too few to reach
-    every step (:func:`_sparse_hint`).
+    every step (:func:`_sparse_hint`), or what one micro-batch leaves uneven or unmixed
+    (:func:`_one_slot_hint`).
 
     Example:
         >>> data = {"contract": {"bounds": {"max_dist_ratio": 0.005}, "broken": ["dist:llm"]},
         ...         "modules": {"llm": {"dist_ratio": 0.0071, "sparse": False}}, "manifest": {"micro_batches": 1}}
-        >>> contract_lines(data)
-        ['bounds missed: llm Dist 0.0071 > 0.005 (docs/packing.md: what still misses, and why)']
+        >>> contract_lines(data)[0]
+        'bounds missed: llm Dist 0.0071 > 0.005 (docs/packing.md: what still misses, and why)'
+        >>> contract_lines({**data, "manifest": {"micro_batches": 2}})[1:]  # the hint is for one micro-batch
+        []
     """
     broken = (summary.get("contract") or {}).get("broken") or []
     if not broken:
@@ -99,28 +102,39 @@ def contract_lines(summary: Mapping[str, Any]) -> list[str]:
     limits = summary["contract"]["bounds"]
     missed = [_MISSED[kind](summary, module, limits) for kind, _, module in (b.partition(":") for b in broken)]
     lines = ["bounds missed: " + "; ".join(missed) + " (docs/packing.md: what still misses, and why)"]
-    if "mix" in broken:
-        lines += _sparse_hint(summary) or _one_slot_hint(summary)
-    return lines
+    floors = _sparse_hint(summary) if "mix" in broken else []  # a sparse module's floor explains the mix
+    return lines + (floors or _one_slot_hint(summary, broken))
 
 
-def _one_slot_hint(summary: Mapping[str, Any]) -> list[str]:
-    """Why one micro-batch can leave steps less mixed than random batching where no sparse module
-    binds: a rank's load is then one group, so a step's R groups must be equal on every module
-    (within the Dist bound), and the groups packing could not make equal (tight caps, few coarse
-    items) share steps with their like, sources and all; with two micro-batches a rank pairs two
-    unequal groups (random three-module inputs: 1.42x -> 0.53x, 1.14x -> 0.92x; docs/packing.md).
+def _one_slot_hint(summary: Mapping[str, Any], broken: Sequence[str]) -> list[str]:
+    """Why one micro-batch can leave steps uneven or less mixed than random batching where no
+    sparse module binds: a rank's load is then one group, so a step's R groups must be equal on
+    every module (within the Dist bound), and the groups packing could not make equal (tight caps,
+    few coarse items) share steps with their like, sources and all, or leave the steps uneven;
+    with two micro-batches a rank pairs two unequal groups (random three-module inputs: mix 1.42x
+    -> 0.53x and 1.14x -> 0.92x, audio Dist 0.0081 -> 0.0008; docs/packing.md). Not for a missed
+    Dist where a sparse module idles its ranks too (few or sparse steps: pairing did not help).
 
     Example:
-        >>> _one_slot_hint({"manifest": {"micro_batches": 1}})[0].split(": ")[-1]
+        >>> _one_slot_hint({"manifest": {"micro_batches": 1}}, ["mix"])[0].split(": ")[-1]
         '--micro-batches 2 lets each rank pair two unequal groups'
-        >>> _one_slot_hint({"manifest": {"micro_batches": 2}})
+        >>> _one_slot_hint({"manifest": {"micro_batches": 1}}, ["dist:audio"])[0].split(", ")[1].split(":")[0]
+        'so groups packing cannot make equal leave its steps uneven'
+        >>> _one_slot_hint({"manifest": {"micro_batches": 2}}, ["mix"])
         []
     """
     if summary["manifest"]["micro_batches"] != 1:
         return []
-    return ["  at one micro-batch a step's groups must be equal on every module, so groups of like costs share "
-            "steps, and their sources with them: --micro-batches 2 lets each rank pair two unequal groups"]
+    if "mix" in broken:
+        why = "so groups of like costs share steps, and their sources with them"
+    elif any(bound.startswith("dist:") for bound in broken) and not any(bound.startswith("util:") for bound in broken):
+        # (A sparse module idle too says the steps are too few or too sparse for any pairing to even
+        # out: sample_data's 19 steps at --dp 4 lost the LLM's Dist at two micro-batches, 0.059 -> 0.083.)
+        why = "so groups packing cannot make equal leave its steps uneven"
+    else:
+        return []
+    return [f"  at one micro-batch a step's groups must be equal on every module, {why}: --micro-batches 2 lets "
+            "each rank pair two unequal groups"]
 
 
 def _sparse_hint(summary: Mapping[str, Any]) -> list[str]:

@@ -241,3 +241,36 @@ def test_a_missed_mix_names_the_micro_batches_that_let_every_step_hold_a_sparse_
         assert lines[1].startswith(f"  audio is in {share:.0%} of the groups")
         assert f"at most {share * micro_batches:.0%} of the steps hold it" in lines[1]
         assert lines[1].endswith(f"--micro-batches {advised} or more lets every step hold it")
+
+
+@pytest.mark.parametrize(("broken", "micro_batches", "hint"), [
+    (["dist:audio"], 1, "so groups packing cannot make equal leave its steps uneven"),
+    (["mix", "dist:audio"], 1, "so groups of like costs share steps, and their sources with them"),
+    (["mix"], 1, "so groups of like costs share steps, and their sources with them"),
+    (["dist:audio"], 2, None),  # two micro-batches pair groups already
+    (["steps"], 1, None),  # more micro-batches do not lower the step count's bound
+    (["dist:audio", "util:video"], 1, None),  # few or sparse steps (sample_data): pairing did not help
+])
+def test_a_missed_dist_or_mix_at_one_micro_batch_names_two(broken, micro_batches, hint):
+    """At one micro-batch a rank's load is one group: a step's groups must be equal on every module,
+    and where packing could not make them so the steps stay uneven (``sparse`` 1013, 70k at
+    ``--dp 64``: audio Dist 0.0081) or unmixed; two micro-batches fixed both on the inputs measured
+    (audio 0.0008), so the report names them for a missed Dist too, not only for a missed mix; not
+    where a sparse module idles too (sample_data: its LLM Dist rose at two)."""
+    from balancer_cli.report.markdown import contract_lines
+
+    bounds = {"max_dist_ratio": 0.005, "max_step_mix_vs_random": 1.0, "min_sparse_utilization": 0.9,
+              "max_steps_vs_lower_bound": 1.03}
+    data = {"contract": {"bounds": bounds, "broken": broken}, "step_mix": {"vs_random": 1.4},
+            "steps": {"vs_lower_bound": 1.04}, "manifest": {"micro_batches": micro_batches},
+            "modules": {"audio": {"sparse": False, "group_share": 1.0, "dist_ratio": 0.0081},
+                        "llm": {"sparse": False, "group_share": 1.0, "dist_ratio": 0.001}}}
+    if "util:video" in broken:  # (a sparse module in the mix cases would be the sparse floor's hint)
+        data["modules"]["video"] = {"sparse": True, "group_share": 0.13, "utilization": 0.65}
+    lines = contract_lines(data)
+    assert lines[0].startswith("bounds missed: ")
+    if hint is None:
+        assert lines[1:] == []
+    else:
+        assert lines[1:] == [f"  at one micro-batch a step's groups must be equal on every module, {hint}: "
+                             "--micro-batches 2 lets each rank pair two unequal groups"]
