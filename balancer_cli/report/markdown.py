@@ -112,8 +112,10 @@ def _one_slot_hint(summary: Mapping[str, Any], broken: Sequence[str]) -> list[st
     every module (within the Dist bound), and the groups packing could not make equal (tight caps,
     few coarse items) share steps with their like, sources and all, or leave the steps uneven;
     with two micro-batches a rank pairs two unequal groups (random three-module inputs: mix 1.42x
-    -> 0.53x and 1.14x -> 0.92x, audio Dist 0.0081 -> 0.0008; docs/packing.md). Not for a missed
-    Dist where a sparse module idles its ranks too (few or sparse steps: pairing did not help).
+    -> 0.53x and 1.14x -> 0.92x, audio Dist 0.0081 -> 0.0008; docs/packing.md). Also where the
+    searched pick broke a Dist or the mix and the caps kept traded that for another bound (a 245k
+    at ``--dp 64``: steps 1.037x; at two micro-batches the pick meets every bound). Not for a Dist
+    where a sparse module idles its ranks too (few or sparse steps: pairing did not help).
 
     Example:
         >>> _one_slot_hint({"manifest": {"micro_batches": 1}}, ["mix"])[0].split(": ")[-1]
@@ -123,14 +125,18 @@ def _one_slot_hint(summary: Mapping[str, Any], broken: Sequence[str]) -> list[st
         >>> _one_slot_hint({"manifest": {"micro_batches": 2}}, ["mix"])
         []
     """
-    if summary["manifest"]["micro_batches"] != 1:
-        return []
-    if "mix" in broken:
-        why = "so groups of like costs share steps, and their sources with them"
-    elif any(bound.startswith("dist:") for bound in broken) and not any(bound.startswith("util:") for bound in broken):
+    if summary["manifest"]["micro_batches"] != 1 or any(bound.startswith("util:") for bound in broken):
         # (A sparse module idle too says the steps are too few or too sparse for any pairing to even
         # out: sample_data's 19 steps at --dp 4 lost the LLM's Dist at two micro-batches, 0.059 -> 0.083.)
+        return []
+    checked = ((summary["manifest"].get("params") or {}).get("search") or {}).get("checked") or {}
+    picked = [bound for bound in checked.get("pick_broken", []) if bound == "mix" or bound.startswith("dist:")]
+    if "mix" in broken:
+        why = "so groups of like costs share steps, and their sources with them"
+    elif any(bound.startswith("dist:") for bound in broken):
         why = "so groups packing cannot make equal leave its steps uneven"
+    elif picked and checked.get("kept", "pick") != "pick":
+        why = f"so the searched caps' groups left the steps uneven or unmixed ({', '.join(picked)})"
     else:
         return []
     return [f"  at one micro-batch a step's groups must be equal on every module, {why}: --micro-batches 2 lets "

@@ -250,6 +250,10 @@ def test_a_missed_mix_names_the_micro_batches_that_let_every_step_hold_a_sparse_
     (["dist:audio"], 2, None),  # two micro-batches pair groups already
     (["steps"], 1, None),  # more micro-batches do not lower the step count's bound
     (["dist:audio", "util:video"], 1, None),  # few or sparse steps (sample_data): pairing did not help
+    # The searched pick broke the LLM's Dist and the mix, the caps kept the steps bound instead.
+    (["steps", "picked:dist:llm,mix"], 1, "so the searched caps' groups left the steps uneven or unmixed "
+                                          "(dist:llm, mix)"),
+    (["steps", "picked:util:audio"], 1, None),  # the pick's broken bound is no pairing's to fix
 ])
 def test_a_missed_dist_or_mix_at_one_micro_batch_names_two(broken, micro_batches, hint):
     """At one micro-batch a rank's load is one group: a step's groups must be equal on every module,
@@ -267,6 +271,11 @@ def test_a_missed_dist_or_mix_at_one_micro_batch_names_two(broken, micro_batches
                         "llm": {"sparse": False, "group_share": 1.0, "dist_ratio": 0.001}}}
     if "util:video" in broken:  # (a sparse module in the mix cases would be the sparse floor's hint)
         data["modules"]["video"] = {"sparse": True, "group_share": 0.13, "utilization": 0.65}
+    picked = [bound for bound in broken if bound.startswith("picked:")]
+    if picked:  # what the searched pick broke in full, where a later candidate's caps were kept
+        data["contract"]["broken"] = [bound for bound in broken if bound not in picked]
+        data["manifest"]["params"] = {"search": {"checked": {"pick_broken": picked[0][len("picked:"):].split(","),
+                                                             "kept": {"llm": 14336}}}}
     lines = contract_lines(data)
     assert lines[0].startswith("bounds missed: ")
     if hint is None:
