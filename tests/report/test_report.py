@@ -251,8 +251,8 @@ def test_a_missed_mix_names_the_micro_batches_that_let_every_step_hold_a_sparse_
     (["steps"], 1, None),  # more micro-batches do not lower the step count's bound
     (["dist:audio", "util:video"], 1, None),  # few or sparse steps (sample_data): pairing did not help
     # The searched pick broke the LLM's Dist and the mix, the caps kept the steps bound instead.
-    (["steps", "picked:dist:llm,mix"], 1, "so the searched caps' groups left the steps uneven or unmixed "
-                                          "(dist:llm, mix)"),
+    (["steps", "picked:dist:llm,mix"], 1, ("so the searched caps' groups left the steps uneven or unmixed "
+                                           "(dist:llm, mix)")),
     (["steps", "picked:util:audio"], 1, None),  # the pick's broken bound is no pairing's to fix
 ])
 def test_a_missed_dist_or_mix_at_one_micro_batch_names_two(broken, micro_batches, hint):
@@ -281,5 +281,6 @@ def test_a_missed_dist_or_mix_at_one_micro_batch_names_two(broken, micro_batches
     if hint is None:
         assert lines[1:] == []
     else:
-        assert lines[1:] == [f"  at one micro-batch a step's groups must be equal on every module, {hint}: "
-                             "--micro-batches 2 lets each rank pair two unequal groups"]
+        expected = (f"  at one micro-batch a step's groups must be equal on every module, {hint}: "
+                    "--micro-batches 2 lets each rank pair two unequal groups")
+        assert lines[1:] == [expected]
