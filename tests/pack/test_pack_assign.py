@@ -90,6 +90,22 @@ def test_last_leftovers_form_blocks_of_neighbouring_costs():
     assert max(dist_K) < 0.05, dist_K
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_groups_without_a_dense_module_keep_to_blocks_of_their_own(seed):
+    # ``speech`` 4007 (21k samples, --dp 64): audio in 91.5% of the groups, so dense (its Dist
+    # judged); its 384 groups without audio, six blocks' worth, reached the last cut, which split
+    # them over 7 steps with audio groups (each such rank idles the audio phase): audio Dist 0.087.
+    rng = np.random.default_rng(seed)
+    R, G = 16, 16 * 24
+    audio = rng.uniform(500, 3000, G)
+    audio[rng.permutation(G)[: 2 * R]] = 0.0  # 2 blocks' worth of groups without it (8%)
+    cost = np.column_stack([256.0 * rng.integers(4, 20, G), audio, rng.uniform(4000, 9000, G)])
+    a = assign_groups(cost, world_size=R, micro_batches=1, seed=seed)
+    held_S = np.zeros((a.num_steps, R), bool)
+    held_S[a.step, a.rank] = audio > 0
+    assert sorted(held_S.sum(axis=1).tolist())[:3] == [0, 0, R], held_S.sum(axis=1)
+
+
 def test_few_groups_of_a_sparse_module_run_side_by_side_in_blocks_of_near_equal_load():
     # ``bench/bench_pack_random.py --family sparse`` case 31: 32,225 samples, 1 of 5 sources
     # with audio (265 audio groups of 7,072), 16 ranks x 2 micro-batches. No cell gathers 16
