@@ -121,11 +121,12 @@ def _cells(cost_GK, rows, R, discrete_levels, tolerance, sparse_factor, exact_di
     return row_ids(key), key
 
 
-def form_blocks(cost_GK, dev_GO, R, rng, tolerance, discrete_levels, sparse_factor):
+def form_blocks(cost_GK, dev_GO, R, rng, tolerance, discrete_levels, sparse_factor, held_apart=False):
     """(G / R, R) blocks (step 2): source-paired within cells; a cell's leftovers (< R groups) are
     paired again on a grid ``_COARSEN`` times coarser, up to ``_LEVELS`` levels; the last few are
     cut in cell-key order and like a k-d tree (:func:`kd_blocks`), and the cut whose blocks idle
-    less (:func:`block_idle`) is kept."""
+    less (:func:`block_idle`) is kept; with ``held_apart`` (one micro-batch: a block is a step)
+    both cuts keep the groups without a dense module apart (:func:`_held_classes`)."""
     rest = np.arange(len(cost_GK))
     blocks = []
     key = np.zeros((0, 1))
@@ -147,20 +148,32 @@ def form_blocks(cost_GK, dev_GO, R, rng, tolerance, discrete_levels, sparse_fact
         # tokens with 19-tile ones of ~5,850: Dist 0.25 in that step); cut like a k-d tree, the
         # first module can lose instead (sample_data, 4 modules: Dist 0.08-0.10 -> 0.10-0.11).
         # 48 random inputs: Dist Ratio over 0.005 in 7 -> 2 of them.
-        class_I = _held_classes(cost_GK, rest, key[:, 0], sparse_K)
-        by_key = rest[np.lexsort(np.column_stack([class_I, key[:, 1:]]).T[::-1])].reshape(-1, R)
-        by_kd = kd_blocks(rest, cost_GK, R, class_I)
-        blocks.append(min((by_kd, by_key), key=lambda b: block_idle(cost_GK, b, sparse_K)))
+        cuts = _last_cuts(cost_GK, rest, key, R, key[:, 0])
+        if held_apart:  # the same cuts with held classes, kept only where their blocks idle less
+            held_I = _held_classes(cost_GK, rest, key[:, 0], sparse_K)
+            cuts += _last_cuts(cost_GK, rest, key, R, held_I) if not np.array_equal(held_I, key[:, 0]) else []
+        blocks.append(min(cuts, key=lambda b: block_idle(cost_GK, b, sparse_K)))
     return np.concatenate(blocks)
+
+
+def _last_cuts(cost_GK, rows, key, R, class_I):
+    """``[by_kd, by_key]``: ``rows`` cut like a k-d tree (:func:`kd_blocks`) and in the order of
+    their cell ``key`` (its first column replaced by ``class_I``), in blocks of R."""
+    by_key = rows[np.lexsort(np.column_stack([class_I, key[:, 1:]]).T[::-1])].reshape(-1, R)
+    return [kd_blocks(rows, cost_GK, R, class_I), by_key]
 
 
 def _held_classes(cost_GK, rows, class_I, sparse_K):
     """(len(rows),) ``class_I`` (which sparse modules a group holds) refined by which of the dense
     modules that some groups lack each of ``rows`` holds: the last cuts keep those groups apart
-    too, in blocks of their own where their count allows. A group without a module in a block of
-    groups with it idles its rank for that module's whole phase (``speech`` 4007, 21k at ``--dp
-    64``: audio held by 91.5% of the groups, its 384 groups without it, six blocks' worth, cut
-    into 7 steps with audio groups: audio Dist 0.087, 0.058 of it from those steps)."""
+    too, in blocks of their own where their count allows. At one micro-batch a group without a
+    module in a block of groups with it idles its rank for that module's whole phase (``speech``
+    4007, 21k at ``--dp 64``: audio held by 91.5% of the groups, its 384 groups without it, six
+    blocks' worth, cut into 7 steps with audio groups: audio Dist 0.087, 0.058 of it from those
+    steps). The caller keeps these cuts only where their blocks idle less: the classes cost the
+    cuts' freedom on the other modules (``sample_data`` at ``--dp 4``, step utilization 0.787 ->
+    0.667 kept always), and with more micro-batches a rank's other groups hold the module (three
+    modules at 8 x 3: tiles 0.0062 -> 0.0202)."""
     held_K = cost_GK > 0
     partial_K = held_K.any(axis=0) & ~held_K.all(axis=0) & ~sparse_K
     if not partial_K.any():

@@ -108,7 +108,7 @@ def assign_groups(
         )
     rng = np.random.default_rng(seed)
     dev_GO = source_deviation(mix_GO, G)
-    blocks_BR = form_blocks(cost, dev_GO, R, rng, tolerance, discrete_levels, sparse_factor)
+    blocks_BR = form_blocks(cost, dev_GO, R, rng, tolerance, discrete_levels, sparse_factor, held_apart=M == 1)
     S = G // per_step
     # Blocks -> steps: M rounds, each step takes one block per round (source-paired).
     step_B = paired_rounds(np.zeros(len(blocks_BR), np.int64), take_rows(dev_GO, blocks_BR).sum(axis=1),
