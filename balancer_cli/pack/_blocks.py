@@ -126,7 +126,8 @@ def form_blocks(cost_GK, dev_GO, R, rng, tolerance, discrete_levels, sparse_fact
     paired again on a grid ``_COARSEN`` times coarser, up to ``_LEVELS`` levels; the last few are
     cut in cell-key order and like a k-d tree (:func:`kd_blocks`), and the cut whose blocks idle
     less (:func:`block_idle`) is kept; with ``held_apart`` (one micro-batch: a block is a step)
-    both cuts keep the groups without a dense module apart (:func:`_held_classes`)."""
+    both are also made keeping apart the groups without a dense module (:func:`_held_classes`),
+    and the four compared alike."""
     rest = np.arange(len(cost_GK))
     blocks = []
     key = np.zeros((0, 1))
