@@ -310,6 +310,13 @@ class ManifestFile:
     def epoch_num_steps(self) -> list[int]:
         return [int(s) for s in self.meta.get("epoch_num_steps", [self.num_steps])]
 
+    @property
+    def num_samples(self) -> int:
+        """The samples each epoch places: opening leaves the field optional, a reader that counts them asks here."""
+        if "num_samples" not in self.meta:
+            raise ManifestError(f"{self.path}: metadata field 'num_samples' is missing", fix="re-run `balancer pack`")
+        return int(self.meta["num_samples"])
+
     def read_steps(self, first: int, last: int) -> ManifestRows:
         """Rows of steps ``first .. last - 1``, reading only the row groups that hold them."""
         first, last = max(first, 0), min(last, self.num_steps)

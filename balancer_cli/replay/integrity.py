@@ -56,11 +56,8 @@ def check_manifest(manifest: ManifestFile) -> ManifestRows:
     """
     # Opening checked every field read here (manifest_meta.check_meta: integers in range, epoch
     # counts that sum to num_steps) but num_samples, which a manifest may lack; conservation needs it.
-    meta = manifest.meta
-    if "num_samples" not in meta:
-        raise ManifestError(f"{manifest.path}: metadata field 'num_samples' is missing", fix=_FIX)
-    world_size, micro_batches, num_samples = meta["world_size"], meta["micro_batches"], meta["num_samples"]
-    epochs = meta.get("epoch_num_steps", [meta["num_steps"]])
+    num_samples, world_size, micro_batches = manifest.num_samples, manifest.world_size, manifest.micro_batches
+    epochs = manifest.epoch_num_steps
     rows = manifest.read_all()  # (after the metadata checks: it reads num_samples)
     dropped_sample, dropped_reason = read_dropped(manifest.path)
     check_rows(str(manifest.path), rows.step, rows.rank, rows.micro, rows.sample, world_size=world_size,

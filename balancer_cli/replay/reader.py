@@ -33,7 +33,7 @@ import numpy as np
 from balancer_cli._fsutil import bytes_fingerprint
 from balancer_cli._index import concat_ranges
 from balancer_cli.errors import ManifestError
-from balancer_cli.manifest import ManifestFile, StepShape, open_manifest
+from balancer_cli.manifest import ManifestFile, open_manifest
 from balancer_cli.replay.integrity import check_manifest
 
 __all__ = ["ManifestReader", "manifest_fingerprint"]
@@ -86,23 +86,17 @@ class ManifestReader:
     """
 
     def __init__(self, manifest_dir: str | os.PathLike, *, verify: bool = True) -> None:
+        # Opening checked the shape, the step counts and the row groups' first steps against the file
+        # (manifest_meta.check_meta); num_samples, which it leaves optional, is asked for here.
         self.manifest = open_manifest(manifest_dir)
-        meta = self.manifest.meta
-        for key in ("world_size", "micro_batches", "num_samples", "num_steps", "row_group_first_steps"):
-            if key not in meta:
-                raise ManifestError(f"{self.manifest.path}: metadata field '{key}' is missing", fix="re-run `balancer pack`")
+        self.num_samples = self.manifest.num_samples
         if verify:
             check_manifest(self.manifest)
-        self.world_size = int(meta["world_size"])
-        self.micro_batches = int(meta["micro_batches"])
-        self.num_steps = int(meta["num_steps"])
-        self.num_samples = int(meta["num_samples"])
-        self.groups_per_step = StepShape(world_size=self.world_size, micro_batches=self.micro_batches).groups_per_step
-        self._starts = np.asarray(meta["row_group_first_steps"] + [self.num_steps], dtype=np.int64)
+        self.world_size, self.micro_batches = self.manifest.world_size, self.manifest.micro_batches
+        self.num_steps = self.manifest.num_steps
+        self.groups_per_step = self.manifest.shape.groups_per_step
+        self._starts = np.asarray(self.manifest.meta["row_group_first_steps"] + [self.num_steps], dtype=np.int64)
         self._starts_list = self._starts.tolist()
-        if len(self._starts) - 1 != self.manifest._file.num_row_groups:  # noqa: SLF001
-            raise ManifestError(f"{self.manifest.path}: row group index does not match the file",
-                                fix="re-run `balancer pack`; the file was rewritten by another tool")
         self._cache: OrderedDict[int, _RowGroup] = OrderedDict()
         self._step_samples: np.ndarray | None = None
         self._counted: set[int] = set()  # row groups counted by step_sample_counts
