@@ -29,7 +29,7 @@ from typing import Any
 
 from balancer_cli._reaper import STOPPED as REAPER_STOPPED
 from balancer_cli._reaper import VARIABLE as REAPER_VARIABLE
-from balancer_cli._reaper import end_processes, proc_stat, processes
+from balancer_cli._reaper import add_descendants, end_processes, proc_stat, processes
 from balancer_cli._signals import kept_signal_handlers
 from balancer_cli.errors import InputError, UsageError
 
@@ -206,12 +206,10 @@ def _stop(ray: Any, auth_mode: str | None) -> None:
 def _ray_descendants() -> list[tuple[int, str]]:
     """``(pid, start time)`` of this process's descendants whose command line names Ray (Linux
     ``/proc``; none elsewhere). The start time tells a reused PID from the process listed."""
-    table = processes()
-    found, frontier = [], [os.getpid()]
-    while frontier:
-        frontier = [pid for pid, (parent, _, _) in table.items() if parent in frontier]
-        found += frontier
-    return [(pid, table[pid][1]) for pid in found if b"ray" in _cmdline(pid)]
+    me = os.getpid()
+    known = {me: (proc_stat(me) or ("", 0, ""))[2]}
+    add_descendants(processes(), known)
+    return [(pid, start) for pid, start in known.items() if pid != me and b"ray" in _cmdline(pid)]
 
 
 def _cmdline(pid: int) -> bytes:

@@ -29,7 +29,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["STOPPED", "VARIABLE", "end_marked", "end_processes", "marked", "proc_stat", "processes"]
+__all__ = ["STOPPED", "VARIABLE", "add_descendants", "end_marked", "end_processes", "marked", "proc_stat",
+           "processes"]
 
 #: The environment variable that carries a run's marker into its cluster's processes.
 VARIABLE = "BALANCER_RAY_RUN"
@@ -94,6 +95,17 @@ def end_processes(alive: Callable[[], list[int]], grace_s: float = 2.0, settle_s
         time.sleep(0.05)
 
 
+def add_descendants(table: dict[int, tuple[int, str, bool]], known: dict[int, str]) -> None:
+    """Add to ``known`` (pid -> start time) every process of ``table`` (:func:`processes`) that
+    descends from one in it; a parent whose start time is not the one known is a reused PID."""
+    grown = True
+    while grown:
+        grown = False
+        for pid, (parent, start, _) in table.items():
+            if pid not in known and parent in known and table.get(parent, (0, known[parent]))[1] == known[parent]:
+                known[pid], grown = start, True
+
+
 def _cluster(marker: str, known: dict[int, str]) -> list[int]:
     """The live processes of the run, zombies aside: the marked ones and every descendant of a
     process of the run (Ray's agents rename themselves over their environment: the marker reads
@@ -103,12 +115,7 @@ def _cluster(marker: str, known: dict[int, str]) -> list[int]:
     for pid, (_, start, is_marked) in table.items():
         if is_marked:
             known.setdefault(pid, start)
-    grown = True
-    while grown:
-        grown = False
-        for pid, (parent, start, _) in table.items():
-            if pid not in known and parent in known and table.get(parent, (0, known[parent]))[1] == known[parent]:
-                known[pid], grown = start, True
+    add_descendants(table, known)
     return [pid for pid, start in known.items()
             if pid in table and table[pid][1] == start and (proc_stat(pid) or ("Z",))[0] != "Z"]
 
