@@ -101,7 +101,7 @@ def scan_to_file(inputs: Sequence[str | os.PathLike], output: str | os.PathLike,
             raise InputError(f"{parts} (the ray engine's work folder for {output}) exists and is not a folder",
                              fix="move it away, or write the output elsewhere")
         check_output(parts, inputs_as_files, folder=True)
-        engine_options = RayOptions(parts_dir=str(parts_dir_for(output)), address=ray_address, num_cpus=jobs or None,
+        engine_options = RayOptions(parts_dir=str(parts), address=ray_address, num_cpus=jobs or None,
                                     keep_parts=keep_parts, notify=notify)
     elif keep_parts or ray_address:
         raise UsageError("{ray_address} and {keep_parts} apply to the ray engine only", fix="add {engine} ray")
@@ -280,7 +280,8 @@ def report_dir(out: str | os.PathLike, *, lengths_files: Sequence[str | os.PathL
         except UsageError as exc:  # recorded, not passed: the manifest's fault
             raise ManifestError(f"{out}: its recorded report baselines are invalid ({exc.message})",
                                 fix="pass {baselines}, or re-run `balancer pack`") from None
-    baselines = tuple(registry.get(name).name for name in baselines)
+    else:
+        baselines = tuple(registry.get(name).name for name in baselines)
     given = [str(p) for p in lengths_files]
     paths = given or [str(p) for p in manifest.meta.get("lengths_files", [])]
     if not paths:

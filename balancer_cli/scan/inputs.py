@@ -161,14 +161,11 @@ def detect_format(path: str) -> str:
     # The first line does not parse. Records on the next lines make it JSON lines whose first
     # record is broken (its own error, not the end of the scan); else a pretty-printed object
     # (only meta files are objects), or a .jsonl file of one broken line.
-    if any(isinstance(_line_value(line)[1], dict) for line in lines[1:_PROBE_LINES]):
+    if (any(isinstance(_line_value(line)[1], dict) for line in lines[1:_PROBE_LINES])
+            or target.suffix.lower() in _JSONL_SUFFIXES):
         return "jsonl"
     if text[0] == "{":
-        if target.suffix.lower() in _JSONL_SUFFIXES:
-            return "jsonl"
         return "internvl-meta" if _is_meta(_load_small_json(target)) else "jsonl"
-    if target.suffix.lower() in _JSONL_SUFFIXES:
-        return "jsonl"
     raise InputError(f"{path}: cannot detect the input format (starts with {text[:20]!r})",
                      fix="pass JSONL, a JSON list, an InternVL meta JSON, Parquet, or a datasets folder "
                          "(or force one with --format " + "|".join(FORMATS) + ")")
