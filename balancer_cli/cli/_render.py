@@ -13,12 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from balancer_cli.lengths import LLM
+from balancer_cli.report.markdown import NAMED_ENCODERS, cap_option, tail_lines
 
 __all__ = ["NAMED_ENCODERS", "render_scan", "render_pack", "render_search", "render_caps_hint", "render_calibrate"]
-
-#: Encoders with a dedicated ``--max-<m>-items`` option; any other module uses ``--cap m=V``.
-NAMED_ENCODERS = ("vision", "audio", "video")
 
 
 # -- scan -------------------------------------------------------------------------------------
@@ -85,6 +82,7 @@ def render_pack(summary: Mapping[str, Any]) -> str:
         f"{summary['manifest']['epochs']} epoch(s){f', {windows} windows' if windows > 1 else ''}) -> {summary['out']}",
         f"caps {caps}" + (_searched(params) if params.get("searched") else "")
         + f"; dropped {summary['dropped']['count']} ({100 * summary['dropped']['share']:.2f}%)",
+        *tail_lines(params),
         *_windows_raised(params),
         "",
         format_text_table(*summary_table(summary)),
@@ -103,10 +101,7 @@ def render_pack(summary: Mapping[str, Any]) -> str:
 
 def render_caps_hint(caps: Mapping[str, int], *, world_size: int) -> str:
     """The ``balancer pack`` options that pack with ``caps``."""
-    flags = " ".join(
-        f"--max-llm-tokens {c}" if m == LLM else (f"--max-{m}-items {c}" if m in NAMED_ENCODERS else f"--cap {m}={c}")
-        for m, c in caps.items())
-    return f"pack with: balancer pack ... --dp {world_size} {flags}"
+    return f"pack with: balancer pack ... --dp {world_size} {' '.join(cap_option(m, c) for m, c in caps.items())}"
 
 
 def render_search(summary: Mapping[str, Any]) -> str:

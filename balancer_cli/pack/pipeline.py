@@ -46,6 +46,7 @@ from balancer_cli.pack.pick_check import (
     window_metrics,
 )
 from balancer_cli.pack.placement import Placement, merge_windows
+from balancer_cli.pack.search import search_thresholds, tail_raised
 from balancer_cli.pack.windows import (
     WindowMembers,
     WindowResult,
@@ -155,10 +156,6 @@ def run_search(inputs: PackInputs, config: PackConfig, **search_options: Any) ->
     limited by :func:`_default_max_caps`. ``search_options`` go to
     :func:`balancer_cli.pack.search.search_thresholds` (``grid``, ``sample_size``, ...).
     """
-    from balancer_cli.pack.search import (
-        search_thresholds,  # the packer's search; heavy, import late
-    )
-
     caps = _by_module(config.caps, inputs.modules, "caps")
     _require_measured(inputs)  # the limits below are percentiles of the measured samples
     largest_K = _largest(inputs)
@@ -391,6 +388,7 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
             "candidates": len(search.candidates), "best_objective": round(float(search.candidates[0].objective), 6),
             "grid_axes": {m: [int(v) for v in axis] for m, axis in zip(inputs.modules, search.grid_axes)},
             **({} if checked is None else {"checked": checked}),
+            **tail_raised(caps_K, search.params["typical_caps"], inputs.modules, given=dict(config.caps)),
         },
     })
     meta.update(num_samples=inputs.num_samples, modules=list(inputs.modules), lengths_fingerprint=lengths_fingerprint,

@@ -47,6 +47,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -63,8 +64,8 @@ from balancer_cli.pack.contract import (
 from balancer_cli.pack.packers.balanced import MAX_STEP_EXCESS, deal_balanced
 from balancer_cli.pack.polish import polish_passes
 
-__all__ = ["SearchResult", "Candidate", "search_thresholds", "default_caps", "DEFAULT_GROUP_SIZE", "SUBSAMPLE_STEPS",
-           "MAX_GRID"]
+__all__ = ["SearchResult", "Candidate", "search_thresholds", "default_caps", "typical_caps", "tail_raised",
+           "DEFAULT_GROUP_SIZE", "SUBSAMPLE_STEPS", "MAX_GRID", "TAIL_RAISE"]
 
 #: Weight of groups beyond ``MAX_STEP_EXCESS`` x the lower bound: steps past it are a cost the
 #: user did not ask for (a contract, not a preference), so they outweigh any other term.
@@ -84,6 +85,9 @@ SUBSAMPLE_STEPS = 8
 #: The most cap values tried per module: the search packs ``grid ** K`` candidates (64 ** 3 is
 #: already ~262k), and numpy cannot lay out an axis of an unbounded one.
 MAX_GRID = 64
+#: A searched cap this many times what a group of typical samples needs or more is reported (:func:`tail_raised`).
+TAIL_RAISE = 4.0
+_TAIL_ROWS = 100_000  # rows typical_caps reads at most: a stride through the table, no copy, no draw
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,36 @@ def default_caps(load_NK: np.ndarray, target_group_size: float = DEFAULT_GROUP_S
     caps = np.maximum(caps, np.ceil(np.percentile(load, 99.9, axis=0)))
     caps[-1] = np.ceil(caps[-1] / 128) * 128
     return np.maximum(caps, 1).astype(np.int64)
+
+
+def typical_caps(load_NK: np.ndarray, target_group_size: float | None = None) -> np.ndarray:
+    """(K,) the caps a group of typical samples needs: :func:`default_caps` of the loads clipped at
+    the 99th percentile of the samples that hold each module, and no less than it (a stride of at
+    most ~100k rows): the longest 1% do not raise them, and a sparse module's holders are typical.
+
+    Example:
+        >>> typical_caps(np.array([[0, 100]] * 3000 + [[11, 300]] * 10 + [[0, 10_000_000]] * 5)).tolist()
+        [11, 512]
+    """
+    load = np.asarray(load_NK)
+    rows = load[:: max(1, len(load) // _TAIL_ROWS)]
+    top_K = np.array([np.percentile(col[col > 0], 99) if (col > 0).any() else 0.0 for col in rows.T])
+    return np.maximum(default_caps(np.minimum(rows, top_K), target_group_size or DEFAULT_GROUP_SIZE),
+                      np.ceil(top_K).astype(np.int64))
+
+
+def tail_raised(caps_K: Sequence[int], typical_K: Sequence[int], modules: Sequence[str], given=()) -> dict:
+    """``{"tail_raised": {module: typical cap}}`` for the searched caps (modules not in ``given``)
+    :data:`TAIL_RAISE` or more times :func:`typical_caps`' (else ``{}``; ``params.search``). No
+    searched cap is below the longest 0.1% of single samples (:func:`default_caps`): where they are
+    far longer than the rest (long videos, lengths read wrong), every group holds that much more.
+
+    Example:
+        >>> tail_raised([10_000_000, 18], [512, 2], ("llm", "vision"), given=("vision",))
+        {'tail_raised': {'llm': 512}}
+    """
+    raised = {m: int(t) for m, c, t in zip(modules, caps_K, typical_K) if c >= TAIL_RAISE * t and m not in given}
+    return {"tail_raised": raised} if raised else {}
 
 
 def _axis(max_cap: int, center: float, grid: int, floor: float) -> np.ndarray:
@@ -362,5 +396,5 @@ def search_thresholds(
         sample_size=n,
         algorithm=algorithm,
         params={"world_size": R, "micro_batches": M, "max_caps_K": max_caps.tolist(), "target_group_size": target,
-                "grid": grid, "seed": seed},
+                "grid": grid, "seed": seed, "typical_caps": typical_caps(sub_load, target).tolist()},
     )

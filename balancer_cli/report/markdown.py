@@ -17,8 +17,43 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from balancer_cli.lengths import LLM
+
 __all__ = ["summary_table", "format_text_table", "markdown_table", "render_markdown", "contract_lines",
-           "sparse_floors"]
+           "sparse_floors", "tail_lines", "cap_option", "NAMED_ENCODERS"]
+
+#: Encoders with a dedicated ``--max-<m>-items`` option; any other module uses ``--cap m=V``.
+NAMED_ENCODERS = ("vision", "audio", "video")
+
+
+def cap_option(module: str, cap: int) -> str:
+    """The ``balancer pack`` option that caps ``module`` at ``cap``.
+
+    Example:
+        >>> cap_option("llm", 4096), cap_option("vision", 12), cap_option("mel", 3)
+        ('--max-llm-tokens 4096', '--max-vision-items 12', '--cap mel=3')
+    """
+    if module == LLM:
+        return f"--max-llm-tokens {cap}"
+    return f"--max-{module}-items {cap}" if module in NAMED_ENCODERS else f"--cap {module}={cap}"
+
+
+def tail_lines(params: Mapping[str, Any]) -> list[str]:
+    """A line when the longest samples raised searched caps far past what typical samples need
+    (``params.search.tail_raised``: :func:`balancer_cli.pack.search.tail_raised`), and the
+    options that cap them; else none.
+
+    Example:
+        >>> tail_lines({"caps": {"llm": 10_000_000}, "search": {"tail_raised": {"llm": 512}}})[0].split("; ")[1]
+        'cap them with --max-llm-tokens 512: longer samples then get groups of their own (--oversize)'
+    """
+    raised = (params.get("search") or {}).get("tail_raised") or {}
+    if not raised:
+        return []
+    caps = ", ".join(f"{m} {params['caps'][m]:,} where typical samples need ~{t:,}" for m, t in raised.items())
+    flags = " ".join(cap_option(m, t) for m, t in raised.items())
+    return [f"caps follow the longest 0.1% of the samples ({caps}), and every group holds that much more; cap "
+            + f"them with {flags}: longer samples then get groups of their own (--oversize)"]
 
 
 def _mix_vs_random(step_mix: Mapping[str, Any]) -> str:
@@ -190,6 +225,7 @@ def render_markdown(data: Mapping[str, Any]) -> str:
         f"{man['micro_batches']} micro-batches, {man['epochs']} epoch(s), seed {man['seed']}, "
         f"{man['num_samples']} samples, lengths fingerprint `{man['lengths_fingerprint'][:12]}`.", "",
         f"- caps (Q): {caps}" + (" (found by the threshold search)" if params.get("searched") else ""),
+        *(f"- {line}" for line in tail_lines(params)),
         f"- ISF bounds (Q'): {', '.join(f'{m} {b}' for m, b in params['bounds'].items())}; "
         f"iterations {params.get('iterations')}; oversize {params.get('oversize')}; "
         f"cost model {params.get('cost_model')}"

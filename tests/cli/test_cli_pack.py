@@ -199,6 +199,7 @@ def test_internvl_lengths_end_to_end(internvl_lengths, tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
     assert summary["manifest"]["num_samples"] == 70_706 and summary["manifest"]["params"]["searched"]
+    assert "tail_raised" not in summary["manifest"]["params"]["search"]  # no sample far past the rest
     rows = open_manifest(tmp_path / "out").read_all()
     dropped, _ = read_dropped(tmp_path / "out")
     assert len(rows) + len(dropped) == 70_706
@@ -282,3 +283,25 @@ def test_pack_names_the_bounds_ours_misses_and_why(tmp_path):
     assert two.exit_code == 0, two.output
     assert json.loads((tmp_path / "two" / "report.json").read_text())["contract"]["broken"] == []
     assert "bounds missed" not in two.output and "bounds missed" not in (tmp_path / "two" / "report.md").read_text()
+
+
+def test_pack_says_when_the_longest_samples_raised_the_caps(tmp_path):
+    """Five lengths read as 10M tokens among 3,000 of 30-300: the searched cap follows them (no
+    sample oversize), so every group holds thousands of samples; the CLI and report.md say so and
+    name the option that caps them; with it, those five get groups of their own."""
+    rng = np.random.default_rng(0)
+    llm = np.concatenate([rng.integers(30, 300, 3000), np.full(5, 10_000_000)])
+    path = tmp_path / "outliers.parquet"
+    write_lengths(make_lengths_table(llm, {}, source=rng.choice(["x", "y"], len(llm))), path)
+    raised = _run("pack", path, "-o", tmp_path / "raised", "--dp", 8, "--baselines", "none")
+    assert raised.exit_code == 0, raised.output
+    params = open_manifest(tmp_path / "raised").meta["params"]
+    typical = params["search"]["tail_raised"]["llm"]
+    assert params["caps"]["llm"] >= 10_000_000 and 300 <= typical <= 2048
+    line = next(x for x in raised.output.splitlines() if x.startswith("caps follow the longest 0.1%"))
+    assert f"cap them with --max-llm-tokens {typical}:" in line
+    assert f"- {line}" in (tmp_path / "raised" / "report.md").read_text()
+    capped = _run("pack", path, "-o", tmp_path / "capped", "--dp", 8, "--baselines", "none", "--max-llm-tokens", typical)
+    assert capped.exit_code == 0 and "caps follow" not in capped.output
+    before, after = (json.loads((tmp_path / out / "report.json").read_text()) for out in ("raised", "capped"))
+    assert after["groups"]["over_cap"] == 5 and after["steps"]["total"] >= 10 * before["steps"]["total"]

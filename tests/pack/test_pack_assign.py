@@ -125,6 +125,21 @@ def test_few_groups_of_a_sparse_module_run_side_by_side_in_blocks_of_near_equal_
     assert m["contract"]["broken"] == []
 
 
+@pytest.mark.parametrize("audio_source", [False, True])
+def test_only_caps_the_longest_samples_raised_are_named(audio_source):
+    from balancer_cli.pack.search import tail_raised, typical_caps
+    from bench.synthetic import make_synthetic
+
+    d = make_synthetic(20_000, seed=1, audio_share=0.05, audio_source=audio_source)  # 30% text-only, sparse audio
+    load = d["load_NK"]
+    assert tail_raised(default_caps(load), typical_caps(load), d["modules"]) == {}
+    load = load.copy()
+    load[:30, -1] = 10_000_000  # 0.15% of the lengths read wrong
+    caps = default_caps(load)
+    assert caps[-1] == 10_000_000 and caps[:-1].tolist() == default_caps(d["load_NK"])[:-1].tolist()
+    assert tail_raised(caps, typical_caps(load), d["modules"]) == {"tail_raised": {"llm": typical_caps(d["load_NK"])[-1]}}
+
+
 def test_groups_not_a_multiple_or_too_few_are_clear_errors():
     with pytest.raises(InputError, match=r"not a multiple.*fix: pack with group_multiple=8"):
         assign_groups(np.ones((12, 2)), world_size=4, micro_batches=2)
