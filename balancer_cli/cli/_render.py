@@ -119,6 +119,7 @@ def render_search(summary: Mapping[str, Any]) -> str:
                                 if summary["algorithm"] == "isf" else ""),
         "",
         format_text_table(*search_table(summary, top=summary["top"])),
+        *([""] + tail_lines({"caps": best["caps"], "search": best}) if "tail_raised" in best else []),
     ]
     if summary.get("files"):
         lines += ["", "wrote " + ", ".join(summary["files"].values())]

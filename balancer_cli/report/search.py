@@ -68,7 +68,8 @@ def search_data(result: Any, modules: Sequence[str], *, extra: Mapping[str, Any]
         "modules": list(modules),
         "sample_size": int(result.sample_size),
         "params": {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in dict(result.params).items()},
-        "best": {"caps": by_module(result.best_caps_K), "bounds": by_module(result.best_bounds_K)},
+        "best": {"caps": by_module(result.best_caps_K), "bounds": by_module(result.best_bounds_K),
+                 **_tail_raised(result, modules)},
         "grid": {
             "axes": {m: [int(v) for v in axis] for m, axis in zip(modules, result.grid_axes)},
             # JSON has no infinity: grid points with no feasible candidate are null.
@@ -76,6 +77,17 @@ def search_data(result: Any, modules: Sequence[str], *, extra: Mapping[str, Any]
         },
         "candidates": candidates,
     }
+
+
+def _tail_raised(result: Any, modules: Sequence[str]) -> dict:
+    """``{"tail_raised": ...}`` where the longest samples raised the best caps
+    (:func:`~balancer_cli.pack.search.tail_raised`), else ``{}``."""
+    from balancer_cli.pack.search import (
+        tail_raised,  # the search's module: loaded by whoever ran it
+    )
+
+    typical = dict(result.params).get("typical_caps")
+    return {} if typical is None else tail_raised(result.best_caps_K, typical, modules)
 
 
 def search_table(data: Mapping[str, Any], top: int = 10) -> tuple[list[str], list[list[str]]]:

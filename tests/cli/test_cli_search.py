@@ -67,3 +67,18 @@ def test_text_only_lengths_pack_and_search(tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
     assert summary["modules"]["llm"]["dist_ratio"] < summary["baselines"]["dataloader"]["modules"]["llm"]["dist_ratio"]
+
+
+def test_search_says_when_the_longest_samples_raised_its_best_caps(tmp_path):
+    """Five lengths read as 10M tokens: the best cap follows them; the table says so, and the JSON."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "outliers.parquet"
+    write_lengths(make_lengths_table(np.concatenate([rng.integers(30, 300, 2000), np.full(5, 10_000_000)]), {}), path)
+    result = _run("search", path, "--dp", 8, "--grid", 3, "--json")
+    assert result.exit_code == 0, result.output
+    best = json.loads(result.output)["best"]
+    assert best["caps"]["llm"] >= 6_000_000 and 300 <= best["tail_raised"]["llm"] <= 2048
+    text = _run("search", path, "--dp", 8, "--grid", 3)
+    assert f"cap them with --max-llm-tokens {best['tail_raised']['llm']}:" in text.output
+    plain = _run("search", _lengths_file(tmp_path), "--dp", 4, "--grid", 3, "--json")
+    assert "tail_raised" not in json.loads(plain.output)["best"]
