@@ -10,7 +10,7 @@ Usage (from the repository root):
     python -m bench.bench_pack                       # all scenarios
     python -m bench.bench_pack --scenario internvl   # one of: internvl, synthetic, audio, speed
     python -m bench.bench_pack --scenario memory     # 10M samples (minutes)
-    python -m bench.bench_pack --scenario scale      # real 70k, 1.2M, a three-module 300k (+ its hint's micro-batches)
+    python -m bench.bench_pack --scenario scale      # real 70k, 1.2M, a three-module 300k (+ at its hint: micro-batches, group size)
     python -m bench.bench_pack --scenario scale --scale-sizes 1200000,10000000
     python -m bench.bench_pack --scenario cli        # the CLI end to end at 1.2M and 10M against the issue's targets
 """
@@ -208,33 +208,52 @@ def scale(sizes, M):
             table = LengthsTable(table)
         inputs = prepare_inputs(table)
         ours = _scale_case(label, inputs, R, M)
-        lift = _lifting_micro_batches(ours, M)
+        lift, size = _lifting(ours, M)
         if lift > M:
             # A sparse module in too few groups to reach every step at M micro-batches: the mix has
-            # a floor there, which the report names with the micro-batches that lift it (its hint).
+            # a floor there, which the report names with what lifts it (its hint): more
+            # micro-batches, or larger groups at M.
             _scale_case(f"{label}, at the hint's micro-batches", inputs, R, lift)
+            # (Caps as `balancer pack` keeps them: larger groups' pick broke a Dist bound here, a
+            # later candidate the pipeline's check packs met every bound.)
+            _scale_case(f"{label}, at the hint's group size", inputs, R, M, target_group_size=size, checked=True)
 
 
-def _lifting_micro_batches(metrics, M):
-    """The fewest micro-batches that let every step hold each sparse module (the report's hint),
-    or M when it already can."""
-    from balancer_cli.report.markdown import sparse_floors
+def _lifting(metrics, M):
+    """``(micro-batches, group size)``: the fewest micro-batches that let every step hold each
+    sparse module, and the group size that does at M (the report's hint); ``(M, None)`` when
+    every step can already."""
+    from balancer_cli.report.markdown import floor_group_size, sparse_floors
 
-    return max([M] + [lift for _, _, lift in sparse_floors(metrics["modules"], M)])
+    floors = sparse_floors(metrics["modules"], M)
+    if not floors:
+        return M, None
+    size = metrics["groups"]["mean_size"]
+    return max(lift for _, _, lift in floors), max(floor_group_size(size, share, M) for _, share, _ in floors)
 
 
-def _scale_case(label, inputs, R, M):
-    """One case of :func:`scale` at R x M: the table and the warm timing; returns ours' metrics."""
+def _scale_case(label, inputs, R, M, target_group_size=None, checked=False):
+    """One case of :func:`scale` at R x M (and the search's target group size): the table and the
+    warm timing; returns ours' metrics. ``checked``: the caps `balancer pack` keeps (the search's
+    pick, or a later candidate where the pick breaks a bound: ``pipeline.pack_inputs``), not the
+    pick; its CPU time is the pipeline's."""
     from balancer_cli.pack.config import PackConfig
     from balancer_cli.pack.evaluate import evaluate_rows
-    from balancer_cli.pack.pipeline import place_packer, resolve_thresholds
+    from balancer_cli.pack.pipeline import pack_inputs, place_packer, resolve_thresholds
     from balancer_cli.report.markdown import contract_lines
 
-    config = PackConfig(world_size=R, micro_batches=M)
+    config = PackConfig(world_size=R, micro_batches=M, target_group_size=target_group_size)
     t = time.process_time()
-    caps_K, bounds_K, _ = resolve_thresholds(inputs, config)
+    if checked:
+        params = pack_inputs(inputs, config, lengths_fingerprint="").meta["params"]
+        caps_K, bounds_K = (np.array([params[key][m] for m in inputs.modules]) for key in ("caps", "bounds"))
+        how = f"caps kept by the pipeline's check of the search ({params['search']['checked']})"
+    else:
+        caps_K, bounds_K, _ = resolve_thresholds(inputs, config)
+        how = "searched caps"
     t_search = time.process_time() - t
-    print(f"\n## scale: {label}, world_size={R}, micro_batches={M}, searched caps "
+    target = "" if target_group_size is None else f", target group size {target_group_size}"
+    print(f"\n## scale: {label}, world_size={R}, micro_batches={M}{target}, {how} "
           f"{dict(zip(inputs.modules, caps_K.tolist()))} ({t_search:.2f} s CPU)")
     print("| packing | " + " | ".join(f"{m} dist" for m in inputs.modules) + " | "
           + " | ".join(f"{m} util" for m in inputs.modules) + " | steps (vs bound) | mix vs random | CPU s (x ISF) |")
@@ -258,8 +277,10 @@ def _scale_case(label, inputs, R, M):
     # warm. Timed pinned to one core (the refinement then runs its blocks on one thread, as on a
     # one-core machine: the same groups), and with every core this process may use, whose CPU time
     # adds the second thread's overhead (~0.1 s at 1.2M).
+    # (Not for caps the check kept: the warm runs time the search's pick.)
     one = _one_core()
-    for where, cores in ([("on one core", one)] if one else []) + [("on all usable cores", None)]:
+    timings = [] if checked else ([("on one core", one)] if one else []) + [("on all usable cores", None)]
+    for where, cores in timings:
         with _pinned(cores):
             total, t_search, t_isf = _warm(inputs, config)
         target = ""
@@ -268,7 +289,7 @@ def _scale_case(label, inputs, R, M):
         print(f"\nwarm, best of 3, {where}: ours search {t_search:.2f} + pack {total - t_search:.2f} = "
               f"{total:.2f} s CPU, ISF {t_isf:.2f} s ({total / t_isf:.2f}x){target}")
     ours = results[0][1]
-    missed = contract_lines({**ours, "manifest": {"micro_batches": M}})
+    missed = contract_lines({**ours, "manifest": {"micro_batches": M, "params": {"searched": True}}})
     print("ours: " + ("\n".join(missed) if missed else "within every bound of the contract (Dist, sparse "
                       f"utilization, steps {ours['steps']['vs_lower_bound']:.4f}x the bound, mix)"))
     return ours

@@ -20,7 +20,7 @@ from typing import Any
 from balancer_cli.lengths import LLM
 
 __all__ = ["summary_table", "format_text_table", "markdown_table", "render_markdown", "contract_lines",
-           "sparse_floors", "tail_lines", "cap_option", "NAMED_ENCODERS"]
+           "sparse_floors", "floor_group_size", "tail_lines", "cap_option", "NAMED_ENCODERS"]
 
 #: Encoders with a dedicated ``--max-<m>-items`` option; any other module uses ``--cap m=V``.
 NAMED_ENCODERS = ("vision", "audio", "video")
@@ -182,21 +182,34 @@ def _sparse_hint(summary: Mapping[str, Any]) -> list[str]:
     """Why the steps cannot mix: a step holds a sparse module on every rank or on none (else its
     ranks idle), so with the module in a share ``h`` of the groups and M micro-batches at most
     ``h x M`` of the steps can hold it, and the sources that carry it gather in those; at
-    ``ceil(1 / h)`` micro-batches every step can (a step's groups on a rank hold it once).
+    ``ceil(1 / h)`` micro-batches every step can (a step's groups on a rank hold it once), and at
+    M micro-batches so can groups of :func:`floor_group_size` samples (where the search picks the
+    caps: ``--target-group-size``), as many of them holding it in fewer groups.
 
     Example:
-        >>> hint = _sparse_hint({"manifest": {"micro_batches": 2},
-        ...                      "modules": {"audio": {"sparse": True, "group_share": 0.24}}})
+        >>> hint = _sparse_hint({"manifest": {"micro_batches": 2, "params": {"searched": True}},
+        ...                      "modules": {"audio": {"sparse": True, "group_share": 0.24}},
+        ...                      "groups": {"mean_size": 4.6}})
         >>> hint[0].split(": ")[1]
         'at 2 micro-batches at most 48% of the steps hold it, and the sources that carry it gather in those'
         >>> hint[0].split(": ")[2]
-        '--micro-batches 5 or more lets every step hold it'
+        '--micro-batches 5 or more lets every step hold it, or --target-group-size 10 at 2 micro-batches (groups of ~10 samples where they hold 4.6)'
     """
     M = summary["manifest"]["micro_batches"]
-    return [f"  {module} is in {share:.0%} of the groups and a step holds it on every rank or on none "
-            f"(else they idle): at {M} micro-batch{'es' if M > 1 else ''} at most {share * M:.0%} of "
-            f"the steps hold it, and the sources that carry it gather in those: --micro-batches {lift} or more "
-            "lets every step hold it" for module, share, lift in sparse_floors(summary["modules"], M)]
+    searched = (summary["manifest"].get("params") or {}).get("searched")
+    size = (summary.get("groups") or {}).get("mean_size")
+    lines = []
+    for module, share, lift in sparse_floors(summary["modules"], M):
+        line = (f"  {module} is in {share:.0%} of the groups and a step holds it on every rank or on none "
+                f"(else they idle): at {M} micro-batch{'es' if M > 1 else ''} at most {share * M:.0%} of "
+                f"the steps hold it, and the sources that carry it gather in those: --micro-batches {lift} or more "
+                "lets every step hold it")
+        if searched and size:  # given caps fix the group size: no target moves it
+            target = floor_group_size(size, share, M)
+            line += (f", or --target-group-size {target} at {M} micro-batch{'es' if M > 1 else ''} (groups of "
+                     f"~{target} samples where they hold {size:.1f})")
+        lines.append(line)
+    return lines
 
 
 def sparse_floors(modules: Mapping[str, Any], micro_batches: int) -> list[tuple[str, float, int]]:
@@ -210,6 +223,21 @@ def sparse_floors(modules: Mapping[str, Any], micro_batches: int) -> list[tuple[
     """
     return [(module, v["group_share"], math.ceil(1 / v["group_share"])) for module, v in modules.items()
             if v.get("sparse") and 0 < v.get("group_share", 0.0) * micro_batches < 1]
+
+
+def floor_group_size(mean_size: float, share: float, micro_batches: int) -> int:
+    """Samples a group holds on average for a sparse module in a share ``share`` of groups of
+    ``mean_size`` samples to reach every step at ``micro_batches`` (:func:`sparse_floors`):
+    ``ceil(mean_size / (share x M))``. Fewer, larger groups hold its samples: as many groups hold
+    it, a share of them that many times larger (bench/bench_pack.py's three-module 300k at 1
+    micro-batch: audio in 46% of groups of 4.6 samples, mix 1.71x; at ``--target-group-size
+    10`` audio is in every group and the steps mix at 0.93x, within every bound).
+
+    Example:
+        >>> floor_group_size(4.6, 0.46, 1), floor_group_size(4.6, 0.24, 2)
+        (10, 10)
+    """
+    return max(1, math.ceil(mean_size / (share * micro_batches)))
 
 
 def render_markdown(data: Mapping[str, Any]) -> str:

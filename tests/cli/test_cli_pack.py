@@ -275,14 +275,27 @@ def test_pack_names_the_bounds_ours_misses_and_why(tmp_path):
     share = report["modules"]["audio"]["group_share"]
     hint = next(x for x in one.output.splitlines() if x.startswith("  audio is in "))
     assert f"at 1 micro-batch at most {share:.0%} of the steps hold it" in hint
-    assert hint.endswith(f"--micro-batches {math.ceil(1 / share)} or more lets every step hold it")
+    assert f"--micro-batches {math.ceil(1 / share)} or more lets every step hold it" in hint
     assert math.ceil(1 / share) == 2  # audio in over half of the groups: two micro-batches mix the steps (below)
+    # ... or, at one micro-batch, larger groups: as many of them hold audio, a larger share
+    size = report["groups"]["mean_size"]
+    target = math.ceil(size / share)
+    assert hint.endswith(f", or --target-group-size {target} at 1 micro-batch (groups of ~{target} samples where "
+                         f"they hold {size:.1f})")
     markdown = (tmp_path / "one" / "report.md").read_text()
     assert line in markdown and hint in markdown
     two = _run("pack", path, "-o", tmp_path / "two", "--dp", 8, "--micro-batches", 2, "--baselines", "none")
     assert two.exit_code == 0, two.output
     assert json.loads((tmp_path / "two" / "report.json").read_text())["contract"]["broken"] == []
     assert "bounds missed" not in two.output and "bounds missed" not in (tmp_path / "two" / "report.md").read_text()
+    # The group size the hint names lifts the mix's floor at one micro-batch (its 48 steps then
+    # miss the audio Dist: one speech sample a group, unequal clips, no second group to pair).
+    larger = _run("pack", path, "-o", tmp_path / "larger", "--dp", 8, "--target-group-size", target,
+                  "--baselines", "none")
+    assert larger.exit_code == 0, larger.output
+    report = json.loads((tmp_path / "larger" / "report.json").read_text())
+    assert report["modules"]["audio"]["group_share"] > 0.9 and report["step_mix"]["vs_random"] <= 1.0
+    assert "mix" not in report["contract"]["broken"]
 
 
 def test_pack_says_when_the_longest_samples_raised_the_caps(tmp_path):
