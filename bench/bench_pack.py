@@ -247,7 +247,10 @@ def _scale_case(label, inputs, R, M, target_group_size=None, checked=False):
     if checked:
         params = pack_inputs(inputs, config, lengths_fingerprint="").meta["params"]
         caps_K, bounds_K = (np.array([params[key][m] for m in inputs.modules]) for key in ("caps", "bounds"))
-        how = f"caps kept by the pipeline's check of the search ({params['search']['checked']})"
+        record = params["search"].get("checked") or {}
+        broke = ", ".join(record.get("pick_broken", [])) or "no bound"
+        how = (f"caps `balancer pack` keeps (the search's pick broke {broke}; "
+               f"{'the pick' if record.get('kept', 'pick') == 'pick' else 'a later candidate'} kept)")
     else:
         caps_K, bounds_K, _ = resolve_thresholds(inputs, config)
         how = "searched caps"
