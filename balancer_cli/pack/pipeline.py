@@ -389,6 +389,8 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
             "grid_axes": {m: [int(v) for v in axis] for m, axis in zip(inputs.modules, search.grid_axes)},
             **({} if checked is None else {"checked": checked}),
             **tail_raised(caps_K, search.params["typical_caps"], inputs.modules, given=dict(config.caps)),
+            # The caps the user gave (the search's limits): the report's hints then leave the group size alone.
+            **({"given": [m for m in inputs.modules if m in dict(config.caps)]} if config.caps else {}),
         },
     })
     meta.update(num_samples=inputs.num_samples, modules=list(inputs.modules), lengths_fingerprint=lengths_fingerprint,

@@ -183,8 +183,8 @@ def _sparse_hint(summary: Mapping[str, Any]) -> list[str]:
     ranks idle), so with the module in a share ``h`` of the groups and M micro-batches at most
     ``h x M`` of the steps can hold it, and the sources that carry it gather in those; at
     ``ceil(1 / h)`` micro-batches every step can (a step's groups on a rank hold it once), and at
-    M micro-batches so can groups of :func:`floor_group_size` samples (where the search picks the
-    caps: ``--target-group-size``), as many of them holding it in fewer groups.
+    M micro-batches so can groups of :func:`floor_group_size` samples (where the search picks every
+    cap: ``--target-group-size``), as many of them holding it in fewer groups.
 
     Example:
         >>> hint = _sparse_hint({"manifest": {"micro_batches": 2, "params": {"searched": True}},
@@ -196,7 +196,9 @@ def _sparse_hint(summary: Mapping[str, Any]) -> list[str]:
         '--micro-batches 5 or more lets every step hold it, or --target-group-size 10 at 2 micro-batches (groups of ~10 samples where they hold 4.6)'
     """
     M = summary["manifest"]["micro_batches"]
-    searched = (summary["manifest"].get("params") or {}).get("searched")
+    params = summary["manifest"].get("params") or {}
+    # Caps the user gave fix the group size, or bound the search's (``params.search.given``).
+    searched = params.get("searched") and not (params.get("search") or {}).get("given")
     size = (summary.get("groups") or {}).get("mean_size")
     lines = []
     for module, share, lift in sparse_floors(summary["modules"], M):
@@ -204,7 +206,7 @@ def _sparse_hint(summary: Mapping[str, Any]) -> list[str]:
                 f"(else they idle): at {M} micro-batch{'es' if M > 1 else ''} at most {share * M:.0%} of "
                 f"the steps hold it, and the sources that carry it gather in those: --micro-batches {lift} or more "
                 "lets every step hold it")
-        if searched and size:  # given caps fix the group size: no target moves it
+        if searched and size:
             target = floor_group_size(size, share, M)
             line += (f", or --target-group-size {target} at {M} micro-batch{'es' if M > 1 else ''} (groups of "
                      f"~{target} samples where they hold {size:.1f})")

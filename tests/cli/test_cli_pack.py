@@ -296,6 +296,14 @@ def test_pack_names_the_bounds_ours_misses_and_why(tmp_path):
     report = json.loads((tmp_path / "larger" / "report.json").read_text())
     assert report["modules"]["audio"]["group_share"] > 0.9 and report["step_mix"]["vs_random"] <= 1.0
     assert "mix" not in report["contract"]["broken"]
+    # A cap the user gave bounds the search's groups: the hint names the micro-batches only.
+    llm_cap = json.loads((tmp_path / "one" / "report.json").read_text())["manifest"]["params"]["caps"]["llm"]
+    capped = _run("pack", path, "-o", tmp_path / "capped", "--dp", 8, "--max-llm-tokens", llm_cap, "--baselines", "none")
+    assert capped.exit_code == 0, capped.output
+    report = json.loads((tmp_path / "capped" / "report.json").read_text())
+    assert report["manifest"]["params"]["search"]["given"] == ["llm"]
+    hint = next(x for x in capped.output.splitlines() if x.startswith("  audio is in "))
+    assert hint.endswith("or more lets every step hold it")
 
 
 def test_pack_says_when_the_longest_samples_raised_the_caps(tmp_path):

@@ -243,17 +243,22 @@ def test_a_missed_mix_names_the_micro_batches_that_let_every_step_hold_a_sparse_
         assert lines[1].endswith(f"--micro-batches {advised} or more lets every step hold it")
 
 
-@pytest.mark.parametrize(("micro_batches", "share", "searched", "target"), [(1, 0.46, True, 10), (2, 0.3, True, 8),
-                                                                              (1, 0.1, True, 46), (1, 0.46, False, None)])
+@pytest.mark.parametrize(("micro_batches", "share", "searched", "given", "target"), [
+    (1, 0.46, True, None, 10), (2, 0.3, True, None, 8), (1, 0.1, True, None, 46),
+    (1, 0.46, False, None, None),  # every cap given: no search, the caps fix the group size
+    (1, 0.46, True, ["llm"], None),  # an LLM cap given: the search stays under it
+])
 def test_a_missed_mix_names_the_group_size_that_lets_every_step_hold_a_sparse_module(micro_batches, share, searched,
-                                                                                       target):
+                                                                                       given, target):
     """At M micro-batches, groups ceil(mean size / (share x M)) samples large hold the module in
     every step's ranks (as many groups hold it, a larger share of fewer): the hint names that
-    ``--target-group-size`` too, where the search picks the caps (given caps fix the group size)."""
+    ``--target-group-size`` too, where the search picks every cap."""
     from balancer_cli.report.markdown import contract_lines
 
+    search = {"given": given} if given else {}
     data = {"contract": {"bounds": {"max_step_mix_vs_random": 1.0}, "broken": ["mix"]}, "step_mix": {"vs_random": 1.4},
-            "manifest": {"micro_batches": micro_batches, "params": {"searched": searched}}, "groups": {"mean_size": 4.6},
+            "manifest": {"micro_batches": micro_batches, "params": {"searched": searched, "search": search}},
+            "groups": {"mean_size": 4.6},
             "modules": {"audio": {"sparse": True, "group_share": share}, "llm": {"sparse": False, "group_share": 1.0}}}
     hint = contract_lines(data)[1]
     if target is None:
