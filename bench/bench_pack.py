@@ -255,8 +255,8 @@ def _scale_case(label, inputs, R, M, target_group_size=None, checked=False):
         caps_K, bounds_K, _ = resolve_thresholds(inputs, config)
         how = "searched caps"
     t_search = time.process_time() - t
-    target = "" if target_group_size is None else f", target group size {target_group_size}"
-    print(f"\n## scale: {label}, world_size={R}, micro_batches={M}{target}, {how} "
+    aim = "" if target_group_size is None else f", target group size {target_group_size}"
+    print(f"\n## scale: {label}, world_size={R}, micro_batches={M}{aim}, {how} "
           f"{dict(zip(inputs.modules, caps_K.tolist()))} ({t_search:.2f} s CPU)")
     print("| packing | " + " | ".join(f"{m} dist" for m in inputs.modules) + " | "
           + " | ".join(f"{m} util" for m in inputs.modules) + " | steps (vs bound) | mix vs random | CPU s (x ISF) |")
