@@ -150,11 +150,16 @@ def _one_slot_hint(summary: Mapping[str, Any], broken: Sequence[str]) -> list[st
     -> 0.53x and 1.14x -> 0.92x, audio Dist 0.0081 -> 0.0008; docs/packing.md). Also where the
     searched pick broke a Dist or the mix and the caps kept traded that for another bound (a 245k
     at ``--dp 64``: steps 1.037x; at two micro-batches the pick meets every bound). Not for a Dist
-    where a sparse module idles its ranks too (few or sparse steps: pairing did not help).
+    where a sparse module idles its ranks too (few or sparse steps: pairing did not help). Where the
+    search picks every cap, groups of twice the samples are named too: they even out like the pair
+    (8 of 9 fresh misses within every bound at two micro-batches, 7 of 9 at twice the group size).
 
     Example:
         >>> _one_slot_hint({"manifest": {"micro_batches": 1}}, ["mix"])[0].split(": ")[-1]
         '--micro-batches 2 lets each rank pair two unequal groups'
+        >>> _one_slot_hint({"manifest": {"micro_batches": 1, "params": {"searched": True}},
+        ...                 "groups": {"mean_size": 4.6}}, ["mix"])[0].split(", or ")[-1]
+        '--target-group-size 10 gives each group twice the samples (4.6 now)'
         >>> _one_slot_hint({"manifest": {"micro_batches": 1}}, ["dist:audio"])[0].split(", ")[1].split(":")[0]
         'so groups packing cannot make equal leave its steps uneven'
         >>> _one_slot_hint({"manifest": {"micro_batches": 2}}, ["mix"])
@@ -174,8 +179,21 @@ def _one_slot_hint(summary: Mapping[str, Any], broken: Sequence[str]) -> list[st
         why = f"so the searched caps' groups left the steps uneven or unmixed ({', '.join(picked)})"
     else:
         return []
+    size = _free_group_size(summary)
+    larger = "" if size is None else (f", or --target-group-size {math.ceil(2 * size)} gives each group twice the "
+                                      f"samples ({size:.1f} now)")
     return [f"  at one micro-batch a step's groups must be equal on every module, {why}: --micro-batches 2 lets "
-            "each rank pair two unequal groups"]
+            f"each rank pair two unequal groups{larger}"]
+
+
+def _free_group_size(summary: Mapping[str, Any]) -> float | None:
+    """The groups' mean size where the search picked every cap, so a ``--target-group-size`` moves
+    it; None where a cap was given (it fixes the group size, or bounds the search's:
+    ``params.search.given``) or the size is not known."""
+    params = summary["manifest"].get("params") or {}
+    if not params.get("searched") or (params.get("search") or {}).get("given"):
+        return None
+    return (summary.get("groups") or {}).get("mean_size") or None
 
 
 def _sparse_hint(summary: Mapping[str, Any]) -> list[str]:
@@ -196,17 +214,14 @@ def _sparse_hint(summary: Mapping[str, Any]) -> list[str]:
         '--micro-batches 5 or more lets every step hold it, or --target-group-size 10 at 2 micro-batches (groups of ~10 samples where they hold 4.6)'
     """
     M = summary["manifest"]["micro_batches"]
-    params = summary["manifest"].get("params") or {}
-    # Caps the user gave fix the group size, or bound the search's (``params.search.given``).
-    searched = params.get("searched") and not (params.get("search") or {}).get("given")
-    size = (summary.get("groups") or {}).get("mean_size")
+    size = _free_group_size(summary)
     lines = []
     for module, share, lift in sparse_floors(summary["modules"], M):
         line = (f"  {module} is in {share:.0%} of the groups and a step holds it on every rank or on none "
                 f"(else they idle): at {M} micro-batch{'es' if M > 1 else ''} at most {share * M:.0%} of "
                 f"the steps hold it, and the sources that carry it gather in those: --micro-batches {lift} or more "
                 "lets every step hold it")
-        if searched and size:
+        if size is not None:
             target = floor_group_size(size, share, M)
             line += (f", or --target-group-size {target} at {M} micro-batch{'es' if M > 1 else ''} (groups of "
                      f"~{target} samples where they hold {size:.1f})")

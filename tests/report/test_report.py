@@ -310,3 +310,22 @@ def test_a_missed_dist_or_mix_at_one_micro_batch_names_two(broken, micro_batches
         expected = (f"  at one micro-batch a step's groups must be equal on every module, {hint}: "
                     "--micro-batches 2 lets each rank pair two unequal groups")
         assert lines[1:] == [expected]
+
+
+
+@pytest.mark.parametrize(("searched", "given", "suffix"), [
+    (True, None, ", or --target-group-size 15 gives each group twice the samples (7.5 now)"),
+    (True, ["vision"], ""),  # a cap the user gave bounds the search's groups
+    (False, None, ""),  # every cap given: they fix the group size
+])
+def test_a_missed_mix_at_one_micro_batch_names_twice_the_group_size_where_the_search_picks_the_caps(searched, given,
+                                                                                                   suffix):
+    """Groups of twice the samples even out at one micro-batch as a rank's two groups do (fresh
+    misses: `harsh` 942, 12k at --dp 32, mix 2.04x -> 0.83x at twice the size, 0.50x at two micro-
+    batches): named after the micro-batches where the search picks every cap."""
+    from balancer_cli.report.markdown import contract_lines
+
+    data = {"contract": {"bounds": {"max_step_mix_vs_random": 1.0}, "broken": ["mix"]}, "step_mix": {"vs_random": 2.04},
+            "manifest": {"micro_batches": 1, "params": {"searched": searched, "search": {"given": given} if given else {}}},
+            "groups": {"mean_size": 7.5}, "modules": {"llm": {"sparse": False, "group_share": 1.0}}}
+    assert contract_lines(data)[1].endswith("--micro-batches 2 lets each rank pair two unequal groups" + suffix)
