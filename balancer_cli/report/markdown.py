@@ -180,8 +180,8 @@ def _one_slot_hint(summary: Mapping[str, Any], broken: Sequence[str]) -> list[st
     else:
         return []
     size = _free_group_size(summary)
-    larger = "" if size is None else (f", or --target-group-size {math.ceil(2 * size)} gives each group twice the "
-                                      f"samples ({size:.1f} now)")
+    larger = "" if size is None or not _target_ok(2 * size) else (
+        f", or --target-group-size {math.ceil(2 * size)} gives each group twice the samples ({size:.1f} now)")
     return [f"  at one micro-batch a step's groups must be equal on every module, {why}: --micro-batches 2 lets "
             f"each rank pair two unequal groups{larger}"]
 
@@ -194,6 +194,14 @@ def _free_group_size(summary: Mapping[str, Any]) -> float | None:
     if not params.get("searched") or (params.get("search") or {}).get("given"):
         return None
     return (summary.get("groups") or {}).get("mean_size") or None
+
+
+def _target_ok(size: float) -> bool:
+    """Whether ``--target-group-size`` takes ``ceil(size)`` (a module in one group of millions
+    would ask for more than the option allows)."""
+    from balancer_cli.pack.config import MAX_TARGET_GROUP_SIZE  # only where a hint names one
+
+    return math.ceil(size) <= MAX_TARGET_GROUP_SIZE
 
 
 def _sparse_hint(summary: Mapping[str, Any]) -> list[str]:
@@ -221,8 +229,8 @@ def _sparse_hint(summary: Mapping[str, Any]) -> list[str]:
                 f"(else they idle): at {M} micro-batch{'es' if M > 1 else ''} at most {share * M:.0%} of "
                 f"the steps hold it, and the sources that carry it gather in those: --micro-batches {lift} or more "
                 "lets every step hold it")
-        if size is not None:
-            target = floor_group_size(size, share, M)
+        target = None if size is None else floor_group_size(size, share, M)
+        if target is not None and _target_ok(target):
             line += (f", or --target-group-size {target} at {M} micro-batch{'es' if M > 1 else ''} (groups of "
                      f"~{target} samples where they hold {size:.1f})")
         lines.append(line)

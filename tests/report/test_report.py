@@ -247,6 +247,7 @@ def test_a_missed_mix_names_the_micro_batches_that_let_every_step_hold_a_sparse_
     (1, 0.46, True, None, 10), (2, 0.3, True, None, 8), (1, 0.1, True, None, 46),
     (1, 0.46, False, None, None),  # every cap given: no search, the caps fix the group size
     (1, 0.46, True, ["llm"], None),  # an LLM cap given: the search stays under it
+    (1, 0.000001, True, None, None),  # one group in a million: past what --target-group-size takes
 ])
 def test_a_missed_mix_names_the_group_size_that_lets_every_step_hold_a_sparse_module(micro_batches, share, searched,
                                                                                        given, target):
