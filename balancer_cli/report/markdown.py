@@ -198,8 +198,8 @@ def _free_group_size(summary: Mapping[str, Any]) -> float | None:
 
 def _target_ok(size: float) -> bool:
     """Whether ``--target-group-size`` takes ``ceil(size)`` (a module in one group of millions
-    would ask for more than the option allows)."""
-    from balancer_cli.pack.config import MAX_TARGET_GROUP_SIZE  # only where a hint names one
+    would ask for more than the option allows). Imported here: only where a hint names one."""
+    from balancer_cli.pack.config import MAX_TARGET_GROUP_SIZE
 
     return math.ceil(size) <= MAX_TARGET_GROUP_SIZE
 
