@@ -377,6 +377,7 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
     rows, dropped_sample, dropped_reason, epoch_num_steps = trial.placement
     summary = evaluation.metrics
     meta = config.to_meta()
+    given = [m for m in inputs.modules if m in dict(config.caps)]  # the search's limits, from the user
     meta["params"].update({
         "caps": {m: int(c) for m, c in zip(inputs.modules, caps_K)},
         "bounds": {m: int(b) for m, b in zip(inputs.modules, bounds_K)},
@@ -388,9 +389,8 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
             "candidates": len(search.candidates), "best_objective": round(float(search.candidates[0].objective), 6),
             "grid_axes": {m: [int(v) for v in axis] for m, axis in zip(inputs.modules, search.grid_axes)},
             **({} if checked is None else {"checked": checked}),
-            **tail_raised(caps_K, search.params["typical_caps"], inputs.modules, given=dict(config.caps)),
-            # The caps the user gave (the search's limits): the report's hints then leave the group size alone.
-            **({"given": [m for m in inputs.modules if m in dict(config.caps)]} if config.caps else {}),
+            **tail_raised(caps_K, search.params["typical_caps"], inputs.modules, given=given),
+            **({"given": given} if given else {}),  # the report's hints then leave the group size alone
         },
     })
     meta.update(num_samples=inputs.num_samples, modules=list(inputs.modules), lengths_fingerprint=lengths_fingerprint,

@@ -180,8 +180,9 @@ def _one_slot_hint(summary: Mapping[str, Any], broken: Sequence[str]) -> list[st
     else:
         return []
     size = _free_group_size(summary)
-    larger = "" if size is None or not _target_ok(2 * size) else (
-        f", or --target-group-size {math.ceil(2 * size)} gives each group twice the samples ({size:.1f} now)")
+    target = None if size is None else math.ceil(2 * size)
+    larger = "" if target is None or not _target_ok(target) else (
+        f", or --target-group-size {target} gives each group twice the samples ({size:.1f} now)")
     return [f"  at one micro-batch a step's groups must be equal on every module, {why}: --micro-batches 2 lets "
             f"each rank pair two unequal groups{larger}"]
 
@@ -196,12 +197,12 @@ def _free_group_size(summary: Mapping[str, Any]) -> float | None:
     return (summary.get("groups") or {}).get("mean_size") or None
 
 
-def _target_ok(size: float) -> bool:
-    """Whether ``--target-group-size`` takes ``ceil(size)`` (a module in one group of millions
-    would ask for more than the option allows). Imported here: only where a hint names one."""
+def _target_ok(target: int) -> bool:
+    """Whether ``--target-group-size`` takes ``target`` (a module in one group of millions would
+    ask for more than the option allows). Imported here: only where a hint names one."""
     from balancer_cli.pack.config import MAX_TARGET_GROUP_SIZE
 
-    return math.ceil(size) <= MAX_TARGET_GROUP_SIZE
+    return target <= MAX_TARGET_GROUP_SIZE
 
 
 def _sparse_hint(summary: Mapping[str, Any]) -> list[str]:

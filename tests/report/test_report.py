@@ -313,7 +313,6 @@ def test_a_missed_dist_or_mix_at_one_micro_batch_names_two(broken, micro_batches
         assert lines[1:] == [expected]
 
 
-
 @pytest.mark.parametrize(("searched", "given", "suffix"), [
     (True, None, ", or --target-group-size 15 gives each group twice the samples (7.5 now)"),
     (True, ["vision"], ""),  # a cap the user gave bounds the search's groups
