@@ -39,9 +39,10 @@ from balancer_cli.metrics import (
 from balancer_cli.pack._blocks import sparse_shares
 from balancer_cli.pack._evaluate_kernel import code_counts, new_tally, tally_rows
 from balancer_cli.pack.bounds import groups_lower_bound
-from balancer_cli.pack.contract import contract_entry
+from balancer_cli.pack.contract import MIN_SPARSE_UTILIZATION, contract_entry
 
-__all__ = ["Evaluation", "evaluate_rows", "reason_kind", "step_mix_distances", "step_mix_ratio"]
+__all__ = ["Evaluation", "evaluate_rows", "reason_kind", "step_mix_distances", "step_mix_ratio",
+           "utilization_ceiling"]
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,9 @@ class Evaluation:
     """Metrics (JSON-ready dict) plus the (S, R) cost matrices per module, for plots.
 
     Attributes:
-        metrics: ``modules.<m>.{dist_ratio,pad_ratio,utilization,mean_rank_load,group_share,sparse}``,
-            ``step``, ``steps``, ``groups``, ``dropped``, ``step_mix``, ``contract`` (the bounds and
+        metrics: ``modules.<m>.{dist_ratio,pad_ratio,utilization,mean_rank_load,group_share,sparse}``
+            (and ``utilization_ceiling`` where a sparse module is under the contract's utilization:
+            :func:`utilization_ceiling`), ``step``, ``steps``, ``groups``, ``dropped``, ``step_mix``, ``contract`` (the bounds and
             those broken: :func:`~balancer_cli.pack.contract.contract_entry`) and, with phase
             ranks, ``post_balance``.
         loads: ``{module: (S, R) float64}`` summed cost per step and rank.
@@ -220,6 +222,12 @@ def evaluate_rows(
         "dropped": _dropped(np.asarray(dropped_sample), dropped_reason, inputs.num_samples),
         "step_mix": _step_mix(*dist_2S, num_sources),
     }
+    for k, m in enumerate(modules):
+        entry = metrics["modules"][m]
+        if entry["sparse"] and entry["utilization"] < MIN_SPARSE_UTILIZATION:
+            # Under the bound: the report says whether any placement could reach it (only here, so
+            # every other report keeps its bytes; a gather of the placed samples' costs).
+            entry["utilization_ceiling"] = _round(utilization_ceiling(inputs.cost_NK[rows.sample, k], R))
     metrics["contract"] = contract_entry(metrics, modules)
     if post:
         phases = {m: {"dist_ratio": _round(dist_ratio(x)), "utilization": _round(utilization(x))}
@@ -228,6 +236,27 @@ def evaluate_rows(
         metrics["post_balance"] = {"modules": phases,
                                    "step": {"utilization": _round(step_utilization(step_loads_post))}}
     return Evaluation(metrics, loads)
+
+
+def utilization_ceiling(cost_P: np.ndarray, world_size: int) -> float:
+    """The highest utilization any placement of these costs on ``world_size`` ranks can reach:
+    ``min(1, sum / (R x max))``.
+
+    A rank holding the largest sample is busy that long in its step, so the steps' maxima sum to
+    at least that, and to at least the total over R; utilization is the total over R times that
+    sum. Below 1 where a module's whole load is less than R times its largest sample: fewer samples
+    than ranks, or one that outweighs the rest (``sparse`` 8007: 5 audio samples on 8 ranks, 0.313,
+    which the packer reaches by placing all five in one step).
+
+    Example:
+        >>> round(utilization_ceiling(np.array([2468., 1627., 865., 649., 578.]), 8), 4)
+        0.3134
+        >>> utilization_ceiling(np.array([3., 0., 0.]), 2), utilization_ceiling(np.zeros(0), 2)
+        (0.5, 1.0)
+    """
+    cost_P = np.asarray(cost_P, dtype=np.float64)
+    largest = float(cost_P.max(initial=0.0))
+    return min(1.0, float(cost_P.sum()) / (world_size * largest)) if largest > 0 else 1.0
 
 
 def _by_slot(rows: ManifestRows) -> ManifestRows:

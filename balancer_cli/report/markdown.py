@@ -109,12 +109,17 @@ _MISSED = {
     "dist": lambda data, m, limit: f"{m} Dist {data['modules'][m]['dist_ratio']:.4f} > {limit['max_dist_ratio']}",
     "util": lambda data, m, limit: (
         f"{m} utilization {data['modules'][m]['utilization']:.3f} < {limit['min_sparse_utilization']} "
-        f"(held by {data['modules'][m]['group_share']:.0%} of the groups)"),
+        f"(held by {_share(data['modules'][m]['group_share'])} of the groups)"),
     "steps": lambda data, m, limit: (
         f"steps {data['steps']['vs_lower_bound']:.3f}x the lower bound > {limit['max_steps_vs_lower_bound']}x"),
     "mix": lambda data, m, limit: (
         f"step mix {data['step_mix']['vs_random']:.2f}x random batching > {limit['max_step_mix_vs_random']}x"),
 }
+
+
+def _share(share: float) -> str:
+    """A share as a percentage, with two digits where it is under 1% (a module in 0.11% of the groups)."""
+    return f"{share:.0%}" if share >= 0.01 or share == 0 else f"{share * 100:.2g}%"
 
 
 def contract_lines(summary: Mapping[str, Any]) -> list[str]:
@@ -138,7 +143,29 @@ def contract_lines(summary: Mapping[str, Any]) -> list[str]:
     missed = [_MISSED[kind](summary, module, limits) for kind, _, module in (b.partition(":") for b in broken)]
     lines = ["bounds missed: " + "; ".join(missed) + " (docs/packing.md: what still misses, and why)"]
     floors = _sparse_hint(summary) if "mix" in broken else []  # a sparse module's floor explains the mix
-    return lines + (floors or _one_slot_hint(summary, broken))
+    return lines + _ceiling_hint(summary, broken) + (floors or _one_slot_hint(summary, broken))
+
+
+def _ceiling_hint(summary: Mapping[str, Any], broken: Sequence[str]) -> list[str]:
+    """Where a sparse module's utilization bound is out of any placement's reach on this input
+    (``modules.<m>.utilization_ceiling`` under it: its whole load is less than R times its largest
+    sample, and the step holding that sample waits for it on every rank), a line saying so.
+
+    Example:
+        >>> data = {"modules": {"audio": {"utilization": 0.313, "utilization_ceiling": 0.3134}},
+        ...         "contract": {"bounds": {"min_sparse_utilization": 0.9}}, "manifest": {"world_size": 8}}
+        >>> _ceiling_hint(data, ["util:audio"])[0].split(": ")[1]
+        'no placement keeps more than 0.313 of its rank-time busy on this input (0.313 here)'
+    """
+    lines = []
+    for kind, _, module in (bound.partition(":") for bound in broken):
+        entry = summary["modules"].get(module, {}) if kind == "util" else {}
+        ceiling = entry.get("utilization_ceiling")
+        if ceiling is not None and ceiling < summary["contract"]["bounds"]["min_sparse_utilization"]:
+            lines.append(f"  {module}'s load is {ceiling:.3f} of {summary['manifest']['world_size']} ranks x its "
+                         f"largest sample's, whose step waits for it on every rank: no placement keeps more than "
+                         f"{ceiling:.3f} of its rank-time busy on this input ({entry['utilization']:.3f} here)")
+    return lines
 
 
 def _one_slot_hint(summary: Mapping[str, Any], broken: Sequence[str]) -> list[str]:

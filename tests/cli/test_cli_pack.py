@@ -326,3 +326,21 @@ def test_pack_says_when_the_longest_samples_raised_the_caps(tmp_path):
     assert capped.exit_code == 0 and "caps follow" not in capped.output
     before, after = (json.loads((tmp_path / out / "report.json").read_text()) for out in ("raised", "capped"))
     assert after["groups"]["over_cap"] == 5 and after["steps"]["total"] >= 10 * before["steps"]["total"]
+
+
+def test_pack_says_where_no_placement_reaches_a_sparse_modules_utilization(tmp_path):
+    """Three audio samples among 3,000 at --dp 8: a step holding audio idles at least five ranks on
+    it, so its utilization bound is out of reach; the CLI and report.md say so with the ceiling,
+    which report.json holds, and the packer reaches it (all three in one step, one a rank)."""
+    rng = np.random.default_rng(0)
+    audio = np.zeros(3000, np.int64)
+    audio[[10, 1500, 2999]] = [900, 700, 500]
+    path = tmp_path / "rare.parquet"
+    write_lengths(make_lengths_table(rng.integers(50, 600, 3000) + audio, {"audio": (audio, (audio > 0) * 1)}), path)
+    result = _run("pack", path, "-o", tmp_path / "out", "--dp", 8, "--baselines", "none")
+    assert result.exit_code == 0, result.output
+    audio_metrics = json.loads((tmp_path / "out" / "report.json").read_text())["modules"]["audio"]
+    assert audio_metrics["utilization_ceiling"] == round(2100 / (8 * 900), 6) == audio_metrics["utilization"]
+    hint = next(x for x in result.output.splitlines() if x.startswith("  audio's load is "))
+    assert hint.endswith("no placement keeps more than 0.292 of its rank-time busy on this input (0.292 here)")
+    assert hint in (tmp_path / "out" / "report.md").read_text()

@@ -329,3 +329,50 @@ def test_a_missed_mix_at_one_micro_batch_names_twice_the_group_size_where_the_se
             "manifest": {"micro_batches": 1, "params": {"searched": searched, "search": {"given": given} if given else {}}},
             "groups": {"mean_size": 7.5}, "modules": {"llm": {"sparse": False, "group_share": 1.0}}}
     assert contract_lines(data)[1].endswith("--micro-batches 2 lets each rank pair two unequal groups" + suffix)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 40), world=st.integers(1, 16), steps=st.integers(1, 6))
+def test_no_placement_passes_the_utilization_ceiling_and_one_step_reaches_it(seed, n, world, steps):
+    """``utilization_ceiling`` bounds the utilization of every placement of the costs on R ranks
+    (samples anywhere, several a rank), and samples no more than the ranks, one a rank in one step,
+    reach it: it is the best any packer can do."""
+    from balancer_cli.pack.evaluate import utilization_ceiling
+
+    rng = np.random.default_rng(seed)
+    cost = rng.integers(0, 5000, n).astype(np.float64) * (rng.random(n) < 0.7)
+    ceiling = utilization_ceiling(cost, world)
+    anywhere = step_loads(rng.integers(0, steps, n), rng.integers(0, world, n), cost, num_steps=steps,
+                          world_size=world)
+    assert utilization(anywhere) <= ceiling + 1e-12
+    if n <= world:
+        one_step = step_loads(np.zeros(n, np.int64), rng.permutation(world)[:n], cost, num_steps=1, world_size=world)
+        assert utilization(one_step) == pytest.approx(ceiling)
+
+
+def test_a_sparse_module_under_its_ceiling_is_named_as_the_inputs_floor():
+    """Five audio samples on eight ranks (``sparse`` 8007): no step holds audio on every rank, so
+    its utilization cannot pass its ceiling (their load over 8 x the largest); the report data
+    holds the ceiling where the bound is missed, and the hint says no placement reaches it."""
+    from balancer_cli.report.markdown import contract_lines
+
+    audio = np.array([1627, 2468, 578, 865, 649] + [0] * 35)
+    lt = make_lengths_table(np.full(40, 3000) + audio, {"audio": (audio, (audio > 0).astype(np.int64))})
+    inputs = prepare_inputs(lt)
+    rows = ManifestRows(np.repeat(np.arange(5), 8), np.tile(np.arange(8), 5), np.zeros(40, int), np.arange(40))
+    ev = evaluate_rows(inputs, rows, np.array([], np.int64), (), caps_K=np.array([3, 9000]), world_size=8,
+                       micro_batches=1, epoch_num_steps=[5])
+    audio_metrics = ev.metrics["modules"]["audio"]
+    assert audio_metrics["sparse"] and audio_metrics["utilization"] == audio_metrics["utilization_ceiling"] == 0.313361
+    assert "utilization_ceiling" not in ev.metrics["modules"]["llm"]  # dense: judged by its Dist
+    data = {**ev.metrics, "manifest": {"micro_batches": 1, "world_size": 8}}
+    lines = contract_lines(data)
+    assert lines[0].startswith("bounds missed: audio utilization 0.313 < 0.9 (held by 12% of the groups)")
+    assert lines[1] == ("  audio's load is 0.313 of 8 ranks x its largest sample's, whose step waits for it on every "
+                        "rank: no placement keeps more than 0.313 of its rank-time busy on this input (0.313 here)")
+    # Where a placement could reach the bound, the report says nothing more (and holds no ceiling).
+    data["modules"] = {**data["modules"], "audio": {**audio_metrics, "utilization_ceiling": 0.95}}
+    assert contract_lines(data)[1:] == []
+    # A module in under 1% of the groups reads as such, not as 0%.
+    data["modules"]["audio"]["group_share"] = 0.0011
+    assert "(held by 0.11% of the groups)" in contract_lines(data)[0]
