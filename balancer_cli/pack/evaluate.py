@@ -52,9 +52,10 @@ class Evaluation:
     Attributes:
         metrics: ``modules.<m>.{dist_ratio,pad_ratio,utilization,mean_rank_load,group_share,sparse}``
             (and ``utilization_ceiling`` where a sparse module is under the contract's utilization:
-            :func:`utilization_ceiling`), ``step``, ``steps``, ``groups``, ``dropped``, ``step_mix``, ``contract`` (the bounds and
-            those broken: :func:`~balancer_cli.pack.contract.contract_entry`) and, with phase
-            ranks, ``post_balance``.
+            :func:`utilization_ceiling`), ``step``, ``steps``, ``groups``, ``dropped``,
+            ``step_mix``, ``contract`` (the bounds and those broken:
+            :func:`~balancer_cli.pack.contract.contract_entry`) and, with phase ranks,
+            ``post_balance``.
         loads: ``{module: (S, R) float64}`` summed cost per step and rank.
     """
 
@@ -226,8 +227,11 @@ def evaluate_rows(
         entry = metrics["modules"][m]
         if entry["sparse"] and entry["utilization"] < MIN_SPARSE_UTILIZATION:
             # Under the bound: the report says whether any placement could reach it (only here, so
-            # every other report keeps its bytes; a gather of the placed samples' costs).
-            entry["utilization_ceiling"] = _round(utilization_ceiling(inputs.cost_NK[rows.sample, k], R))
+            # every other report keeps its bytes; a gather of the placed samples' costs). Epochs
+            # hold steps of their own, each epoch every sample once.
+            ends = search_sorted(rows.step, np.cumsum(epoch_num_steps))
+            cost_P = inputs.cost_NK[rows.sample, k]
+            entry["utilization_ceiling"] = _round(utilization_ceiling(np.split(cost_P, ends[:-1]), R))
     metrics["contract"] = contract_entry(metrics, modules)
     if post:
         phases = {m: {"dist_ratio": _round(dist_ratio(x)), "utilization": _round(utilization(x))}
@@ -238,25 +242,31 @@ def evaluate_rows(
     return Evaluation(metrics, loads)
 
 
-def utilization_ceiling(cost_P: np.ndarray, world_size: int) -> float:
-    """The highest utilization any placement of these costs on ``world_size`` ranks can reach:
-    ``min(1, sum / (R x max))``.
+def utilization_ceiling(cost_by_epoch: Sequence[np.ndarray], world_size: int) -> float:
+    """The highest utilization any placement of these costs on ``world_size`` ranks can reach,
+    each epoch's samples on steps of their own: ``sum / (R x sum_e max(largest_e, sum_e / R))``.
 
-    A rank holding the largest sample is busy that long in its step, so the steps' maxima sum to
-    at least that, and to at least the total over R; utilization is the total over R times that
-    sum. Below 1 where a module's whole load is less than R times its largest sample: fewer samples
-    than ranks, or one that outweighs the rest (``sparse`` 8007: 5 audio samples on 8 ranks, 0.313,
-    which the packer reaches by placing all five in one step).
+    A rank holding an epoch's largest sample is busy that long in its step, so that epoch's steps'
+    maxima sum to at least that, and to at least its total over R; utilization is the total over R
+    times the sum of all steps' maxima. Below 1 where a module's load in an epoch is less than R
+    times its largest sample: fewer samples than ranks, or one that outweighs the rest (``sparse``
+    8007: 5 audio samples on 8 ranks, 0.313, which the packer reaches by placing all five in one
+    step).
+
+    Args:
+        cost_by_epoch: one (P_e,) array of the placed samples' costs per epoch.
+        world_size: R.
 
     Example:
-        >>> round(utilization_ceiling(np.array([2468., 1627., 865., 649., 578.]), 8), 4)
+        >>> round(utilization_ceiling([np.array([2468., 1627., 865., 649., 578.])], 8), 4)
         0.3134
-        >>> utilization_ceiling(np.array([3., 0., 0.]), 2), utilization_ceiling(np.zeros(0), 2)
+        >>> utilization_ceiling([np.array([3., 0., 0.])] * 2, 2), utilization_ceiling([np.zeros(0)], 2)
         (0.5, 1.0)
     """
-    cost_P = np.asarray(cost_P, dtype=np.float64)
-    largest = float(cost_P.max(initial=0.0))
-    return min(1.0, float(cost_P.sum()) / (world_size * largest)) if largest > 0 else 1.0
+    totals = np.array([float(np.sum(c, dtype=np.float64)) for c in cost_by_epoch])
+    largest = np.array([float(np.max(c, initial=0.0)) for c in cost_by_epoch])
+    busy = float(np.maximum(largest, totals / world_size).sum()) * world_size
+    return float(totals.sum()) / busy if busy > 0 else 1.0
 
 
 def _by_slot(rows: ManifestRows) -> ManifestRows:

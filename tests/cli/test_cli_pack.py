@@ -344,3 +344,8 @@ def test_pack_says_where_no_placement_reaches_a_sparse_modules_utilization(tmp_p
     hint = next(x for x in result.output.splitlines() if x.startswith("  audio's load is "))
     assert hint.endswith("no placement keeps more than 0.292 of its rank-time busy on this input (0.292 here)")
     assert hint in (tmp_path / "out" / "report.md").read_text()
+    # Each epoch's steps hold its own three: the ceiling stays theirs, and the packer reaches it again.
+    result = _run("pack", path, "-o", tmp_path / "two", "--dp", 8, "--epochs", 2, "--baselines", "none")
+    assert result.exit_code == 0, result.output
+    audio_metrics = json.loads((tmp_path / "two" / "report.json").read_text())["modules"]["audio"]
+    assert audio_metrics["utilization_ceiling"] == round(2100 / (8 * 900), 6) == audio_metrics["utilization"]

@@ -332,21 +332,25 @@ def test_a_missed_mix_at_one_micro_batch_names_twice_the_group_size_where_the_se
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 10_000), n=st.integers(1, 40), world=st.integers(1, 16), steps=st.integers(1, 6))
-def test_no_placement_passes_the_utilization_ceiling_and_one_step_reaches_it(seed, n, world, steps):
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 40), world=st.integers(1, 16), steps=st.integers(1, 6),
+       epochs=st.integers(1, 3))
+def test_no_placement_passes_the_utilization_ceiling_and_one_step_an_epoch_reaches_it(seed, n, world, steps, epochs):
     """``utilization_ceiling`` bounds the utilization of every placement of the costs on R ranks
-    (samples anywhere, several a rank), and samples no more than the ranks, one a rank in one step,
-    reach it: it is the best any packer can do."""
+    (samples anywhere within their epoch's steps, several a rank), and samples no more than the
+    ranks, one a rank in one step an epoch, reach it: it is the best any packer can do."""
     from balancer_cli.pack.evaluate import utilization_ceiling
 
     rng = np.random.default_rng(seed)
     cost = rng.integers(0, 5000, n).astype(np.float64) * (rng.random(n) < 0.7)
-    ceiling = utilization_ceiling(cost, world)
-    anywhere = step_loads(rng.integers(0, steps, n), rng.integers(0, world, n), cost, num_steps=steps,
+    ceiling = utilization_ceiling([cost] * epochs, world)
+    step = np.concatenate([e * steps + rng.integers(0, steps, n) for e in range(epochs)])  # each epoch its steps
+    anywhere = step_loads(step, rng.integers(0, world, n * epochs), np.tile(cost, epochs), num_steps=steps * epochs,
                           world_size=world)
     assert utilization(anywhere) <= ceiling + 1e-12
     if n <= world:
-        one_step = step_loads(np.zeros(n, np.int64), rng.permutation(world)[:n], cost, num_steps=1, world_size=world)
+        ranks = np.concatenate([rng.permutation(world)[:n] for _ in range(epochs)])
+        one_step = step_loads(np.repeat(np.arange(epochs), n), ranks, np.tile(cost, epochs), num_steps=epochs,
+                              world_size=world)
         assert utilization(one_step) == pytest.approx(ceiling)
 
 
