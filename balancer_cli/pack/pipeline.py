@@ -35,10 +35,10 @@ from balancer_cli._memory import release_freed_memory
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.lengths import LengthsTable
 from balancer_cli.manifest import ManifestRows
+from balancer_cli.pack.cap_fit import check_caps_fit, check_given_caps_fill_a_step
 from balancer_cli.pack.config import PackConfig
 from balancer_cli.pack.inputs import PackInputs, prepare_inputs
 from balancer_cli.pack.packers import registry
-from balancer_cli.pack.packers._common import over_caps
 from balancer_cli.pack.pick_check import (
     Trial,
     WindowTrial,
@@ -113,19 +113,6 @@ def _by_module(pairs: Sequence[tuple[str, int]], modules: Sequence[str], what: s
     return given
 
 
-def _check_caps_fit(inputs: PackInputs, caps_K: np.ndarray) -> None:
-    """Fail when no sample fits under the caps at all: every group would be an oversize one."""
-    over = over_caps(inputs.load_NK, caps_K)
-    if inputs.ok_N.any() and (over | ~inputs.ok_N).all():
-        load = inputs.ok_rows(inputs.load_NK)
-        k = int(np.argmax([(load[:, k] > caps_K[k]).mean() for k in range(len(caps_K))]))
-        module, smallest = inputs.modules[k], int(load[:, k].min())
-        raise UsageError(
-            f"{{caps[{module}]}} {int(caps_K[k])} is smaller than every sample "
-            f"(smallest: {smallest} {inputs.load_unit(module)})",
-            fix=f"raise {{caps[{module}]}} to at least {smallest}, typically to several samples' worth")
-
-
 def _require_measured(inputs: PackInputs) -> None:
     """Fail when every sample has a scan error: there is nothing to search caps for or pack."""
     if not inputs.ok_N.any():
@@ -185,6 +172,7 @@ def resolve_thresholds(inputs: PackInputs, config: PackConfig) -> tuple[np.ndarr
     """
     caps = _by_module(config.caps, inputs.modules, "caps")
     bounds = _by_module(config.bounds, inputs.modules, "bounds")
+    check_given_caps_fill_a_step(inputs, config)  # before the search, which stays under them
     search = None
     if all(m in caps for m in inputs.modules):
         caps_K = np.array([caps[m] for m in inputs.modules], dtype=np.int64)
@@ -194,7 +182,7 @@ def resolve_thresholds(inputs: PackInputs, config: PackConfig) -> tuple[np.ndarr
         if config.algorithm == "isf":  # our packer's search reports bounds = caps: keep ISF's defaults then
             for k, module in enumerate(inputs.modules):
                 bounds.setdefault(module, int(search.best_bounds_K[k]))
-    _check_caps_fit(inputs, caps_K)
+    check_caps_fit(inputs, caps_K)
     return caps_K, _bounds_for(inputs, caps_K, bounds), search
 
 

@@ -169,6 +169,8 @@ def test_bad_lengths_exit_with_one_line_and_fix(tmp_path, table, code, message):
      "--max-llm-tokens 10 is smaller than every sample (smallest: 30 tokens); "
      "fix: raise --max-llm-tokens to at least 30"),
     (["--dp", "5000", *CAPS], "--dp 5000 x --micro-batches 1 needs 5000 groups per step, but the samples form only"),
+    (["--max-llm-tokens", "40", "--oversize", "drop", "--dp", "8"], "--max-llm-tokens 40 leaves"),
+    (["--max-llm-tokens", "40", "--dp", "64"], "are isolated in groups of their own (--oversize isolate)"),
     (["--cap", "vision", *CAPS], "--cap 'vision' is not MODULE=INTEGER"),
     (["--cap", "audio=3", *CAPS], "--max-audio-items names an unknown module 'audio'"),
     (["--baselines", "greedy", *CAPS], "unknown baseline 'greedy'"),

@@ -151,6 +151,64 @@ def test_bad_configs_raise_usage_errors_naming_parameters(config, match):
         pack_manifest(_table(100, 5), PackConfig(**config))
 
 
+def _mostly_long(n: int = 200, short: int = 3):
+    """``n`` samples of which ``short`` hold under 100 LLM tokens, the rest 4,000-6,000."""
+    rng = np.random.default_rng(0)
+    llm = np.concatenate([rng.integers(20, 100, short), rng.integers(4000, 6000, n - short)])
+    items = rng.integers(0, 4, n)
+    return make_lengths_table(llm + items * 256, {"vision": (items * 256, items)}, source=rng.choice(["a", "b"], n))
+
+
+@pytest.mark.parametrize("config, match", [
+    # drop: 3 samples under the cap cannot fill a step of 8 groups, searched vision cap or given
+    ({"world_size": 8, "caps": (("llm", 500),), "oversize": "drop"},
+     (r"caps\[llm\] 500 leaves 3 of 200 samples under the caps, fewer than the 8 groups one step of world_size 8 x "
+      r"micro_batches 1 needs \(197 over a cap, which oversize drop drops\); fix: raise caps\[llm\] \(the median "
+      r"sample holds \d+ tokens\), or lower world_size or micro_batches$")),
+    ({"world_size": 4, "micro_batches": 2, "caps": (("llm", 500), ("vision", 9)), "oversize": "drop"},
+     r"leaves 3 of 200 samples under the caps, fewer than the 8 groups"),
+    # isolate: 197 single-sample groups and 1-3 more: 198-200 groups, no multiple of 64 among them
+    ({"world_size": 64, "caps": (("llm", 500),), "oversize": "isolate"},
+     (r"caps\[llm\] 500 leaves 3 of 200 samples under the caps, and the 197 over a cap are isolated in groups of "
+      r"their own \(oversize isolate\): 198 to 200 groups, none a multiple of the 64 of one step of world_size 64 x "
+      r"micro_batches 1; fix: raise caps\[llm\] .*, or drop them with oversize drop$")),
+])
+def test_given_caps_that_leave_too_few_samples_to_fill_a_step_name_the_cap_to_raise(config, match):
+    """Caps far below the data fail before any search or packing with the cap to raise, not with
+    a shortage of groups that seems to ask for smaller caps."""
+    with pytest.raises(UsageError, match=match):
+        pack_manifest(_mostly_long(), PackConfig(**config))
+
+
+@pytest.mark.parametrize("config", [
+    {"world_size": 2, "caps": (("llm", 500),), "oversize": "drop"},  # 3 samples fill a step of 2 groups
+    {"world_size": 2, "caps": (("llm", 500),), "oversize": "isolate"},  # 198-200 groups: a multiple of 2 within reach
+    {"world_size": 8, "caps": (("llm", 500),), "oversize": "error"},  # the oversize error names the first sample
+])
+def test_given_caps_that_can_fill_steps_pack_or_fail_as_before(config):
+    """Where whole steps are within reach (or ``error`` asks to stop at an oversize sample), the
+    check lets the pack run as it did: every sample placed once or listed with its reason."""
+    if config["oversize"] == "error":
+        with pytest.raises(InputError, match="exceed a cap"):
+            pack_manifest(_mostly_long(), PackConfig(**config))
+        return
+    table, config = _mostly_long(), PackConfig(**config)
+    result = pack_manifest(table, config)
+    assert sum(result.epoch_num_steps) >= 1
+    _check_conservation(table, result, config)
+
+
+def test_a_window_of_isolated_samples_that_cannot_split_says_to_raise_the_caps():
+    """The whole input can fill steps (198-200 groups at 2 a step), but a window of 67 samples all
+    over the LLM cap is 67 single-sample groups: the packer names them and the fixes that help."""
+    config = PackConfig(world_size=2, caps=(("llm", 500), ("vision", 9)), oversize="isolate", window_samples=67)
+    with pytest.raises(UsageError, match=r"the 67 groups cannot be split to one \(.*; 67 of them single samples over "
+                                         r"a cap, isolated\); fix: lower world_size or micro_batches, or raise the "
+                                         r"caps those samples exceed, or drop them with oversize drop, or change "
+                                         r"window_samples$"):
+        pack_manifest(_mostly_long(), config)
+
+
 @pytest.mark.parametrize("config, match", [
     (dict(caps=(("llm", 5000), ("vision", 0))), r"caps\[vision\] 0 must be a positive integer"),
     (dict(world_size=0), "world_size must be an integer >= 1"),

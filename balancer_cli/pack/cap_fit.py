@@ -1,0 +1,89 @@
+"""Whether the caps leave samples to pack: checked before any search or packing, so that caps far
+below the data fail with the cap to raise, not with a shortage of groups that seems to ask for
+smaller caps.
+
+A sample over a cap is isolated in a group of its own, dropped or an error (``--oversize``). Caps
+under every sample leave nothing to pack (:func:`check_caps_fit`); caps the user gave, with
+``--oversize drop``, can leave fewer samples than one step has groups, a group holding at least
+one (:func:`check_given_caps_fill_a_step`: ``--max-llm-tokens 172`` where 3 of 741 samples hold
+fewer LLM tokens). The search's caps stay under the caps the user gave, so no candidate could
+pack such an input either.
+
+Example:
+    >>> from balancer_cli.lengths import make_lengths_table
+    >>> from balancer_cli.pack.config import PackConfig
+    >>> from balancer_cli.pack.inputs import prepare_inputs
+    >>> inputs = prepare_inputs(make_lengths_table(np.array([100, 4000, 5000, 6000])))
+    >>> check_given_caps_fill_a_step(inputs, PackConfig(world_size=2, caps=(("llm", 200),), oversize="drop"))
+    Traceback (most recent call last):
+    ...
+    balancer_cli.errors.UsageError: caps[llm] 200 leaves 1 of 4 samples under the caps, fewer than the 2 groups one step of world_size 2 x micro_batches 1 needs (3 over a cap, which oversize drop drops); fix: raise caps[llm] (the median sample holds 4500 tokens), or lower world_size or micro_batches
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from balancer_cli.errors import UsageError
+from balancer_cli.pack.config import PackConfig
+from balancer_cli.pack.inputs import PackInputs
+from balancer_cli.pack.packers._common import over_caps
+
+__all__ = ["check_caps_fit", "check_given_caps_fill_a_step"]
+
+
+def check_caps_fit(inputs: PackInputs, caps_K: np.ndarray) -> None:
+    """Fail when no sample fits under the caps at all: every group would be an oversize one."""
+    over = over_caps(inputs.load_NK, caps_K)
+    if inputs.ok_N.any() and (over | ~inputs.ok_N).all():
+        load = inputs.ok_rows(inputs.load_NK)
+        k = int(np.argmax([(load[:, k] > caps_K[k]).mean() for k in range(len(caps_K))]))
+        module, smallest = inputs.modules[k], int(load[:, k].min())
+        raise UsageError(
+            f"{{caps[{module}]}} {int(caps_K[k])} is smaller than every sample "
+            f"(smallest: {smallest} {inputs.load_unit(module)})",
+            fix=f"raise {{caps[{module}]}} to at least {smallest}, typically to several samples' worth")
+
+
+def check_given_caps_fill_a_step(inputs: PackInputs, config: PackConfig) -> None:
+    """Fail when the caps the user gave leave too few samples without a scan error under them to
+    fill whole steps; the error names the cap over the most samples.
+
+    With ``--oversize drop`` a step needs as many samples under the caps as it has groups. With
+    ``isolate`` each sample over a cap is a group of its own, and the groups of the others can be
+    split down to single samples, no further: where no multiple of a step's groups lies between
+    those counts, no packing fills whole steps. Only where the caps are the cause: with fewer
+    samples than a step has groups, raising them would not help (the packer names that shortage).
+    """
+    given = dict(config.caps)
+    if config.oversize not in ("drop", "isolate") or not given or not inputs.ok_N.any():
+        return
+    # Modules without a given cap take any load here (the search's own caps are not known yet).
+    caps_K = np.array([given.get(m, np.iinfo(np.int64).max) for m in inputs.modules], dtype=np.int64)
+    load = inputs.ok_rows(inputs.load_NK)
+    over_N = over_caps(load, caps_K)
+    fits, total, per_step = int((~over_N).sum()), len(over_N), config.shape.groups_per_step
+    over = total - fits
+    if over == 0 or total < per_step:  # not the caps: fewer samples than a step's groups (the packer says so)
+        return
+    if config.oversize == "drop":
+        if fits >= per_step:
+            return
+        why = f"fewer than the {per_step} groups one step of {{world_size}} {{R}} x {{micro_batches}} {{M}} needs " \
+              f"({over} over a cap, which {{oversize}} drop drops)"
+        other = ""
+    else:
+        fewest = over + min(fits, 1)
+        if -(-fewest // per_step) * per_step <= total:  # a multiple of a step's groups within reach
+            return
+        why = f"and the {over} over a cap are isolated in groups of their own ({{oversize}} isolate): {fewest} to " \
+              f"{total} groups, none a multiple of the {per_step} of one step of {{world_size}} {{R}} x {{micro_batches}} {{M}}"
+        other = ", or drop them with {oversize} drop"
+    over_K = [int((load[:, k] > caps_K[k]).sum()) for k in range(len(caps_K))]
+    k = int(np.argmax(over_K))
+    module = inputs.modules[k]
+    raise UsageError(
+        f"{{caps[{module}]}} {int(caps_K[k])} leaves {fits} of {total} samples under the caps, "
+        + why.replace("{R}", str(config.world_size)).replace("{M}", str(config.micro_batches)),
+        fix=f"raise {{caps[{module}]}} (the median sample holds {int(np.median(load[:, k]))} "
+            f"{inputs.load_unit(module)}), or lower {{world_size}} or {{micro_batches}}{other}")
