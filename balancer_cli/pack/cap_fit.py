@@ -22,6 +22,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from balancer_cli.errors import UsageError
@@ -29,7 +31,7 @@ from balancer_cli.pack.config import PackConfig
 from balancer_cli.pack.inputs import PackInputs
 from balancer_cli.pack.packers._common import over_caps
 
-__all__ = ["check_caps_fit", "check_given_caps_fill_a_step"]
+__all__ = ["check_caps_fit", "check_given_caps_fill_a_step", "name_given_caps"]
 
 
 def check_caps_fit(inputs: PackInputs, caps_K: np.ndarray) -> None:
@@ -45,6 +47,37 @@ def check_caps_fit(inputs: PackInputs, caps_K: np.ndarray) -> None:
             fix=f"raise {{caps[{module}]}} to at least {smallest}, typically to several samples' worth")
 
 
+class _GivenCaps(NamedTuple):
+    """The caps the user gave against the samples without a scan error: how many fit under them
+    all, and the given cap over the most samples (its module, value and the samples' median)."""
+
+    fits: int
+    total: int
+    module: str
+    cap: int
+    median: int
+
+    def raise_fix(self, inputs: PackInputs) -> str:
+        return (f"raise {{caps[{self.module}]}} (the median sample holds {self.median} "
+                f"{inputs.load_unit(self.module)})")
+
+
+def _given_caps(inputs: PackInputs, config: PackConfig) -> _GivenCaps | None:
+    """:class:`_GivenCaps`, or None where no cap was given or no sample is over one."""
+    given = dict(config.caps)
+    if not given or not inputs.ok_N.any():
+        return None
+    # Modules without a given cap take any load here (the search's own caps are not known yet).
+    caps_K = np.array([given.get(m, np.iinfo(np.int64).max) for m in inputs.modules], dtype=np.int64)
+    load = inputs.ok_rows(inputs.load_NK)
+    over_N = over_caps(load, caps_K)
+    if not over_N.any():
+        return None
+    k = int(np.argmax([int((load[:, k] > caps_K[k]).sum()) for k in range(len(caps_K))]))
+    return _GivenCaps(int((~over_N).sum()), len(over_N), inputs.modules[k], int(caps_K[k]),
+                      int(np.median(load[:, k])))
+
+
 def check_given_caps_fill_a_step(inputs: PackInputs, config: PackConfig) -> None:
     """Fail when the caps the user gave leave too few samples without a scan error under them to
     fill whole steps; the error names the cap over the most samples.
@@ -55,35 +88,39 @@ def check_given_caps_fill_a_step(inputs: PackInputs, config: PackConfig) -> None
     those counts, no packing fills whole steps. Only where the caps are the cause: with fewer
     samples than a step has groups, raising them would not help (the packer names that shortage).
     """
-    given = dict(config.caps)
-    if config.oversize not in ("drop", "isolate") or not given or not inputs.ok_N.any():
+    given = _given_caps(inputs, config) if config.oversize in ("drop", "isolate") else None
+    per_step = config.shape.groups_per_step
+    if given is None or given.total < per_step:
         return
-    # Modules without a given cap take any load here (the search's own caps are not known yet).
-    caps_K = np.array([given.get(m, np.iinfo(np.int64).max) for m in inputs.modules], dtype=np.int64)
-    load = inputs.ok_rows(inputs.load_NK)
-    over_N = over_caps(load, caps_K)
-    fits, total, per_step = int((~over_N).sum()), len(over_N), config.shape.groups_per_step
-    over = total - fits
-    if over == 0 or total < per_step:  # not the caps: fewer samples than a step's groups (the packer says so)
-        return
+    fits, total = given.fits, given.total
+    over, step = total - fits, f"one step of {{world_size}} {config.world_size} x {{micro_batches}} {config.micro_batches}"
     if config.oversize == "drop":
         if fits >= per_step:
             return
-        why = f"fewer than the {per_step} groups one step of {{world_size}} {{R}} x {{micro_batches}} {{M}} needs " \
-              f"({over} over a cap, which {{oversize}} drop drops)"
+        why = f"fewer than the {per_step} groups {step} needs ({over} over a cap, which {{oversize}} drop drops)"
         other = ""
     else:
         fewest = over + min(fits, 1)
         if -(-fewest // per_step) * per_step <= total:  # a multiple of a step's groups within reach
             return
-        why = f"and the {over} over a cap are isolated in groups of their own ({{oversize}} isolate): {fewest} to " \
-              f"{total} groups, none a multiple of the {per_step} of one step of {{world_size}} {{R}} x {{micro_batches}} {{M}}"
+        why = (f"and the {over} over a cap are isolated in groups of their own ({{oversize}} isolate): {fewest} to "
+               f"{total} groups, none a multiple of the {per_step} of {step}")
         other = ", or drop them with {oversize} drop"
-    over_K = [int((load[:, k] > caps_K[k]).sum()) for k in range(len(caps_K))]
-    k = int(np.argmax(over_K))
-    module = inputs.modules[k]
     raise UsageError(
-        f"{{caps[{module}]}} {int(caps_K[k])} leaves {fits} of {total} samples under the caps, "
-        + why.replace("{R}", str(config.world_size)).replace("{M}", str(config.micro_batches)),
-        fix=f"raise {{caps[{module}]}} (the median sample holds {int(np.median(load[:, k]))} "
-            f"{inputs.load_unit(module)}), or lower {{world_size}} or {{micro_batches}}{other}")
+        f"{{caps[{given.module}]}} {given.cap} leaves {fits} of {total} samples under the caps, {why}",
+        fix=f"{given.raise_fix(inputs)}, or lower {{world_size}} or {{micro_batches}}{other}")
+
+
+def name_given_caps(inputs: PackInputs, config: PackConfig, error: UsageError) -> UsageError:
+    """``error`` (the search finding no caps that fill a step) with the given cap over the most
+    samples named where samples are over the caps the user gave: isolated one a group, they can
+    leave counts no split reaches a multiple of a step from (``--max-llm-tokens 147`` where 5 of
+    446 samples fit, at ``--dp 3``). ``error`` itself where none is.
+    """
+    given = _given_caps(inputs, config)
+    if given is None:
+        return error
+    return UsageError(
+        f"{error.message}: {given.total - given.fits} of the {given.total} samples are over "
+        f"{{caps[{given.module}]}} {given.cap} or another cap given",
+        fix=f"{given.raise_fix(inputs)}, or {error.fix}")

@@ -35,7 +35,7 @@ from balancer_cli._memory import release_freed_memory
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.lengths import LengthsTable
 from balancer_cli.manifest import ManifestRows
-from balancer_cli.pack.cap_fit import check_caps_fit, check_given_caps_fill_a_step
+from balancer_cli.pack.cap_fit import check_caps_fit, check_given_caps_fill_a_step, name_given_caps
 from balancer_cli.pack.config import PackConfig
 from balancer_cli.pack.inputs import PackInputs, prepare_inputs
 from balancer_cli.pack.packers import registry
@@ -177,7 +177,10 @@ def resolve_thresholds(inputs: PackInputs, config: PackConfig) -> tuple[np.ndarr
     if all(m in caps for m in inputs.modules):
         caps_K = np.array([caps[m] for m in inputs.modules], dtype=np.int64)
     else:
-        search = run_search(inputs, config, prune=True)  # the same best caps, fewer candidates measured
+        try:
+            search = run_search(inputs, config, prune=True)  # the same best caps, fewer candidates measured
+        except UsageError as error:  # no caps fill a step: name a given cap most samples are over
+            raise name_given_caps(inputs, config, error) from None
         caps_K = np.asarray(search.best_caps_K, dtype=np.int64)
         if config.algorithm == "isf":  # our packer's search reports bounds = caps: keep ISF's defaults then
             for k, module in enumerate(inputs.modules):

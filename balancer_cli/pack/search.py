@@ -383,7 +383,7 @@ def search_thresholds(
         if algorithm == "isf" and n >= shape.groups_per_step:  # ISF's groups fill up: fewer than ours
             fix += ", or pack with {algorithm} balanced"
         raise UsageError(  # the options cannot fit this data: exit 2, as the packer's own step check
-            f"no candidate caps pack {what} into {shape.groups_per_step} groups or more (one step of "
+            f"no candidate caps pack {what} into whole steps of {shape.groups_per_step} groups (one step of "
             f"{{world_size}} {R} x {{micro_batches}} {M}, at least one sample a group)", fix=fix)
     candidates.sort(key=lambda c: (c.pruned, not c.within_bounds, c.objective, c.caps_K, c.bounds_K))
     best = candidates[0]

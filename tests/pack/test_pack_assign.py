@@ -649,7 +649,7 @@ def test_search_errors_and_default_caps():
     with pytest.raises(UsageError):
         search_thresholds(np.ones((5, 2), np.int64), np.ones((5, 2)), world_size=1, micro_batches=1,
                           max_caps_K=np.array([9]))
-    with pytest.raises(UsageError, match="no candidate caps pack the 5 samples into 64 groups") as error:
+    with pytest.raises(UsageError, match="no candidate caps pack the 5 samples into whole steps of 64 groups") as error:
         search_thresholds(np.ones((5, 2), np.int64), np.ones((5, 2)), world_size=64, micro_batches=1,
                           max_caps_K=np.array([9, 4096]))
     assert "sample_size" not in str(error.value)  # the whole input was searched: no bigger subsample helps
@@ -677,7 +677,7 @@ def test_a_candidate_that_cannot_split_to_whole_steps_is_skipped_not_fatal():
         res = search_thresholds(load, load.astype(float), **kwargs)
     assert len(res.candidates) == len(full.candidates) - 1 and len(calls) > 1
     with (mock.patch.object(search_eval, "split_to_multiple", mock.Mock(side_effect=InputError("x", fix="-"))),
-          pytest.raises(UsageError, match="no candidate caps pack the 400 samples into 4 groups")):
+          pytest.raises(UsageError, match="no candidate caps pack the 400 samples into whole steps of 4 groups")):
         search_thresholds(load, load.astype(float), **kwargs)
 
 
