@@ -117,7 +117,8 @@ def name_given_caps(inputs: PackInputs, config: PackConfig, error: UsageError) -
     leave counts no split reaches a multiple of a step from (``--max-llm-tokens 147`` where 5 of
     446 samples fit, at ``--dp 3``). ``error`` itself where none is.
     """
-    given = _given_caps(inputs, config)
+    # Only the search's finding (its other usage errors are about options, not the data).
+    given = _given_caps(inputs, config) if error.message.startswith("no candidate caps") else None
     if given is None:
         return error
     return UsageError(

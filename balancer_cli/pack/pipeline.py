@@ -155,13 +155,17 @@ def run_search(inputs: PackInputs, config: PackConfig, **search_options: Any) ->
     for k, module in enumerate(inputs.modules):
         max_caps_K[k] = caps.get(module, max_caps_K[k])
     algorithm = config.algorithm if config.algorithm in ("balanced", "isf") else "balanced"
-    return search_thresholds(
-        inputs.load_NK, inputs.cost_NK, world_size=config.world_size,
-        micro_batches=config.micro_batches, max_caps_K=max_caps_K, min_caps_K=min_caps_K,
-        target_group_size=config.target_group_size,
-        seed=config.epoch_seed(0, "search"), algorithm=algorithm,
-        source_N=inputs.source_codes_N, rows=None if inputs.all_ok else inputs.ok_ids(),
-        **search_options)
+    check_given_caps_fill_a_step(inputs, config)  # the search stays under them
+    try:
+        return search_thresholds(
+            inputs.load_NK, inputs.cost_NK, world_size=config.world_size,
+            micro_batches=config.micro_batches, max_caps_K=max_caps_K, min_caps_K=min_caps_K,
+            target_group_size=config.target_group_size,
+            seed=config.epoch_seed(0, "search"), algorithm=algorithm,
+            source_N=inputs.source_codes_N, rows=None if inputs.all_ok else inputs.ok_ids(),
+            **search_options)
+    except UsageError as error:  # no caps fill a step: name a given cap most samples are over
+        raise name_given_caps(inputs, config, error) from None
 
 
 def resolve_thresholds(inputs: PackInputs, config: PackConfig) -> tuple[np.ndarray, np.ndarray, Any]:
@@ -172,15 +176,12 @@ def resolve_thresholds(inputs: PackInputs, config: PackConfig) -> tuple[np.ndarr
     """
     caps = _by_module(config.caps, inputs.modules, "caps")
     bounds = _by_module(config.bounds, inputs.modules, "bounds")
-    check_given_caps_fill_a_step(inputs, config)  # before the search, which stays under them
     search = None
     if all(m in caps for m in inputs.modules):
+        check_given_caps_fill_a_step(inputs, config)  # (run_search checks them too, before it searches)
         caps_K = np.array([caps[m] for m in inputs.modules], dtype=np.int64)
     else:
-        try:
-            search = run_search(inputs, config, prune=True)  # the same best caps, fewer candidates measured
-        except UsageError as error:  # no caps fill a step: name a given cap most samples are over
-            raise name_given_caps(inputs, config, error) from None
+        search = run_search(inputs, config, prune=True)  # the same best caps, fewer candidates measured
         caps_K = np.asarray(search.best_caps_K, dtype=np.int64)
         if config.algorithm == "isf":  # our packer's search reports bounds = caps: keep ISF's defaults then
             for k, module in enumerate(inputs.modules):

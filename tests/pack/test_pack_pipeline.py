@@ -198,19 +198,27 @@ def test_given_caps_that_can_fill_steps_pack_or_fail_as_before(config):
     _check_conservation(table, result, config)
 
 
-def test_a_search_that_finds_no_caps_names_the_given_cap_most_samples_are_over():
+@pytest.mark.parametrize("via", ["pack", "search"])
+def test_a_search_that_finds_no_caps_names_the_given_cap_most_samples_are_over(via):
     """Three samples fit under the LLM cap, each over half of it (no two share a group): the
     groups are the 200 samples one a group, none splits, and no multiple of 3 lies within reach.
     The pre-check cannot see that (it allows the three to share); the search's own failure then
-    names the cap the user gave that 197 samples are over."""
+    names the cap the user gave that 197 samples are over, for ``balancer pack`` and ``balancer
+    search`` alike (both through ``run_search``)."""
+    from balancer_cli.pack.pipeline import run_search
+
     rng = np.random.default_rng(0)
     llm = np.concatenate([[60, 70, 80], rng.integers(4000, 6000, 197)])
     items = rng.integers(0, 4, 200)
     table = make_lengths_table(llm, {"vision": (items * 256, items)}, source=rng.choice(["a", "b"], 200))
+    config = PackConfig(world_size=3, caps=(("llm", 100),))
     with pytest.raises(UsageError, match=r"^no candidate caps pack the 200 samples into whole steps of 3 groups .*: "
                                          r"197 of the 200 samples are over caps\[llm\] 100 or another cap given; "
                                          r"fix: raise caps\[llm\] \(the median sample holds \d+ tokens\), or lower"):
-        pack_manifest(table, PackConfig(world_size=3, caps=(("llm", 100),)))
+        if via == "pack":
+            pack_manifest(table, config)
+        else:
+            run_search(prepare_inputs(table), config)
 
 
 def test_a_window_of_isolated_samples_that_cannot_split_says_to_raise_the_caps():
