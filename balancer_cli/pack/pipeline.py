@@ -147,13 +147,12 @@ def run_search(inputs: PackInputs, config: PackConfig, **search_options: Any) ->
     _require_measured(inputs)  # the limits below are percentiles of the measured samples
     largest_K = _largest(inputs)
     max_caps_K = _default_max_caps(inputs, largest_K)
-    min_caps_K = None
-    if config.oversize == "error":
-        # "error" asks that no sample be over a cap: the searched caps fit the largest one (only a
-        # cap the user gave can then be too small, and the error names it).
-        min_caps_K = np.where([m in caps for m in inputs.modules], 1, largest_K)
     for k, module in enumerate(inputs.modules):
         max_caps_K[k] = caps.get(module, max_caps_K[k])
+    # "error" asks that no sample be over a cap: the searched caps fit the largest one, under a cap
+    # the user gave as well (a given 21 items, the largest 19: not 17). Only a given cap under the
+    # largest sample can then be too small, and the error names it.
+    min_caps_K = np.minimum(largest_K, max_caps_K) if config.oversize == "error" else None
     algorithm = config.algorithm if config.algorithm in ("balanced", "isf") else "balanced"
     check_given_caps_fill_a_step(inputs, config)  # the search stays under them
     try:

@@ -274,6 +274,14 @@ def test_oversize_error_searches_caps_that_fit_every_sample():
     assert len(strict.rows.sample) == lt.num_samples
     with pytest.raises(InputError, match=r"sample 0 has llm load 12000 > cap 4096 \(2 sample"):
         pack_manifest(lt, PackConfig(world_size=4, oversize="error", caps=(("llm", 4096),)))
+    # A cap given over the largest sample bounds the search from above only: the searched cap
+    # stays between the largest sample and it (it had gone under the largest, and the pack
+    # stopped on a cap nobody chose).
+    given = pack_manifest(lt, PackConfig(world_size=4, oversize="error", caps=(("llm", 30_000),)))
+    assert 12_000 <= given.meta["params"]["caps"]["llm"] <= 30_000 and len(given.rows.sample) == lt.num_samples
+    largest_items = int(lt.table.column("vision_items").to_numpy().max())
+    given = pack_manifest(lt, PackConfig(world_size=4, oversize="error", caps=(("vision", largest_items + 2),)))
+    assert largest_items <= given.meta["params"]["caps"]["vision"] <= largest_items + 2
 
 
 def test_error_rows_only_is_an_input_error():
