@@ -117,9 +117,10 @@ def name_given_caps(inputs: PackInputs, config: PackConfig, error: UsageError) -
     leave counts no split reaches a multiple of a step from (``--max-llm-tokens 147`` where 5 of
     446 samples fit, at ``--dp 3``). ``error`` itself where none is.
     """
-    # Only the search's finding (its other usage errors are about options, not the data).
+    # Only the search's finding (its other usage errors are about options, not the data), and only
+    # where the caps are the cause: fewer samples than a step's groups fill no step at any caps.
     given = _given_caps(inputs, config) if error.message.startswith("no candidate caps") else None
-    if given is None:
+    if given is None or given.total < config.shape.groups_per_step:
         return error
     return UsageError(
         f"{error.message}: {given.total - given.fits} of the {given.total} samples are over "

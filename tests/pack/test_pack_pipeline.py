@@ -219,6 +219,10 @@ def test_a_search_that_finds_no_caps_names_the_given_cap_most_samples_are_over(v
             pack_manifest(table, config)
         else:
             run_search(prepare_inputs(table), config)
+    # Fewer samples than a step's groups: no cap fills a step, and the error does not ask to raise one.
+    with pytest.raises(UsageError, match=r"into whole steps of 6 groups .*; fix: lower world_size or micro_batches$"):
+        pack_manifest(make_lengths_table(np.array([4000, 5000]), {"vision": (np.array([256, 0]), np.array([1, 0]))}),
+                      PackConfig(world_size=2, micro_batches=3, caps=(("llm", 1951),)))
 
 
 def test_a_window_of_isolated_samples_that_cannot_split_says_to_raise_the_caps():
