@@ -3,11 +3,13 @@ below the data fail with the cap to raise, not with a shortage of groups that se
 smaller caps.
 
 A sample over a cap is isolated in a group of its own, dropped or an error (``--oversize``). Caps
-under every sample leave nothing to pack (:func:`check_caps_fit`); caps the user gave, with
-``--oversize drop``, can leave fewer samples than one step has groups, a group holding at least
-one (:func:`check_given_caps_fill_a_step`: ``--max-llm-tokens 172`` where 3 of 741 samples hold
-fewer LLM tokens). The search's caps stay under the caps the user gave, so no candidate could
-pack such an input either.
+under every sample leave nothing to pack (:func:`check_caps_fit`); caps the user gave can leave
+fewer samples under them than one step has groups, a group holding at least one (``drop``), or
+group counts from which no split reaches whole steps (``isolate``):
+:func:`check_given_caps_fill_a_step` (``--max-llm-tokens 172`` where 3 of 741 samples hold fewer
+LLM tokens). The search's caps stay under the caps the user gave, so no candidate could pack such
+an input either; where the check cannot tell and the search finds no caps, :func:`name_given_caps`
+names the given cap most samples are over.
 
 Example:
     >>> from balancer_cli.lengths import make_lengths_table
