@@ -50,18 +50,21 @@ def check_caps_fit(inputs: PackInputs, caps_K: np.ndarray) -> None:
 
 
 class _GivenCaps(NamedTuple):
-    """The caps the user gave against the samples without a scan error: how many fit under them
-    all, and the given cap over the most samples (its module, value and the samples' median)."""
+    """The caps the user gave (``caps_K``, any load where none was given) against the samples
+    without a scan error: how many fit under them all, of how many."""
 
     fits: int
     total: int
-    module: str
-    cap: int
-    median: int
+    caps_K: np.ndarray
 
-    def raise_fix(self, inputs: PackInputs) -> str:
-        return (f"raise {{caps[{self.module}]}} (the median sample holds {self.median} "
-                f"{inputs.load_unit(self.module)})")
+    def worst(self, inputs: PackInputs) -> tuple[str, int, str]:
+        """``(module, cap, fix)``: the given cap over the most samples, and the fix raising it (only
+        for an error: a pass over the loads and a median)."""
+        load = inputs.ok_rows(inputs.load_NK)
+        k = int(np.argmax([int((load[:, k] > self.caps_K[k]).sum()) for k in range(len(self.caps_K))]))
+        module = inputs.modules[k]
+        return module, int(self.caps_K[k]), (f"raise {{caps[{module}]}} (the median sample holds "
+                                             f"{int(np.median(load[:, k]))} {inputs.load_unit(module)})")
 
 
 def _given_caps(inputs: PackInputs, config: PackConfig) -> _GivenCaps | None:
@@ -69,15 +72,12 @@ def _given_caps(inputs: PackInputs, config: PackConfig) -> _GivenCaps | None:
     given = dict(config.caps)
     if not given or not inputs.ok_N.any():
         return None
-    # Modules without a given cap take any load here (the search's own caps are not known yet).
     caps_K = np.array([given.get(m, np.iinfo(np.int64).max) for m in inputs.modules], dtype=np.int64)
-    load = inputs.ok_rows(inputs.load_NK)
-    over_N = over_caps(load, caps_K)
-    if not over_N.any():
-        return None
-    k = int(np.argmax([int((load[:, k] > caps_K[k]).sum()) for k in range(len(caps_K))]))
-    return _GivenCaps(int((~over_N).sum()), len(over_N), inputs.modules[k], int(caps_K[k]),
-                      int(np.median(load[:, k])))
+    # Over every row, then counted where there is no scan error: no copy of the loads' good rows.
+    over_N = over_caps(inputs.load_NK, caps_K)
+    total = int(np.count_nonzero(inputs.ok_N))
+    over = int(np.count_nonzero(over_N & inputs.ok_N))
+    return _GivenCaps(total - over, total, caps_K) if over else None
 
 
 def check_given_caps_fill_a_step(inputs: PackInputs, config: PackConfig) -> None:
@@ -108,9 +108,9 @@ def check_given_caps_fill_a_step(inputs: PackInputs, config: PackConfig) -> None
         why = (f"and the {over} over a cap are isolated in groups of their own ({{oversize}} isolate): {fewest} to "
                f"{total} groups, none a multiple of the {per_step} of {step}")
         other = ", or drop them with {oversize} drop"
-    raise UsageError(
-        f"{{caps[{given.module}]}} {given.cap} leaves {fits} of {total} samples under the caps, {why}",
-        fix=f"{given.raise_fix(inputs)}, or lower {{world_size}} or {{micro_batches}}{other}")
+    module, cap, raise_it = given.worst(inputs)
+    raise UsageError(f"{{caps[{module}]}} {cap} leaves {fits} of {total} samples under the caps, {why}",
+                     fix=f"{raise_it}, or lower {{world_size}} or {{micro_batches}}{other}")
 
 
 def name_given_caps(inputs: PackInputs, config: PackConfig, error: UsageError) -> UsageError:
@@ -124,7 +124,6 @@ def name_given_caps(inputs: PackInputs, config: PackConfig, error: UsageError) -
     given = _given_caps(inputs, config) if error.message.startswith("no candidate caps") else None
     if given is None or given.total < config.shape.groups_per_step:
         return error
-    return UsageError(
-        f"{error.message}: {given.total - given.fits} of the {given.total} samples are over "
-        f"{{caps[{given.module}]}} {given.cap} or another cap given",
-        fix=f"{given.raise_fix(inputs)}, or {error.fix}")
+    module, cap, raise_it = given.worst(inputs)
+    return UsageError(f"{error.message}: {given.total - given.fits} of the {given.total} samples are over "
+                      f"{{caps[{module}]}} {cap} or another cap given", fix=f"{raise_it}, or {error.fix}")
