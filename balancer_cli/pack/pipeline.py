@@ -36,7 +36,7 @@ from balancer_cli.errors import InputError, UsageError
 from balancer_cli.lengths import LengthsTable
 from balancer_cli.manifest import ManifestRows
 from balancer_cli.pack.cap_fit import check_caps_fit, check_given_caps_fill_a_step, name_given_caps
-from balancer_cli.pack.config import PackConfig
+from balancer_cli.pack.config import MAX_CAP, PackConfig
 from balancer_cli.pack.inputs import PackInputs, prepare_inputs
 from balancer_cli.pack.packers import registry
 from balancer_cli.pack.pick_check import (
@@ -131,9 +131,11 @@ def _largest(inputs: PackInputs) -> np.ndarray:
 
 def _default_max_caps(inputs: PackInputs, largest_K: np.ndarray) -> np.ndarray:
     """Upper limits for the search when the user gives none: the largest sample (``largest_K``,
-    :func:`_largest`), at least a few typical ones."""
+    :func:`_largest`), at least a few typical ones, at most :data:`~balancer_cli.pack.config.MAX_CAP`
+    (a cap a manifest can hold: samples of a billion tokens had the search pick one of 6e9, and the
+    written manifest failed its own check; over it they are oversize)."""
     typical = np.percentile(inputs.ok_rows(inputs.load_NK), 90, axis=0) * 8
-    return np.maximum(np.maximum(largest_K, typical), 1).astype(np.int64)
+    return np.minimum(np.maximum(np.maximum(largest_K, typical), 1), MAX_CAP).astype(np.int64)
 
 
 def run_search(inputs: PackInputs, config: PackConfig, **search_options: Any) -> Any:

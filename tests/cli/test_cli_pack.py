@@ -351,3 +351,16 @@ def test_pack_says_where_no_placement_reaches_a_sparse_modules_utilization(tmp_p
     assert result.exit_code == 0, result.output
     audio_metrics = json.loads((tmp_path / "two" / "report.json").read_text())["modules"]["audio"]
     assert audio_metrics["utilization_ceiling"] == round(2100 / (8 * 900), 6) == audio_metrics["utilization"]
+
+
+def test_samples_of_a_billion_tokens_pack_under_the_largest_cap_a_manifest_holds(tmp_path):
+    """Lengths near int32's top (valid in a lengths table): the search's limit for a cap, 8x the
+    90th percentile, would be 8e9; it stays at the largest cap a manifest holds (int32), so the
+    written manifest passes its own check (it failed with caps[llm] 5972362758 before)."""
+    path = tmp_path / "huge.parquet"
+    write_lengths(make_lengths_table(np.full(50, 10**9), {"vision": (np.full(50, 10**9), np.full(50, 10**6))}), path)
+    result = _run("pack", path, "-o", tmp_path / "out", "--dp", 4, "--baselines", "random")
+    assert result.exit_code == 0, result.output
+    caps = json.loads((tmp_path / "out" / "report.json").read_text())["manifest"]["params"]["caps"]
+    assert caps["llm"] == 2**31 - 1 and caps["vision"] <= 2**31 - 1
+    assert sorted(open_manifest(tmp_path / "out").read_all().sample.tolist()) == list(range(50))

@@ -126,3 +126,20 @@ def test_a_huge_cap_costs_neither_memory_nor_time():
                          max_items=40)  # the last column counts rows, as the packer's own
     assert got is not None and sorted(got[0].tolist()) == list(range(300))
     assert np.bincount(got[1]).max() <= 40
+
+
+def test_loads_near_int32s_top_are_counted_without_a_table_as_long_as_the_largest():
+    """Binding loads past ``_COUNT_TABLE_MAX`` (a lengths table holds up to int32's top) are counted
+    by a sort: the same groups as the same sizes scaled down (no 8 GB table for loads of 1e9; the
+    CLI took 85 s on 50 samples of a billion tokens)."""
+    from balancer_cli.pack.packers._patterns import _COUNT_TABLE_MAX
+
+    tiles = np.array([9, 9, 6, 6, 6, 8, 8, 2, 5, 5, 8])
+    scale = 100_000_000
+    assert tiles.max() * scale > _COUNT_TABLE_MAX
+    load = np.stack([tiles, 100 * tiles, np.ones(11, np.int64)], 1)
+    small = pattern_groups(np.arange(11), load, np.array([18, 5000, 8]), 0, rng=np.random.default_rng(0))
+    load[:, 0] *= scale
+    large = pattern_groups(np.arange(11), load, np.array([18 * scale, 5000, 8]), 0, rng=np.random.default_rng(0))
+    assert small is not None and large is not None
+    assert small[0].tolist() == large[0].tolist() and small[1].tolist() == large[1].tolist()

@@ -47,6 +47,8 @@ MAX_SIZES = 12
 MAX_PATTERNS = 20_000
 #: Open groups first fit tries per leftover row (as dealing's own fill).
 _LOOKBACK = 64
+#: Binding loads up to this are counted in a table as long as the largest; past it, by a sort.
+_COUNT_TABLE_MAX = 1 << 22
 
 
 def pattern_groups(rows: np.ndarray, load_NK: np.ndarray, caps_K: np.ndarray, binding: int, *,
@@ -65,26 +67,30 @@ def pattern_groups(rows: np.ndarray, load_NK: np.ndarray, caps_K: np.ndarray, bi
     """
     load_b = load_NK[rows, binding]
     cap = int(caps_K[binding])
-    per_size = np.bincount(load_b)  # as long as the largest load (within the cap), not the cap
-    sizes = np.flatnonzero(per_size[1:]) + 1
+    if load_b.max(initial=0) <= _COUNT_TABLE_MAX:
+        per_size = np.bincount(load_b)  # as long as the largest load (within the cap), not the cap
+        sizes = np.flatnonzero(per_size[1:]) + 1
+        count_S = per_size[sizes]
+    else:  # loads up to int32's top: a table as long as the largest would take gigabytes; sort instead
+        sizes, count_S = np.unique(load_b[load_b > 0], return_counts=True)
     if not 0 < len(sizes) <= MAX_SIZES:
         return None
     patterns_SP = _maximal_patterns(sizes, cap, cap if max_items is None else min(int(max_items), cap))
-    x_P = None if patterns_SP is None else _lp_counts(patterns_SP, per_size[sizes])
+    x_P = None if patterns_SP is None else _lp_counts(patterns_SP, count_S)
     if x_P is None or x_P.sum() == 0:
         return None
     slots_SG = patterns_SP[:, np.repeat(np.arange(len(x_P)), x_P)]
     # The rows of each size (the largest first), the heaviest on the other modules first within
     # it, ties in a seeded order: what the slots are filled with.
-    code = np.full(len(per_size), -1, np.int64)
-    code[sizes] = np.arange(len(sizes))[::-1]
     sized = rows[load_b > 0]
     sized = sized[rng.permutation(len(sized))]
     other = np.arange(load_NK.shape[1]) != binding
     share_N = (load_NK[:, other] / np.maximum(caps_K[other], 1)).sum(axis=1)
     sized = sized[size_order(share_N[sized], descending=True)]
-    sized = sized[np.argsort(code[load_NK[sized, binding]], kind="stable")]
-    starts = np.searchsorted(code[load_NK[sized, binding]], np.arange(len(sizes) + 1))
+    code = (len(sizes) - 1) - np.searchsorted(sizes, load_NK[sized, binding])  # the largest size first: 0
+    by_code = np.argsort(code, kind="stable")
+    sized, code = sized[by_code], code[by_code]
+    starts = np.searchsorted(code, np.arange(len(sizes) + 1))
     gid = _fill_slots(sized, starts, np.ascontiguousarray(slots_SG[::-1]), share_N)
     placed = gid >= 0
     queue, gid = sized[placed], gid[placed]
