@@ -35,7 +35,11 @@ from balancer_cli._memory import release_freed_memory
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.lengths import LengthsTable
 from balancer_cli.manifest import ManifestRows
-from balancer_cli.pack.cap_fit import check_caps_fit, check_given_caps_fill_a_step, name_given_caps
+from balancer_cli.pack.cap_fit import (
+    check_caps_fit,
+    check_given_caps_fill_a_step,
+    name_given_caps,
+)
 from balancer_cli.pack.config import MAX_CAP, PackConfig
 from balancer_cli.pack.inputs import PackInputs, prepare_inputs
 from balancer_cli.pack.packers import registry
