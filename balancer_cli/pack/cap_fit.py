@@ -36,12 +36,17 @@ from balancer_cli.pack.packers._common import over_caps
 __all__ = ["check_caps_fit", "check_given_caps_fill_a_step", "name_given_caps"]
 
 
+def _most_over(load: np.ndarray, caps_K: np.ndarray) -> int:
+    """The module whose cap the most rows of ``load`` are over (the lowest on a tie)."""
+    return int(np.argmax([np.count_nonzero(load[:, k] > caps_K[k]) for k in range(len(caps_K))]))
+
+
 def check_caps_fit(inputs: PackInputs, caps_K: np.ndarray) -> None:
     """Fail when no sample fits under the caps at all: every group would be an oversize one."""
     over = over_caps(inputs.load_NK, caps_K)
     if inputs.ok_N.any() and (over | ~inputs.ok_N).all():
         load = inputs.ok_rows(inputs.load_NK)
-        k = int(np.argmax([(load[:, k] > caps_K[k]).mean() for k in range(len(caps_K))]))
+        k = _most_over(load, caps_K)
         module, smallest = inputs.modules[k], int(load[:, k].min())
         raise UsageError(
             f"{{caps[{module}]}} {int(caps_K[k])} is smaller than every sample "
@@ -61,7 +66,7 @@ class _GivenCaps(NamedTuple):
         """``(module, cap, fix)``: the given cap over the most samples, and the fix raising it (only
         for an error: a pass over the loads and a median)."""
         load = inputs.ok_rows(inputs.load_NK)
-        k = int(np.argmax([int((load[:, k] > self.caps_K[k]).sum()) for k in range(len(self.caps_K))]))
+        k = _most_over(load, self.caps_K)
         module = inputs.modules[k]
         return module, int(self.caps_K[k]), (f"raise {{caps[{module}]}} (the median sample holds "
                                              f"{int(np.median(load[:, k]))} {inputs.load_unit(module)})")

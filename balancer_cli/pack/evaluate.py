@@ -223,15 +223,15 @@ def evaluate_rows(
         "dropped": _dropped(np.asarray(dropped_sample), dropped_reason, inputs.num_samples),
         "step_mix": _step_mix(*dist_2S, num_sources),
     }
-    for k, m in enumerate(modules):
-        entry = metrics["modules"][m]
-        if entry["sparse"] and entry["utilization"] < MIN_SPARSE_UTILIZATION:
-            # Under the bound: the report says whether any placement could reach it (only here, so
-            # every other report keeps its bytes; a gather of the placed samples' costs). Epochs
-            # hold steps of their own, each epoch every sample once.
-            ends = search_sorted(rows.step, np.cumsum(epoch_num_steps))
-            cost_P = inputs.cost_NK[rows.sample, k]
-            entry["utilization_ceiling"] = _round(utilization_ceiling(np.split(cost_P, ends[:-1]), R))
+    # Under the bound, the report says whether any placement could reach it (only there, so every
+    # other report keeps its bytes; a gather of the placed samples' costs). Epochs hold steps of
+    # their own, each epoch every sample once.
+    under = [k for k, m in enumerate(modules)
+             if metrics["modules"][m]["sparse"] and metrics["modules"][m]["utilization"] < MIN_SPARSE_UTILIZATION]
+    epoch_starts = search_sorted(rows.step, np.cumsum(epoch_num_steps))[:-1] if under else None
+    for k in under:
+        cost_by_epoch = np.split(inputs.cost_NK[rows.sample, k], epoch_starts)
+        metrics["modules"][modules[k]]["utilization_ceiling"] = _round(utilization_ceiling(cost_by_epoch, R))
     metrics["contract"] = contract_entry(metrics, modules)
     if post:
         phases = {m: {"dist_ratio": _round(dist_ratio(x)), "utilization": _round(utilization(x))}

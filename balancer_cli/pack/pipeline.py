@@ -374,7 +374,8 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
     rows, dropped_sample, dropped_reason, epoch_num_steps = trial.placement
     summary = evaluation.metrics
     meta = config.to_meta()
-    given = [m for m in inputs.modules if m in dict(config.caps)]  # the search's limits, from the user
+    given_caps = dict(config.caps)
+    given = [m for m in inputs.modules if m in given_caps]  # the search's limits, from the user
     meta["params"].update({
         "caps": {m: int(c) for m, c in zip(inputs.modules, caps_K)},
         "bounds": {m: int(b) for m, b in zip(inputs.modules, bounds_K)},

@@ -341,15 +341,15 @@ def place_window(task: WindowTask, view: registry.SampleView) -> WindowResult:
         packing = split_to_multiple(packing, view.cost_nK[:, -1], per_step)
     except InputError as error:
         isolated = int(np.count_nonzero(packing.isolated))
+        detail = f"; {isolated} of them single samples over a cap, isolated" if isolated else ""
+        # Lower caps only isolate more samples where most are over them: groups of several split.
+        cap_fix = ("raise the caps those samples exceed, or drop them with {oversize} drop"
+                   if 2 * isolated > packing.num_groups else "lower the caps so that more groups form")
+        window_fix = ", or change {window_samples}" if task.window or task.config.window_samples else ""
         raise UsageError(
             f"{{world_size}} {R} x {{micro_batches}} {M} needs a multiple of {per_step} groups (groups per "
-            f"step), and the {packing.num_groups} groups cannot be split to one ({error.message}"
-            + (f"; {isolated} of them single samples over a cap, isolated)" if isolated else ")"),
-            # Lower caps only isolate more samples where most are over them: groups of several split.
-            fix="lower {world_size} or {micro_batches}, or " + (
-                "raise the caps those samples exceed, or drop them with {oversize} drop" if 2 * isolated > packing.num_groups
-                else "lower the caps so that more groups form")
-                + (", or change {window_samples}" if task.window or task.config.window_samples else "")) from None
+            f"step), and the {packing.num_groups} groups cannot be split to one ({error.message}{detail})",
+            fix="lower {world_size} or {micro_batches}, or " + cap_fix + window_fix) from None
     if spec.sequential:
         step_G, rank_G, micro_G = shape.slots(np.arange(packing.num_groups))
         assignment = Assignment(step=step_G, rank=rank_G, micro=micro_G, num_steps=packing.num_groups // per_step)
