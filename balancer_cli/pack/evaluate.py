@@ -33,15 +33,20 @@ from balancer_cli.lengths import LLM
 from balancer_cli.manifest import ManifestRows, StepShape, is_slot_sorted
 from balancer_cli.metrics import (
     dist_ratio,
+    dist_ratio_per_step,
     step_utilization,
     utilization,
 )
 from balancer_cli.pack._blocks import sparse_shares
 from balancer_cli.pack._evaluate_kernel import code_counts, new_tally, tally_rows
 from balancer_cli.pack.bounds import groups_lower_bound
-from balancer_cli.pack.contract import MIN_SPARSE_UTILIZATION, contract_entry
+from balancer_cli.pack.contract import (
+    MAX_DIST_RATIO,
+    MIN_SPARSE_UTILIZATION,
+    contract_entry,
+)
 
-__all__ = ["Evaluation", "evaluate_rows", "reason_kind", "step_mix_distances", "step_mix_ratio",
+__all__ = ["Evaluation", "evaluate_rows", "over_cap_dist", "reason_kind", "step_mix_distances", "step_mix_ratio",
            "utilization_ceiling"]
 
 
@@ -52,7 +57,8 @@ class Evaluation:
     Attributes:
         metrics: ``modules.<m>.{dist_ratio,pad_ratio,utilization,mean_rank_load,group_share,sparse}``
             (and ``utilization_ceiling`` where a sparse module is under the contract's utilization:
-            :func:`utilization_ceiling`), ``step``, ``steps``, ``groups``, ``dropped``,
+            :func:`utilization_ceiling`; ``over_cap`` where a dense module's Dist is over the
+            contract's only in the steps holding groups over a cap: :func:`over_cap_dist`), ``step``, ``steps``, ``groups``, ``dropped``,
             ``step_mix``, ``contract`` (the bounds and those broken:
             :func:`~balancer_cli.pack.contract.contract_entry`) and, with phase ranks,
             ``post_balance``.
@@ -232,6 +238,16 @@ def evaluate_rows(
     for k in under:
         cost_by_epoch = np.split(inputs.cost_NK[rows.sample, k], epoch_starts)
         metrics["modules"][modules[k]]["utilization_ceiling"] = _round(utilization_ceiling(cost_by_epoch, R))
+    over_dist = [k for k, m in enumerate(modules)
+                 if not metrics["modules"][m]["sparse"] and metrics["modules"][m]["dist_ratio"] > MAX_DIST_RATIO]
+    # Only where every group over a cap is one sample (isolated: ours, and --oversize isolate),
+    # not where groups of several are (baselines that ignore the caps), and only there: every
+    # other report keeps its bytes.
+    if over_dist and groups.over and not groups.over_multi:
+        for k, entry in over_cap_dist(inputs.load_NK, inputs.cost_NK, rows, caps_K, [loads[m] for m in modules],
+                                      over_dist).items():
+            entry["largest"]["module"] = modules[entry["largest"]["module"]]
+            metrics["modules"][modules[k]]["over_cap"] = entry
     metrics["contract"] = contract_entry(metrics, modules)
     if post:
         phases = {m: {"dist_ratio": _round(dist_ratio(x)), "utilization": _round(utilization(x))}
@@ -267,6 +283,61 @@ def utilization_ceiling(cost_by_epoch: Sequence[np.ndarray], world_size: int) ->
     largest = np.array([float(np.max(c, initial=0.0)) for c in cost_by_epoch])
     busy = float(np.maximum(largest, totals / world_size).sum()) * world_size
     return float(totals.sum()) / busy if busy > 0 else 1.0
+
+
+def over_cap_dist(load_NK: np.ndarray, cost_NK: np.ndarray, rows: ManifestRows, caps_K: np.ndarray,
+                  loads_KSR: Sequence[np.ndarray], modules_k: Sequence[int]) -> dict[int, dict]:
+    """Of each module ``k`` in ``modules_k`` whose Dist is over the contract's, the share in the
+    steps that hold a group over a cap (a sample over one, alone in its group: ``--oversize
+    isolate``), where the other steps' share is within it.
+
+    Such a group (ours: one sample) is larger than any the caps let form, so no other group in its
+    step matches it; dropping them (``--oversize drop``) or caps that hold them even such steps
+    out (docs/packing.md, "What still misses"). The largest is named by its load over its cap, of
+    the module it is most over.
+
+    Args:
+        load_NK, cost_NK: the samples' loads (for the caps) and costs (for the Dist).
+        rows: the placement, slot-sorted; ``loads_KSR``: its (S, R) costs per module.
+        caps_K: the caps; ``modules_k``: the modules to explain (indices of ``loads_KSR``).
+
+    Returns:
+        ``{k: {"dist": in those steps (their per-step Dist summed over all steps), "steps": how
+        many, "groups": groups over a cap, "largest": {"module": the index of the module the
+        largest is most over, "load", "cap"}}}``, for the modules whose other steps are within
+        the bound only.
+
+    Example:
+        >>> from balancer_cli.manifest import ManifestRows
+        >>> load = np.array([[90], [10], [10], [10], [5], [5], [5], [5]])  # cap 20: sample 0 is over it
+        >>> rows = ManifestRows(np.array([0, 0, 1, 1, 1, 1, 1, 1]), np.array([0, 1, 0, 0, 1, 1, 1, 1]),
+        ...                     np.zeros(8, int), np.arange(8))
+        >>> loads = [np.array([[90., 10.], [20., 20.]])]
+        >>> over_cap_dist(load, load, rows, np.array([20]), loads, [0])[0]["steps"]
+        1
+    """
+    step = np.asarray(rows.step, np.int64)
+    slot = rows.slot_numbers()
+    starts = np.flatnonzero(np.r_[True, slot[1:] != slot[:-1]]) if len(slot) else np.zeros(0, np.int64)
+    group_load_GK = np.stack([np.add.reduceat(np.asarray(load_NK[:, k], np.int64)[rows.sample], starts)
+                              if len(starts) else np.zeros(0, np.int64) for k in range(load_NK.shape[1])], axis=1)
+    over_GK = group_load_GK > np.asarray(caps_K, np.int64)
+    over_G = over_GK.any(axis=1)
+    num_steps = len(loads_KSR[0])
+    over_S = np.zeros(num_steps, bool)
+    over_S[step[starts[over_G]]] = True
+    ratio_G = (group_load_GK[over_G] / np.maximum(np.asarray(caps_K, np.float64), 1)).max(axis=1)
+    worst = int(np.flatnonzero(over_G)[np.argmax(ratio_G)]) if over_G.any() else -1
+    explained = {}
+    for k in modules_k:
+        dist_S = dist_ratio_per_step(loads_KSR[k])
+        inside, rest = dist_S[over_S].sum() / max(num_steps, 1), dist_S[~over_S].sum() / max(num_steps, 1)
+        if worst < 0 or rest > MAX_DIST_RATIO:
+            continue
+        j = int(np.argmax(group_load_GK[worst] / np.maximum(np.asarray(caps_K, np.float64), 1)))
+        explained[k] = {"dist": _round(inside), "steps": int(over_S.sum()), "groups": int(over_G.sum()),
+                        "largest": {"module": j, "load": int(group_load_GK[worst, j]), "cap": int(caps_K[j])}}
+    return explained
 
 
 def _by_slot(rows: ManifestRows) -> ManifestRows:

@@ -143,7 +143,11 @@ def contract_lines(summary: Mapping[str, Any]) -> list[str]:
     missed = [_MISSED[kind](summary, module, limits) for kind, _, module in (b.partition(":") for b in broken)]
     lines = ["bounds missed: " + "; ".join(missed) + " (docs/packing.md: what still misses, and why)"]
     floors = _sparse_hint(summary) if "mix" in broken else []  # a sparse module's floor explains the mix
-    return lines + _ceiling_hint(summary, broken) + (floors or _one_slot_hint(summary, broken))
+    over_cap = _over_cap_hint(summary, broken)
+    # Where the samples over a cap explain every bound missed, pairing groups would not help.
+    explained = len(over_cap) == len(broken)
+    return lines + _ceiling_hint(summary, broken) + over_cap + (
+        floors or ([] if explained else _one_slot_hint(summary, broken)))
 
 
 def _ceiling_hint(summary: Mapping[str, Any], broken: Sequence[str]) -> list[str]:
@@ -165,6 +169,41 @@ def _ceiling_hint(summary: Mapping[str, Any], broken: Sequence[str]) -> list[str
             lines.append(f"  {module}'s load is {ceiling:.3f} of {summary['manifest']['world_size']} ranks x its "
                          f"largest sample's, whose step waits for it on every rank: no placement keeps more than "
                          f"{ceiling:.3f} of its rank-time busy on this input ({entry['utilization']:.3f} here)")
+    return lines
+
+
+def _over_cap_hint(summary: Mapping[str, Any], broken: Sequence[str]) -> list[str]:
+    """Where a dense module's Dist is over the bound only in the steps holding samples over a cap
+    (``modules.<m>.over_cap``: :func:`~balancer_cli.pack.evaluate.over_cap_dist`), a line saying
+    so and naming the fix measured: such a sample is alone in a group larger than the caps let any
+    other be; with ``--oversize drop`` the other steps' Dist is what remains (two fresh inputs at
+    one micro-batch: every bound met, where two micro-batches or twice the group size did not
+    help, so :func:`contract_lines` then leaves out the one-micro-batch hint).
+
+    Example:
+        >>> data = {"modules": {"llm": {"dist_ratio": 0.0057, "over_cap": {
+        ...     "dist": 0.0055, "steps": 12, "groups": 365, "largest": {"module": "llm", "load": 10177, "cap": 1152}}}},
+        ...     "manifest": {"num_samples": 86600, "epochs": 1, "params": {"cap_units": {"llm": "tokens"}}}}
+        >>> print(_over_cap_hint(data, ["dist:llm"])[0])
+          llm Dist: 0.0055 of it is in the 12 steps holding the 365 samples over a cap, each alone in a group larger than the caps let any other be (the largest of 10177 llm tokens, cap 1152): --oversize drop drops them (0.42% of the samples), the other steps' share 0.0002
+    """
+    lines = []
+    for kind, _, module in (bound.partition(":") for bound in broken):
+        entry = summary["modules"].get(module, {}).get("over_cap") if kind == "dist" else None
+        if entry is None:
+            continue
+        largest, man = entry["largest"], summary["manifest"]
+        unit = ((man.get("params") or {}).get("cap_units") or {}).get(largest["module"], "")
+        what = f"{largest['module']} {unit}".strip()  # "llm tokens", "vision items"
+        samples = man["num_samples"] * man.get("epochs", 1)
+        rest = summary["modules"][module]["dist_ratio"] - entry["dist"]
+        steps, groups = (f"{n} {noun}{'s' if n != 1 else ''}" for n, noun in ((entry["steps"], "step"),
+                                                                                (entry["groups"], "sample")))
+        lines.append(f"  {module} Dist: {entry['dist']:.4f} of it is in the {steps} holding the {groups} over a "
+                     f"cap, each alone in a group larger than the caps let any other be (the largest of "
+                     f"{largest['load']} {what}, cap {largest['cap']}): --oversize drop drops them "
+                     f"({_share(entry['groups'] / max(samples, 1))} of the samples), the other steps' share "
+                     f"{max(rest, 0.0):.4f}")
     return lines
 
 

@@ -353,6 +353,26 @@ def test_pack_says_where_no_placement_reaches_a_sparse_modules_utilization(tmp_p
     assert audio_metrics["utilization_ceiling"] == round(2100 / (8 * 900), 6) == audio_metrics["utilization"]
 
 
+def test_pack_names_the_samples_over_a_cap_where_their_steps_alone_miss_the_dist_bound(tmp_path):
+    """One text of 20,000 tokens among 3,000 of 100-200 at --max-llm-tokens 1500: its step misses
+    the Dist bound; the CLI and report.md name the sample and --oversize drop (with which every
+    bound holds), not the micro-batches."""
+    llm = np.random.default_rng(0).integers(100, 200, 3000)
+    llm[7] = 20_000
+    path = tmp_path / "spike.parquet"
+    write_lengths(make_lengths_table(llm), path)
+    result = _run("pack", path, "-o", tmp_path / "out", "--dp", 4, "--max-llm-tokens", 1500, "--baselines", "none")
+    assert result.exit_code == 0, result.output
+    hint = next(x for x in result.output.splitlines() if x.startswith("  llm Dist: "))
+    assert "the 1 sample over a cap" in hint and "--oversize drop drops them (0.033% of the samples)" in hint
+    assert "--micro-batches 2" not in result.output and hint in (tmp_path / "out" / "report.md").read_text()
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["modules"]["llm"]["over_cap"]["largest"] == {"module": "llm", "load": 20000, "cap": 1500}
+    result = _run("pack", path, "-o", tmp_path / "drop", "--dp", 4, "--max-llm-tokens", 1500, "--oversize", "drop",
+                  "--baselines", "none")
+    assert result.exit_code == 0 and "bounds missed" not in result.output, result.output
+
+
 def test_samples_of_a_billion_tokens_pack_under_the_largest_cap_a_manifest_holds(tmp_path):
     """Lengths near int32's top (valid in a lengths table): the search's limit for a cap, 8x the
     90th percentile, would be 8e9; it stays at the largest cap a manifest holds (int32), so the
