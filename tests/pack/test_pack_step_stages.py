@@ -3,6 +3,7 @@ steps mix worse than random batching."""
 
 from __future__ import annotations
 
+import dataclasses
 from unittest import mock
 
 import numpy as np
@@ -154,9 +155,9 @@ def test_large_windows_pass_well_mixed_steps_without_the_exact_measure():
     cost = np.ones((G * per_group, 1))
     exact = mock.Mock(wraps=step_stages.step_mix_ratio)
     with mock.patch.object(step_stages, "GATE_ROWS", 0), mock.patch.object(step_stages, "step_mix_ratio", exact):
-        assert not step_stages._retry_worth(packing, a, cost, even, 1)
+        assert not step_stages._retries(packing, a, cost, even, 1)
         assert exact.call_count == 0
-        assert step_stages._retry_worth(packing, a, cost, by_step, 1)
+        assert step_stages._retries(packing, a, cost, by_step, 1) == step_stages.RETRIES
         assert exact.call_count == 1
 
 
@@ -198,7 +199,7 @@ def test_the_gentler_loose_retry_runs_only_for_a_bound_the_looser_one_broke(loos
 
     metrics = iter([_metrics(0.001, 0.001, 1.2), looser] + [_metrics(0.001, 0.001, 1.2)] * 4)
     with mock.patch.object(step_stages, "_placed", placed), \
-            mock.patch.object(step_stages, "_retry_worth", lambda *args: True), \
+            mock.patch.object(step_stages, "_retries", lambda *args: step_stages.RETRIES), \
             mock.patch.object(step_stages, "window_metrics", lambda *args: next(metrics)):
         place_steps(packing, cost, load, np.array([2000]), source, _shape(8), seeds=(1, 2, 3), polish_passes=2,
                     modules=("vision", "llm"))
@@ -218,5 +219,24 @@ def test_one_micro_batch_steps_bound_to_a_sparse_module_are_not_retried():
     cost = np.column_stack([100.0 * audio, np.full(G * per_group, 500.0)])
     counts_SO = np.bincount(np.repeat(np.arange(S), R * per_group) * 2 + source, minlength=2 * S).reshape(S, 2)
     assert step_stages._class_floor(counts_SO, np.array([0.75, 0.25]), np.arange(S) < S // 4) == 0.375
-    assert not step_stages._retry_worth(packing, a, cost, source, 1)
-    assert step_stages._retry_worth(packing, a, cost, source, 2)
+    assert not step_stages._retries(packing, a, cost, source, 1)
+    assert step_stages._retries(packing, a, cost, source, 2) == step_stages.RETRIES
+
+
+def test_steps_held_apart_by_samples_over_a_cap_retry_the_loose_trades_only():
+    # A quarter of the groups are samples over a cap, all of source 1, filling whole steps (a step
+    # balanced on them holds their like at any cell size): their steps alone keep the mix past
+    # random batching's, so coarser cells are not tried, the loose trades are. The same steps with
+    # one such group or none: their mix is the cells', so every retry runs.
+    S, R, per_group = 20, 4, 1
+    G = S * R
+    packing, a = _in_order(S, R, per_group)
+    over = np.arange(G) < G // 4
+    cost = np.where(over, 9000.0, 500.0)[:, None]
+    source = np.where(over, 1, np.arange(G) % 2 * 2)  # the others: sources 0 and 2 in turn
+    isolated = dataclasses.replace(packing, isolated=over)
+    assert step_stages._retries(isolated, a, cost, source, 1) == tuple(r for r in step_stages.RETRIES if r[1])
+    assert step_stages._retries(isolated, a, cost, source, 2) == tuple(r for r in step_stages.RETRIES if r[1])
+    assert step_stages._retries(packing, a, cost, source, 2) == step_stages.RETRIES
+    one = dataclasses.replace(packing, isolated=np.arange(G) == 0)
+    assert step_stages._retries(one, a, cost, source, 1) == step_stages.RETRIES
