@@ -27,7 +27,7 @@ def _peak(load_X, base, R):  # pragma: no cover
 @njit
 def shave_steps(steps, R, load_X, sum_S, peak_S, norm_S, slot_first_X, slot_pos_P, kind_first, pool_F, value_F, slot_F,
                 step_F, valid_F, pool_at_P, kind_P, value_P, order_P, group_P, slot_P, gload_GK, load_NK, caps_K,
-                goal, near, max_swaps, guard_P, guard_X, guard_peak_S, guard_room):  # pragma: no cover
+                goal, near, max_swaps, guard_P, guard_X, guard_peak_S, guard_room, budget_1):  # pragma: no cover
     """Swap samples of one kind from each step's heaviest rank to lighter ranks, in place.
 
     Steps are visited in the order ``steps``; while a step's idle share ``(max - mean) / max`` is
@@ -72,6 +72,9 @@ def shave_steps(steps, R, load_X, sum_S, peak_S, norm_S, slot_first_X, slot_pos_
         guard_peak_S: (S,) each step's maximum of it (updated in place).
         guard_room: the most a rank's guarded load may reach, as a multiple of its step's maximum
             (1: not past it; ``inf``: the guard only tracks the loads).
+        budget_1: (1,) int64 pool entries the searches may still read (lowered by those read): a
+            heaviest rank's search starts only while it is above 0, and runs to its end, so a
+            budget never reached changes nothing.
 
     Returns:
         The number of swaps made.
@@ -82,6 +85,8 @@ def shave_steps(steps, R, load_X, sum_S, peak_S, norm_S, slot_first_X, slot_pos_
     for s in steps:
         base = s * R
         while swaps < max_swaps:
+            if budget_1[0] <= 0:
+                return swaps
             p, top = _peak(load_X, base, R)
             mean_s = sum_S[s] / R
             if top <= 0 or (top - mean_s) / top <= goal:
@@ -99,6 +104,7 @@ def shave_steps(steps, R, load_X, sum_S, peak_S, norm_S, slot_first_X, slot_pos_
                 end = lo + np.searchsorted(value_F[lo:hi], vx)  # values below x's only
                 mid = lo + np.searchsorted(value_F[lo:end], vx - excess)
                 start = max(lo, min(mid - near // 2, end - near))
+                budget_1[0] -= max(0, min(end, start + near) - start)
                 for f in range(start, min(end, start + near)):
                     if not valid_F[f]:
                         continue

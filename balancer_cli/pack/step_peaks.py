@@ -54,7 +54,7 @@ from balancer_cli.pack._peaks_kernel import shave_steps
 from balancer_cli.pack.contract import MAX_DIST_RATIO
 from balancer_cli.pack.types import Assignment, Packing, dense_ids, group_sums, row_ids
 
-__all__ = ["PEAKS_LOOSE_ABOVE", "PEAKS_LOOSE_ROOMS", "PEAKS_LOOSE_ROUNDS", "PEAKS_MAX_ROWS", "PEAKS_MAX_SWAPS",
+__all__ = ["PEAKS_BUDGET", "PEAKS_LOOSE_ABOVE", "PEAKS_LOOSE_ROOMS", "PEAKS_LOOSE_ROUNDS", "PEAKS_MAX_ROWS", "PEAKS_MAX_SWAPS",
            "PEAKS_ROUNDS", "PEAKS_SLACK", "shave_step_peaks"]
 
 #: Rounds of sweeps over the uneven steps, each ``(above, near, goal, sweeps)``: it runs where the
@@ -86,6 +86,14 @@ PEAKS_LOOSE_ROOMS = (0.002, np.inf)
 PEAKS_LOOSE_ROUNDS = ((0.0, 16, 0.0005, 3), (0.002, 1024, 0.0001, 32))
 #: Swaps per module and window at most.
 PEAKS_MAX_SWAPS = 100_000
+#: Pool entries the searches of one module in one attempt may read, at most (a search under way
+#: runs to its end, so a budget never reached changes nothing): 2^29, a few seconds. Many ranks
+#: with a few samples each made each search read most of ``near`` per sample for little gain
+#: (`dynamic` 2 resampled to 1.2M at 256 x 4: 36 rounds, 317 s in this kernel of the pack's
+#: 355 s; 184 s at this budget, 132 s at 2^28, the same Dist and mix at both). The four families'
+#: rounds read at most 377M (`sparse` 8001, whose LLM Dist 2^28 took from 0.0028 to 0.0034), most
+#: under 50M; of 48 `dynamic` draws, two reach 2^29 (12: the same Dist; 30: vision 0.0013 -> 0.0016).
+PEAKS_BUDGET = 1 << 29
 #: Windows above this many rows are left as they are where every module's Dist Ratio is within the
 #: contract's bound (as the polish leaves them: 1.2M and 10M at ``--dp 64``, 0.003); past it they
 #: are shaved (1.2M InternVL at ``--dp 2048``: a step's heaviest of 2,048 ranks lies further out,
@@ -220,8 +228,9 @@ def _shave(state: _State, layout, cost: np.ndarray, modules: list[int], *, room:
             guard_before = dist_ratio(guard_X.reshape(S, R))
         before = (new_order.copy(), gload_GK.copy(), float(idle_S.mean()))
         swaps = 0
+        budget = np.array([PEAKS_BUDGET], np.int64)
         for above, near, goal, sweeps in PEAKS_LOOSE_ROUNDS if loose else PEAKS_ROUNDS:
-            if idle_S.mean() <= above:
+            if idle_S.mean() <= above or budget[0] <= 0:
                 break
             steps = np.flatnonzero(idle_S > goal)
             steps = steps[np.argsort(-idle_S[steps], kind="stable")]  # the worst first
@@ -241,11 +250,11 @@ def _shave(state: _State, layout, cost: np.ndarray, modules: list[int], *, room:
                                    np.ones(len(pool), np.bool_), pool_at_P,
                                    kind_P, value_P, new_order, group_P, slot_P, gload_GK, state.load, state.caps,
                                    goal, near, PEAKS_MAX_SWAPS - swaps, guard_P, guard_X, guard_peak_S,
-                                   1.0 + room)
+                                   1.0 + room, budget)
                 swaps += made
                 idle_S = dist_ratio_per_step(load_X.reshape(S, R))
                 steps = steps[idle_S[steps] > goal]
-                if made == 0:
+                if made == 0 or budget[0] <= 0:
                     break
         guard_ok = guard < 0 or loose or dist_ratio(guard_X.reshape(S, R)) <= guard_before + PEAKS_SLACK
         if swaps and idle_S.mean() < before[2] and guard_ok:

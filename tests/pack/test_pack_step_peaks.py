@@ -186,3 +186,27 @@ def test_a_loosened_attempt_never_takes_a_module_over_the_bound_newly():
     assert better({1: 0.004, 2: 0.003}, {1: 0.008, 2: 0.001})  # none over
     assert better({1: 0.006, 2: 0.001}, {1: 0.008, 2: 0.001})  # the same one over, less far
     assert not better({1: 0.009, 2: 0.001}, {1: 0.008, 2: 0.001})
+
+
+def test_a_budget_of_pool_reads_stops_the_searches_and_keeps_every_invariant():
+    # Each module's round in an attempt reads at most PEAKS_BUDGET pool entries (a search under
+    # way runs to its end): a budget reached stops it where it is, deterministically, with every
+    # group, source mix and cap as a swap keeps them and no module less even than before; one
+    # never reached changes nothing.
+    load, cost, source = three_modules(3, 1500, 3, tiles=tuple(range(1, 9)), tiled_every_other=True)
+    caps = np.array([24, 6, 6000])
+    p, a = _placed(load, cost, source, caps, 8, 1, 3)
+    unbounded = shave_step_peaks(p, a, cost, load, caps, source)
+    assert unbounded is not p
+    before = _rank_loads(p, a, cost, 8)
+    results = []
+    for budget in (1, 300, 1 << 40):
+        with mock.patch.object(step_peaks, "PEAKS_BUDGET", budget):
+            q = shave_step_peaks(p, a, cost, load, caps, source)
+            assert np.array_equal(shave_step_peaks(p, a, cost, load, caps, source).order, q.order)
+        _check_swaps_kept_the_rest(p, a, q, cost, load, caps, source, 1500)
+        after = _rank_loads(q, a, cost, 8)
+        assert all(dist_ratio(after[k]) <= dist_ratio(before[k]) + step_peaks.PEAKS_SLACK + 1e-12 for k in range(3))
+        results.append(q.order)
+    assert np.array_equal(results[-1], unbounded.order)
+    assert not np.array_equal(results[0], unbounded.order)  # one search a round: fewer swaps
