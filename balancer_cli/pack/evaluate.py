@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from balancer_cli._index import search_sorted
+from balancer_cli._index import search_sorted, take_rows
 from balancer_cli.errors import ManifestError
 from balancer_cli.lengths import LLM
 from balancer_cli.manifest import ManifestRows, StepShape, is_slot_sorted
@@ -316,27 +316,29 @@ def over_cap_dist(load_NK: np.ndarray, cost_NK: np.ndarray, rows: ManifestRows, 
         >>> over_cap_dist(load, load, rows, np.array([20]), loads, [0])[0]["steps"]
         1
     """
-    step = np.asarray(rows.step, np.int64)
     slot = rows.slot_numbers()
-    starts = np.flatnonzero(np.r_[True, slot[1:] != slot[:-1]]) if len(slot) else np.zeros(0, np.int64)
-    group_load_GK = np.stack([np.add.reduceat(np.asarray(load_NK[:, k], np.int64)[rows.sample], starts)
-                              if len(starts) else np.zeros(0, np.int64) for k in range(load_NK.shape[1])], axis=1)
-    over_GK = group_load_GK > np.asarray(caps_K, np.int64)
-    over_G = over_GK.any(axis=1)
+    if len(slot) == 0:
+        return {}
+    starts = np.flatnonzero(np.r_[True, slot[1:] != slot[:-1]])
+    # One gather of the rows' loads, summed per group in int64 (int32 loads near their top add up past it).
+    group_load_GK = np.add.reduceat(take_rows(load_NK, rows.sample).astype(np.int64, copy=False), starts, axis=0)
+    over_G = (group_load_GK > np.asarray(caps_K, np.int64)).any(axis=1)
+    if not over_G.any():
+        return {}
     num_steps = len(loads_KSR[0])
     over_S = np.zeros(num_steps, bool)
-    over_S[step[starts[over_G]]] = True
-    ratio_G = (group_load_GK[over_G] / np.maximum(np.asarray(caps_K, np.float64), 1)).max(axis=1)
-    worst = int(np.flatnonzero(over_G)[np.argmax(ratio_G)]) if over_G.any() else -1
+    over_S[rows.step[starts[over_G]]] = True
+    # The group most over its cap, and the module it is most over.
+    ratio_OK = group_load_GK[over_G] / np.maximum(np.asarray(caps_K, np.float64), 1)
+    worst, j = np.unravel_index(int(np.argmax(ratio_OK)), ratio_OK.shape)
+    load, cap = int(group_load_GK[np.flatnonzero(over_G)[worst], j]), int(caps_K[j])
     explained = {}
     for k in modules_k:
         dist_S = dist_ratio_per_step(loads_KSR[k])
         inside, rest = dist_S[over_S].sum() / max(num_steps, 1), dist_S[~over_S].sum() / max(num_steps, 1)
-        if worst < 0 or rest > MAX_DIST_RATIO:
-            continue
-        j = int(np.argmax(group_load_GK[worst] / np.maximum(np.asarray(caps_K, np.float64), 1)))
-        explained[k] = {"dist": _round(inside), "steps": int(over_S.sum()), "groups": int(over_G.sum()),
-                        "largest": {"module": j, "load": int(group_load_GK[worst, j]), "cap": int(caps_K[j])}}
+        if rest <= MAX_DIST_RATIO:
+            explained[k] = {"dist": _round(inside), "steps": int(over_S.sum()), "groups": int(over_G.sum()),
+                            "largest": {"module": int(j), "load": load, "cap": cap}}
     return explained
 
 
