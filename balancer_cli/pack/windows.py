@@ -17,7 +17,7 @@ Example:
     >>> import numpy as np
     >>> members = window_members(np.array([0, 0, 0, 0, 1, 1]), 2, seed=0, epoch=0)
     >>> [m.tolist() for m in members], num_windows(10, 4), num_windows(3, 4)
-    ([[0, 1, 5], [2, 3, 4]], 3, 1)
+    ([[1, 3, 5], [0, 2, 4]], 3, 1)
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from balancer_cli.errors import InputError, UsageError
-from balancer_cli.pack._window_kernels import deal_to_windows
+from balancer_cli.pack._window_kernels import count_codes, fill_windows
 from balancer_cli.pack.assign import (
     MAX_SOURCES,
     assign_groups,
@@ -193,18 +193,14 @@ def window_members(source_n: np.ndarray, windows: int, *, seed: int, epoch: int)
     """(n_w,) sorted positions of each window's samples: every source dealt round-robin.
 
     Sources are dealt one after another from where the previous stopped, so window sizes differ
-    by at most one sample and each window's count of every source by at most one.
+    by at most one sample and each window's count of every source by at most one; which of a
+    source's samples go where is a seeded shuffle of its labels (the epoch's ``window`` stream,
+    one shuffle per source in code order; :mod:`~balancer_cli.pack._window_kernels`).
     """
     n = len(source_n)
     if windows <= 1 or n == 0:
         return [np.arange(n)] + [np.arange(0)] * (max(1, windows) - 1)
     rng = np.random.default_rng(stream_seed(seed, epoch, "window"))
-    # Source by source, shuffled within the source: a random permutation, then a stable sort by
-    # source and one by window, both counting sorts in one compiled call (10M: 1.15 -> 0.9 s,
-    # most of it the permutation). The permutation is ``permutation(n)`` shuffled in place in
-    # the narrow index type: the same draws, without its (N,) int64 copy.
-    order = np.arange(n, dtype=index_dtype(n))
-    rng.shuffle(order)
     codes = np.asarray(source_n).reshape(-1)
     if codes.dtype.kind not in "iu" or codes.dtype == np.uint64:
         codes = dense_ids(codes)  # names (or uint64, whose arithmetic numba does in floats): 0..S-1, same order
@@ -212,9 +208,17 @@ def window_members(source_n: np.ndarray, windows: int, *, seed: int, epoch: int)
     if highest - lowest >= n:  # codes spread wider than the samples: 0..S-1, same order
         codes = dense_ids(codes)
         lowest, highest = 0, int(codes.max())
-    by_window = np.empty(n, dtype=index_dtype(n))
-    bounds = deal_to_windows(order, codes, lowest, highest - lowest + 1, int(windows), by_window)
-    return [by_window[bounds[w]:bounds[w + 1]] for w in range(windows)]
+    count = count_codes(codes, lowest, highest - lowest + 1)
+    # Position k of the sources' layout goes to window k % windows (np.resize repeats the labels).
+    labels = np.resize(np.arange(windows, dtype=np.min_scalar_type(-windows)), n)
+    start = 0
+    for size in count.tolist():
+        if size > 1:
+            rng.shuffle(labels[start:start + size])
+        start += size
+    out = np.empty(n, dtype=index_dtype(n))
+    bounds = fill_windows(labels, codes, lowest, count, int(windows), out)
+    return [out[bounds[w]:bounds[w + 1]] for w in range(windows)]
 
 
 def window_count(load_nK: np.ndarray, config: PackConfig, caps_K: np.ndarray) -> tuple[int, int]:
