@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from balancer_cli import __version__
+from balancer_cli._arrow import arrow_of, arrow_repeat, numpy_of
 from balancer_cli._fsutil import atomic_path
 from balancer_cli.errors import InputError
 from balancer_cli.omnibal_json import read_omnibal_json
@@ -104,7 +105,7 @@ def lengths_fingerprint(table: pa.Table) -> str:
             block = column.slice(lo, _HASH_BLOCK)
             # The arrays' own buffers: the same bytes as ``tobytes()``, without its copy.
             if name == b"error":
-                digest.update(np.ascontiguousarray(block.is_null().to_numpy(zero_copy_only=False), dtype=bool))
+                digest.update(np.ascontiguousarray(numpy_of(block.is_null()), dtype=bool))
             else:
                 digest.update(np.ascontiguousarray(_as_int64(block)))
     return digest.hexdigest()
@@ -119,7 +120,7 @@ def _as_int64(column: pa.ChunkedArray | pa.Array, stored: bool = False) -> np.nd
     of a column in one chunk without nulls (10M: an (N,) int64 copy page-faults ~0.1 s)."""
     if column.null_count:  # else no fill (a copy of the column)
         column = column.fill_null(0)
-    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=None if stored else np.int64)
+    return np.asarray(numpy_of(column), dtype=None if stored else np.int64)
 
 
 @dataclass(frozen=True)
@@ -168,8 +169,8 @@ class LengthsTable:
         column = f"{module}_seqlens"
         if column in self.table.column_names:
             seqlens = self.table.column(column).combine_chunks()
-            flat = np.asarray(pa.compute.list_flatten(seqlens).cast(pa.float64()).to_numpy(zero_copy_only=False))
-            offsets = np.asarray(seqlens.offsets.to_numpy(), dtype=np.int64)
+            flat = np.asarray(numpy_of(pa.compute.list_flatten(seqlens).cast(pa.float64())))
+            offsets = np.asarray(numpy_of(seqlens.offsets), dtype=np.int64)
             cum = np.concatenate([[0.0], np.cumsum(flat * flat)])
             return np.where(ok, cum[offsets[1:]] - cum[offsets[:-1]], 0.0)
         items = np.where(ok, self.items(module), 0).astype(np.float64)
@@ -186,7 +187,7 @@ class LengthsTable:
 
     def ok_mask(self) -> np.ndarray:
         """Boolean mask of samples that were measured (no error) and can be packed."""
-        return np.asarray(self.table.column("error").is_null().to_numpy(zero_copy_only=False), dtype=bool)
+        return np.asarray(numpy_of(self.table.column("error").is_null()), dtype=bool)
 
 
 def make_lengths_table(
@@ -213,8 +214,7 @@ def make_lengths_table(
     """
     n = len(llm_tokens)
     columns: dict[str, pa.Array] = {
-        "sample": pa.array(np.arange(n, dtype=np.int64)),
-        "source": pa.array([source] * n if isinstance(source, str) else list(source), pa.string()).dictionary_encode(),
+        "source": arrow_repeat(source, n) if isinstance(source, str) else pa.array(list(source), pa.string()),
         "llm_tokens": _int_array(llm_tokens),
     }
     for module, (tokens, items) in (modules or {}).items():
@@ -255,8 +255,8 @@ def _normalize(table: pa.Table, origin: str) -> pa.Table:
     if "error" not in table.column_names:
         table = table.append_column("error", pa.nulls(n, pa.string()))
     if "source" not in table.column_names:
-        table = table.append_column("source", pa.array([DEFAULT_SOURCE] * n).dictionary_encode())
-    ok = np.asarray(table.column("error").is_null().to_numpy(zero_copy_only=False), dtype=bool)
+        table = table.append_column("source", arrow_repeat(DEFAULT_SOURCE, n))
+    ok = np.asarray(numpy_of(table.column("error").is_null()), dtype=bool)
     int_columns = ["llm_tokens"] + [f"{m}_{s}" for m in encoder_modules(table.column_names) for s in ("tokens", "items")]
     for name in int_columns:
         column = table.column(name)
@@ -264,7 +264,7 @@ def _normalize(table: pa.Table, origin: str) -> pa.Table:
             raise InputError(f"{origin}: column '{name}' has type {column.type}, expected integers",
                              fix="store token and item counts as integers")
         if column.null_count:
-            nulls = np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool) & ok
+            nulls = np.asarray(numpy_of(column.is_null()), dtype=bool) & ok
             if nulls.any():
                 row = int(np.flatnonzero(nulls)[0])
                 raise InputError(f"{origin}: sample {row} has no value in '{name}' but no error either",
@@ -284,7 +284,7 @@ def _normalize(table: pa.Table, origin: str) -> pa.Table:
             raise InputError(f"{origin}: sample {row} has '{name}' = {high}, past int32 ({np.iinfo(np.int32).max})",
                              fix="check the length column; no real sample has that many tokens or items")
         if low is not None and low < np.iinfo(np.int32).min:
-            column = pa.array(np.maximum(_as_int64(column), np.iinfo(np.int32).min).astype(np.int32))
+            column = arrow_of(np.maximum(_as_int64(column), np.iinfo(np.int32).min).astype(np.int32))
         table = table.set_column(table.column_names.index(name), name, column.cast(pa.int32()))
     table = table.set_column(table.column_names.index("error"), "error", table.column("error").cast(pa.string()))
     source = table.column("source")
@@ -310,7 +310,7 @@ def _normalize(table: pa.Table, origin: str) -> pa.Table:
         if column.type != pa.int64():
             table = table.set_column(table.column_names.index("sample"), "sample", column.cast(pa.int64()))
     else:
-        table = table.add_column(0, "sample", pa.array(np.arange(n, dtype=np.int64)))
+        table = table.add_column(0, "sample", arrow_of(np.arange(n, dtype=np.int64)))
     return table.replace_schema_metadata(None)
 
 
@@ -372,7 +372,7 @@ def read_lengths(paths: str | os.PathLike | Sequence[str | os.PathLike], *, memb
         for module in modules:
             for suffix in ("tokens", "items"):
                 name = f"{module}_{suffix}"
-                columns[name] = table.column(name) if name in table.column_names else pa.array(np.zeros(n, np.int32))
+                columns[name] = table.column(name) if name in table.column_names else arrow_of(np.zeros(n, np.int32))
             name = f"{module}_seqlens"  # kept where every file with the module has them (no items elsewhere)
             if all(name in t.column_names for t in tables if f"{module}_items" in t.column_names):
                 kind = pa.list_(pa.int32())

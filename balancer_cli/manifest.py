@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from balancer_cli import __version__
+from balancer_cli._arrow import arrow_of, arrow_strings, numpy_of
 from balancer_cli._fsutil import atomic_path
 from balancer_cli._index import run_blocks, search_sorted, sorted_runs
 from balancer_cli._memory import release_freed_memory
@@ -155,18 +156,18 @@ class ManifestRows:
         time (whole, an int32 ``sample`` widened at once cost 76 MB at 10M rows)."""
         part = slice(lo, hi)
         columns = {
-            "step": pa.array(np.asarray(self.step[part], dtype=np.int32)),
-            "rank": pa.array(np.asarray(self.rank[part], dtype=np.int32)),
-            "micro": pa.array(np.asarray(self.micro[part], dtype=np.int32)),
-            "sample": pa.array(np.asarray(self.sample[part], dtype=np.int64)),
+            "step": arrow_of(np.asarray(self.step[part], dtype=np.int32)),
+            "rank": arrow_of(np.asarray(self.rank[part], dtype=np.int32)),
+            "micro": arrow_of(np.asarray(self.micro[part], dtype=np.int32)),
+            "sample": arrow_of(np.asarray(self.sample[part], dtype=np.int64)),
         }
         for name in sorted(self.extra):
-            columns[name] = pa.array(np.asarray(self.extra[name][part], dtype=np.int32))
+            columns[name] = arrow_of(np.asarray(self.extra[name][part], dtype=np.int32))
         return pa.table(columns)
 
     @classmethod
     def from_table(cls, table: pa.Table) -> ManifestRows:
-        return cls.from_columns({name: table.column(name).to_numpy() for name in table.column_names})
+        return cls.from_columns({name: numpy_of(table.column(name)) for name in table.column_names})
 
     @classmethod
     def from_columns(cls, columns: Mapping[str, np.ndarray]) -> ManifestRows:
@@ -250,8 +251,8 @@ def write_manifest(
                 lo, hi = int(step_start[first]), int(step_start[last])
                 writer.write_table(rows.to_table(lo, hi), row_group_size=max(hi - lo, 1))
     dropped = pa.table({
-        "sample": pa.array(np.asarray(dropped_sample, dtype=np.int64)),
-        "reason": pa.array(list(dropped_reason), pa.string()),
+        "sample": arrow_of(np.asarray(dropped_sample, dtype=np.int64)),
+        "reason": arrow_strings(dropped_reason),
     })
     with atomic_path(out / DROPPED_FILE) as tmp:
         pq.write_table(dropped, tmp, compression="zstd")
@@ -326,7 +327,7 @@ class ManifestFile:
         lo = int(np.searchsorted(starts, first, side="right")) - 1
         hi = int(np.searchsorted(starts, last, side="left"))
         table = self.read_row_groups(list(range(lo, hi)))
-        step = table.column("step").to_numpy()
+        step = numpy_of(table.column("step"))
         a, b = search_sorted(step, [first, last])
         return ManifestRows.from_table(table.slice(int(a), int(b - a)))
 
@@ -348,7 +349,7 @@ class ManifestFile:
         for i in range(f.num_row_groups):
             table = self.read_row_groups([i], use_threads=False)
             for name, target in columns.items():
-                values = table.column(name).to_numpy()
+                values = numpy_of(table.column(name))
                 if values.dtype != target.dtype and not (  # ids that are not int32 (not our file): kept exact
                         values.dtype.kind in "iu" and (values.astype(target.dtype) == values).all()):
                     columns[name] = target = target.astype(values.dtype)  # for the checks to see them
@@ -382,11 +383,14 @@ def read_dropped(manifest_dir: str | os.PathLike) -> tuple[np.ndarray, np.ndarra
     if not file.is_file():
         raise ManifestError(f"{manifest_dir}: no {DROPPED_FILE} there", fix="re-run `balancer pack`")
     try:
-        table = pq.read_table(file)
+        with pq.ParquetFile(file) as parquet:  # not pq.read_table: its dataset layer imports pandas
+            table = parquet.read()
         sample, reason = table.column("sample"), table.column("reason")
         if not pa.types.is_integer(sample.type) or not pa.types.is_string(reason.type):
             raise TypeError(f"columns sample {sample.type}, reason {reason.type}")
-        return sample.to_numpy(), np.asarray(reason.to_numpy(False), dtype=object)
+        reasons = np.empty(len(reason), dtype=object)  # to_numpy of strings imports pandas
+        reasons[:] = reason.to_pylist()
+        return numpy_of(sample), reasons
     except (OSError, pa.ArrowException, KeyError, TypeError) as exc:  # KeyError: a column missing
         raise ManifestError(f"{file}: not a list of dropped samples ({' '.join(str(exc).split())[:200]})",
                             fix="re-run `balancer pack`") from None

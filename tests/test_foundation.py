@@ -63,6 +63,49 @@ def test_kernels_run_without_importing_scipy_linalg():
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+def test_pack_and_report_run_without_importing_pandas(tmp_path):
+    """pyarrow's ``pa.array`` and ``to_numpy`` import pandas (0.24-0.28 s of a command; it comes with
+    ``datasets``): reading lengths, packing, writing and checking the manifest and reporting go
+    through :mod:`balancer_cli._arrow` instead, with a source column and without, with drops."""
+    rng = np.random.default_rng(0)
+    write_lengths(make_lengths_table(rng.integers(1, 900, 300), {"vision": (np.full(300, 256), np.ones(300))},
+                                     source=["a", "b", "c"] * 100), tmp_path / "l.parquet")
+    code = (
+        "import sys\n"
+        "from balancer_cli.cli import main\n"
+        "for args in (['pack', sys.argv[1] + '/l.parquet', '--dp', '2', '--max-llm-tokens', '800', '--oversize', 'drop',\n"
+        "              '-o', sys.argv[1] + '/out', '--baselines', 'random,llm-ffd', '--quiet'],\n"
+        "             ['report', sys.argv[1] + '/out']):\n"
+        "    try:\n"
+        "        main(args)\n"
+        "    except SystemExit as end:\n"
+        "        assert end.code == 0, args\n"
+        "assert 'pandas' not in sys.modules, 'pandas imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(pq.read_table(tmp_path / "out" / "dropped.parquet")) > 0  # the drops were written and read back
+
+
+@settings(max_examples=60, deadline=None)
+@given(kind=st.sampled_from(["int8", "uint16", "int32", "int64", "float32", "float64", "bool"]),
+       n=st.integers(0, 50), start=st.integers(0, 5), chunks=st.integers(1, 3), seed=st.integers(0, 9),
+       texts=st.lists(st.text(max_size=6), max_size=8))
+def test_arrow_conversions_equal_pyarrows_own(kind, n, start, chunks, seed, texts):
+    from balancer_cli._arrow import arrow_of, arrow_repeat, arrow_strings, numpy_of
+
+    values = (np.random.default_rng(seed).integers(0, 100, n) % (2 if kind == "bool" else 100)).astype(kind)
+    own = arrow_of(values[start:])
+    assert own.equals(pa.array(values[start:])) and own.type == pa.array(values[start:]).type
+    chunked = pa.chunked_array([pa.array(part) for part in np.array_split(values, chunks)], type=own.type)
+    for arrow in (chunked, chunked.combine_chunks().slice(start), pa.array(values)):
+        expected = arrow.to_numpy(zero_copy_only=False)
+        assert numpy_of(arrow).dtype == expected.dtype and np.array_equal(numpy_of(arrow), expected)
+    assert arrow_strings(texts).equals(pa.array(texts, pa.string()))
+    assert arrow_repeat("s", n).to_pylist() == ["s"] * n
+
+
 def test_help_lists_every_command_and_each_has_help():
     result = CliRunner().invoke(main, ["--help"])
     assert result.exit_code == 0

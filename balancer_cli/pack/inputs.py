@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from balancer_cli._arrow import numpy_of
 from balancer_cli.cost.measured import MeasuredCosts
 from balancer_cli.cost.samples import sample_costs
 from balancer_cli.errors import InputError
@@ -148,7 +149,7 @@ def prepare_inputs(lengths: LengthsTable, cost_model: str = "tokens",
                 cost_NK[lo:lo + part.table.num_rows, k] = by_module.pop(module)
     source = lengths.table.column("source").combine_chunks()
     names = tuple(str(x) for x in source.dictionary.to_pylist())
-    codes = np.asarray(source.indices.to_numpy(zero_copy_only=False), dtype=np.min_scalar_type(-max(len(names), 1)))
+    codes = np.asarray(numpy_of(source.indices), dtype=np.min_scalar_type(-max(len(names), 1)))
     load_NK.setflags(write=False)  # shared by every packer and metric of a run; lets bounds be remembered
     ok_N = lengths.ok_mask()
     return PackInputs(modules, load_NK, cost_NK, ok_N, *_errors(lengths, ok_N), codes, names)
@@ -172,4 +173,4 @@ def _errors(lengths: LengthsTable, ok_N: np.ndarray) -> tuple[np.ndarray, np.nda
     distinct = np.empty(len(encoded.dictionary), dtype=object)
     # An empty text still marks a failed sample; its reason must say something (the dropped list's check).
     distinct[:] = [text or EMPTY_ERROR_REASON for text in encoded.dictionary.to_pylist()]
-    return rows.astype(np.int64), distinct[np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)]
+    return rows.astype(np.int64), distinct[np.asarray(numpy_of(encoded.indices), dtype=np.int64)]
