@@ -69,7 +69,7 @@ def tally_rows(step_P, rank_P, micro_P, sample_P, cost_NK, load_NK, source_N, sh
     size = 0
     # The step's source counts (placed, shuffled) and the sources each has seen in it.
     count_2O = np.zeros((2, len(share_O)), np.int64)
-    seen_2O = np.zeros((2, len(share_O)), np.int64)
+    seen_2O = np.zeros((2, len(share_O) + 1), np.int64)  # + 1: _count's spare column
     seen_2 = np.zeros(2, np.int64)
     in_step = 0
     shares = share_O.sum()
@@ -126,10 +126,14 @@ def tally_rows(step_P, rank_P, micro_P, sample_P, cost_NK, load_NK, source_N, sh
 
 @njit
 def _count(t, o, count_2O, seen_2O, seen_2):  # pragma: no cover - compiled
-    """Count a row of source ``o`` into stream ``t`` (0 placed, 1 shuffled) of the open step."""
-    if count_2O[t, o] == 0:
-        seen_2O[t, seen_2[t]] = o
-        seen_2[t] += 1
+    """Count a row of source ``o`` into stream ``t`` (0 placed, 1 shuffled) of the open step.
+
+    Branch-free: ``o`` is written at the end of the seen list every time and kept (the list grows)
+    only where it is new, so ``seen_2O`` has a spare column. With the branch, every row waited on
+    its stores (10M rows: 0.93 -> 0.63 s).
+    """
+    seen_2O[t, seen_2[t]] = o
+    seen_2[t] += count_2O[t, o] == 0
     count_2O[t, o] += 1
 
 
