@@ -157,12 +157,22 @@ def compact_rows(members_GX, count_G, weight_NK, load_NK, source_N, order_G):  #
     source_F = np.empty(F if len(source_N) > 0 else 0, source_N.dtype)
     f = 0
     for n in range(G):
-        if n + _AHEAD_GROUPS < G:  # members are in dealing order: random rows of the tables
+        # Two stages: the member row of a group further ahead (a random group: its own miss), then
+        # the rows of the group ahead, which are in dealing order: random rows of the tables and
+        # sources (10M in windows of 1.25M rows: 134 -> 93 ms a window).
+        if n + 2 * _AHEAD_GROUPS < G:
+            far = order_G[n + 2 * _AHEAD_GROUPS]
+            prefetch(count_G, far)
+            prefetch(members_GX, far * X)
+            prefetch(members_GX, far * X + X - 1)
+        if n + _AHEAD_GROUPS < G:
             ahead = order_G[n + _AHEAD_GROUPS]
             for a in range(count_G[ahead]):
                 i = members_GX[ahead, a]
                 prefetch(weight_NK, i * K)
                 prefetch(load_NK, i * KL)
+                if len(source_F) > 0:
+                    prefetch(source_N, i)
         g = order_G[n]
         for a in range(count_G[g]):
             i = members_GX[g, a]
