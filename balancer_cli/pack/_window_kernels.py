@@ -6,7 +6,8 @@ every source are within one of the others'. The draw shuffles each source's labe
 up to 127 windows), and one pass in position order hands every sample the next label of its
 source and writes it straight into its window's run of the output. The reads are sequential
 (one cursor per source), where a deal in a shuffled order of the positions read and wrote every
-sample's row at random (10M samples: 1.6 s against 0.4 s, with 9 bytes a sample fewer held).
+sample's row at random (10M samples: 1.6 s against 0.66 s, shuffles included, and 7 bytes a sample
+fewer held: 1-byte labels instead of two int32 index arrays).
 
 Example:
     >>> import numpy as np
