@@ -72,9 +72,9 @@ def first_fit(rows, load_NK, caps_K, min_rest_PK, lookback, lsum0_GK):  # pragma
     Groups ``0 .. len(lsum0_GK) - 1`` start open with the loads ``lsum0_GK`` (rows dealt before:
     the rest fills their room); new groups are numbered after them.
 
-    A group leaves the open list once some module's room is below what every remaining row
-    needs, so scans stay short; at most ``lookback`` open groups are tried (circularly, from
-    where the last scan stopped) before a new group opens.
+    A group leaves the open list once some module's room is below what every remaining row needs,
+    so scans stay short; at most ``lookback`` open groups are tried (circularly, from where the
+    last scan stopped) before a new group opens.
 
     Args:
         rows: (P,) rows in packing order.
@@ -108,8 +108,7 @@ def first_fit(rows, load_NK, caps_K, min_rest_PK, lookback, lsum0_GK):  # pragma
         open_ids[g] = g
         for k in range(K):
             lsum[g, k] = lsum0_GK[g, k]
-    n_open = G0
-    G = G0
+    n_open = G = G0
     cursor = 0
     for p in range(P):
         if p + ROWS_AHEAD < P:  # rows come by size: random rows of the table (741k: 70 -> 30 ms)
@@ -117,8 +116,7 @@ def first_fit(rows, load_NK, caps_K, min_rest_PK, lookback, lsum0_GK):  # pragma
         i = rows[p]
         placed = -1
         tried = 0
-        # Circular scan from where the last one stopped: a group that failed a larger row gets
-        # revisited when smaller rows come (rows arrive in decreasing size).
+        # Circular scan from where the last one stopped: a group a larger row failed is tried by smaller ones.
         while n_open > 0 and tried < lookback:
             if cursor >= n_open:
                 cursor = 0
