@@ -12,7 +12,7 @@ fewer held: 1-byte labels instead of two int32 index arrays).
 Example:
     >>> import numpy as np
     >>> codes = np.array([0, 0, 0, 0, 1, 1])
-    >>> count = count_codes(codes, 0, 2)
+    >>> count = np.array([4, 2])  # samples of each code
     >>> labels = np.array([1, 0, 0, 1, 0, 1], np.int8)  # source 0's four, then source 1's two
     >>> out = np.empty(6, np.int64)
     >>> fill_windows(labels, codes, 0, count, 2, out).tolist()
@@ -27,17 +27,7 @@ import numpy as np
 
 from balancer_cli._jit import njit
 
-__all__ = ["count_codes", "fill_windows"]
-
-
-@njit
-def count_codes(code_N, lowest, num_codes):  # pragma: no cover - compiled
-    """(num_codes,) int64 samples of each code in ``lowest .. lowest + num_codes - 1`` (no int64
-    copy of narrow codes, as ``bincount`` makes)."""
-    count = np.zeros(num_codes, np.int64)
-    for p in range(len(code_N)):
-        count[code_N[p] - lowest] += 1
-    return count
+__all__ = ["fill_windows"]
 
 
 @njit

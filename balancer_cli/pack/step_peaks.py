@@ -54,8 +54,8 @@ from balancer_cli.pack._peaks_kernel import shave_steps
 from balancer_cli.pack.contract import MAX_DIST_RATIO
 from balancer_cli.pack.types import Assignment, Packing, dense_ids, group_sums, row_ids
 
-__all__ = ["PEAKS_BUDGET", "PEAKS_LOOSE_ABOVE", "PEAKS_LOOSE_ROOMS", "PEAKS_LOOSE_ROUNDS", "PEAKS_MAX_ROWS", "PEAKS_MAX_SWAPS",
-           "PEAKS_ROUNDS", "PEAKS_SLACK", "shave_step_peaks"]
+__all__ = ["PEAKS_BUDGET", "PEAKS_LOOSE_ABOVE", "PEAKS_LOOSE_ROOMS", "PEAKS_LOOSE_ROUNDS", "PEAKS_MAX_ROWS",
+           "PEAKS_MAX_SWAPS", "PEAKS_ROUNDS", "PEAKS_SLACK", "shave_step_peaks"]
 
 #: Rounds of sweeps over the uneven steps, each ``(above, near, goal, sweeps)``: it runs where the
 #: window's Dist Ratio on the module is still above ``above``; ``near`` pool candidates per sample

@@ -29,7 +29,8 @@ from typing import NamedTuple
 import numpy as np
 
 from balancer_cli.errors import InputError, UsageError
-from balancer_cli.pack._window_kernels import count_codes, fill_windows
+from balancer_cli.pack._evaluate_kernel import code_counts
+from balancer_cli.pack._window_kernels import fill_windows
 from balancer_cli.pack.assign import (
     MAX_SOURCES,
     assign_groups,
@@ -208,7 +209,7 @@ def window_members(source_n: np.ndarray, windows: int, *, seed: int, epoch: int)
     if highest - lowest >= n:  # codes spread wider than the samples: 0..S-1, same order
         codes = dense_ids(codes)
         lowest, highest = 0, int(codes.max())
-    count = count_codes(codes, lowest, highest - lowest + 1)
+    count = code_counts(codes, highest - lowest + 1, lowest)
     # Position k of the sources' layout goes to window k % windows (np.resize repeats the labels).
     labels = np.resize(np.arange(windows, dtype=np.min_scalar_type(-windows)), n)
     start = 0
