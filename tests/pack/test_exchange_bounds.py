@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from balancer_cli._jit import HAVE_NUMBA
 from balancer_cli.pack.packers import _refine_kernels
-from balancer_cli.pack.packers._exchange_bounds import column_ranges, partner_bound, quadratic_min, row_bound
+from balancer_cli.pack.packers._exchange_bounds import column_ranges, partner_bound, quadratic_min, row_bound, vertices
 
 
 @st.composite
@@ -48,10 +48,12 @@ def test_bounds_never_exceed_an_exchange_cost(case):
     lose_low = min(0.0, float((inv_t2[K:] - e[K:]).min(initial=0.0)))
     costs = np.array([[_cost(w_XK, c_X, a, b, K, O, e, inv_t2) for b in range(nh + 1)] for a in range(ng + 1)])
     slack = 1e-9 * (1 + np.abs(costs).max())
-    assert partner_bound(e, inv_t2, glo, ghi, hlo, hhi, gain_low + lose_low) <= costs.min() + slack
+    v = np.zeros(K)
+    vertices(e, inv_t2, v)
+    assert partner_bound(v, e, inv_t2, glo, ghi, hlo, hhi, gain_low + lose_low) <= costs.min() + slack
     lose_O = np.append(inv_t2[K:] - e[K:], 0.0)
     for a in range(ng + 1):
-        bound = row_bound(e, inv_t2, w_XK[0], a, hlo, hhi, gain_low + min(0.0, lose_O[c_X[0][a]]))
+        bound = row_bound(v, e, inv_t2, w_XK[0], a, hlo, hhi, gain_low + min(0.0, lose_O[c_X[0][a]]))
         assert bound <= costs[a].min() + slack
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from balancer_cli._jit import njit
 
-__all__ = ["quadratic_min", "column_ranges", "partner_bound", "row_bound", "SLACK"]
+__all__ = ["quadratic_min", "vertex_min", "vertices", "column_ranges", "partner_bound", "row_bound", "SLACK"]
 
 #: Relative slack on a bound before it skips anything: far above the rounding of the costs
 #: (~10 floating-point operations), so a skip never depends on it.
@@ -29,11 +29,25 @@ SLACK = 1e-9
 @njit(inline=True)
 def quadratic_min(e, w, lo, hi):  # pragma: no cover - compiled
     """The minimum of ``d (e + d w)`` over ``lo <= d <= hi`` (``w >= 0``)."""
+    return vertex_min(-e / (2.0 * w) if w > 0 else 0.0, e, w, lo, hi)
+
+
+@njit(inline=True)
+def vertex_min(v, e, w, lo, hi):  # pragma: no cover - compiled
+    """:func:`quadratic_min` given its vertex ``v = -e / 2w`` (any value where ``w = 0``): the
+    bounds of a pair share e and w, so the pass divides once a pair (:func:`vertices`), not per row."""
     if w > 0:
-        d = min(max(-e / (2.0 * w), lo), hi)
+        d = min(max(v, lo), hi)
     else:
         d = lo if e > 0 else hi
     return d * (e + d * w)
+
+
+@njit(inline=True)
+def vertices(e_K, inv_t2_K, v_K):  # pragma: no cover - compiled
+    """Fill ``v_K`` with each module's vertex ``-e_k / 2 w_k`` (0 where ``w_k = 0``)."""
+    for k in range(v_K.shape[0]):
+        v_K[k] = -e_K[k] / (2.0 * inv_t2_K[k]) if inv_t2_K[k] > 0 else 0.0
 
 
 @njit(inline=True)
@@ -51,19 +65,19 @@ def column_ranges(w_XK, n, lo_K, hi_K):  # pragma: no cover - compiled
 
 
 @njit(inline=True)
-def partner_bound(e_K, inv_t2_K, glo_K, ghi_K, hlo_K, hhi_K, src_low):  # pragma: no cover - compiled
+def partner_bound(v_K, e_K, inv_t2_K, glo_K, ghi_K, hlo_K, hhi_K, src_low):  # pragma: no cover - compiled
     """A lower bound on every exchange's cost between g and h: ``d_k`` lies in
-    ``[min_h - max_g, max_h - min_g]``; ``src_low`` bounds the source term."""
+    ``[min_h - max_g, max_h - min_g]``; ``src_low`` bounds the source term; ``v_K``: :func:`vertices`."""
     total = src_low
     for k in range(glo_K.shape[0]):
-        total += quadratic_min(e_K[k], inv_t2_K[k], hlo_K[k] - ghi_K[k], hhi_K[k] - glo_K[k])
+        total += vertex_min(v_K[k], e_K[k], inv_t2_K[k], hlo_K[k] - ghi_K[k], hhi_K[k] - glo_K[k])
     return total
 
 
 @njit(inline=True)
-def row_bound(e_K, inv_t2_K, w_XK, a, hlo_K, hhi_K, src_low):  # pragma: no cover - compiled
+def row_bound(v_K, e_K, inv_t2_K, w_XK, a, hlo_K, hhi_K, src_low):  # pragma: no cover - compiled
     """A lower bound on the cost of every exchange of g's row ``a`` (of ``w_XK``) with h's rows."""
     total = src_low
     for k in range(hlo_K.shape[0]):
-        total += quadratic_min(e_K[k], inv_t2_K[k], hlo_K[k] - w_XK[a, k], hhi_K[k] - w_XK[a, k])
+        total += vertex_min(v_K[k], e_K[k], inv_t2_K[k], hlo_K[k] - w_XK[a, k], hhi_K[k] - w_XK[a, k])
     return total

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from balancer_cli._jit import njit
-from balancer_cli.pack.packers._exchange_bounds import SLACK, column_ranges, partner_bound, row_bound
+from balancer_cli.pack.packers._exchange_bounds import SLACK, column_ranges, partner_bound, row_bound, vertices
 from balancer_cli.pack.packers._table_kernels import gather_rows, prefetch_group, prefetch_rows
 
 __all__ = ["refine_pass", "targeted_pass"]
@@ -149,6 +149,7 @@ def refine_pass(order_G, cand_GC, members_GX, count_G, sum_GK, lsum_GK, weight_N
     room_g = np.zeros(KL, np.int64)
     room_h = np.zeros(KL, np.int64)
     glo, ghi, hlo, hhi = np.zeros(K), np.zeros(K), np.zeros(K), np.zeros(K)  # the rows' weight ranges
+    vertex_K = np.zeros(K)  # where each module's term of the pair is lowest (the bounds')
     changes = 0
     V = len(order_G)  # the groups visited: all G, or a subset (the polish's one micro-batch)
     for idx in range(V):
@@ -191,7 +192,8 @@ def refine_pass(order_G, cand_GC, members_GX, count_G, sum_GK, lsum_GK, weight_N
                 lose_low = min(lose_low, lose_O[o])
             # No exchange with h can beat the best so far: skip it (exact, _exchange_bounds).
             column_ranges(wh, nh, hlo, hhi)
-            bound = partner_bound(e, inv_t2_K, glo, ghi, hlo, hhi, gain_low + lose_low)
+            vertices(e, inv_t2_K, vertex_K)
+            bound = partner_bound(vertex_K, e, inv_t2_K, glo, ghi, hlo, hhi, gain_low + lose_low)
             if bound - SLACK * abs(bound) >= best:
                 continue
             # The first two modules' terms spelled out (20% of a pass), added in module order.
@@ -205,7 +207,7 @@ def refine_pass(order_G, cand_GC, members_GX, count_G, sum_GK, lsum_GK, weight_N
                 wa1 = wg[a, 1] if K > 1 else 0.0
                 ci = cg[a]
                 lose = lose_O[ci]
-                bound = row_bound(e, inv_t2_K, wg, a, hlo, hhi, gain_low + min(0.0, lose))
+                bound = row_bound(vertex_K, e, inv_t2_K, wg, a, hlo, hhi, gain_low + min(0.0, lose))
                 if bound - SLACK * abs(bound) >= best:
                     continue
                 for b in range(nh + 1):
