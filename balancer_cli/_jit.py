@@ -21,10 +21,11 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import sys
+import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["HAVE_NUMBA", "njit", "prefetch"]
+__all__ = ["HAVE_NUMBA", "njit", "prefetch", "warm_up"]
 
 F = TypeVar("F", bound=Callable)
 
@@ -78,6 +79,33 @@ def njit(func: F | None = None, *, inline: bool = False) -> F | Callable[[F], F]
     if _numba is None:  # pragma: no cover
         return func
     return _numba.njit(cache=True, nogil=True, inline="always" if inline else "never")(func)
+
+
+def warm_up(call: Callable[[], object]) -> threading.Thread | None:
+    """Run ``call``, a cheap call of a compiled kernel, on a daemon thread, and return the thread
+    (None without numba, where there is nothing to warm).
+
+    A process's first kernel call builds numba's typing and target contexts: ~0.3 s of Python
+    (this machine kind's slower ones) on whichever thread calls first. Started before a command
+    reads its inputs, that work overlaps the read (pyarrow releases the GIL), and the main thread's
+    first kernel finds the contexts built (or waits on numba's compile lock for them). Nothing
+    else changes: any error is left to the kernel's first real call.
+
+    Example:
+        >>> thread = warm_up(lambda: None)
+        >>> thread is None or (thread.join() or not thread.is_alive())
+        True
+    """
+    if _numba is None:  # pragma: no cover
+        return None
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            call()
+
+    thread = threading.Thread(target=run, name="balancer-jit-warm-up", daemon=True)
+    thread.start()
+    return thread
 
 
 def prefetch(array, index) -> None:

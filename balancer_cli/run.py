@@ -154,6 +154,11 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
         InputError: ``out`` is, holds or lies inside an input, or is a folder balancer did not
             write; ``OUT.parts`` exists without balancer's marker.
     """
+    import numpy as np
+
+    # Compiled kernels (numba) are imported by pack alone, not by the module (scan needs none).
+    from balancer_cli._columns import column_sums
+    from balancer_cli._jit import warm_up
     from balancer_cli.pack.inputs import prepare_inputs
     from balancer_cli.pack.pipeline import pack_inputs
 
@@ -164,6 +169,8 @@ def pack_to_dir(lengths_files: Sequence[str | os.PathLike], out: str | os.PathLi
     _writable(out, lambda: check_replaceable(out))
     if not config.lengths_files:
         config = dataclasses.replace(config, lengths_files=tuple(os.path.abspath(p) for p in paths))
+    # numba's contexts are built off this thread while it reads (docs/scaling.md: 1.2M ~0.1 s wall).
+    warm_up(lambda: column_sums(np.zeros((2, 2))))
     table = read_lengths(paths)
     release_freed_memory()  # the files' read buffers (10M: ~170 MB), before the matrices are built
     done("read")
