@@ -85,11 +85,11 @@ def warm_up(call: Callable[[], object]) -> threading.Thread | None:
     """Run ``call``, a cheap call of a compiled kernel, on a daemon thread, and return the thread
     (None without numba, where there is nothing to warm).
 
-    A process's first kernel call builds numba's typing and target contexts: ~0.3 s of Python
-    (this machine kind's slower ones) on whichever thread calls first. Started before a command
-    reads its inputs, that work overlaps the read (pyarrow releases the GIL), and the main thread's
-    first kernel finds the contexts built (or waits on numba's compile lock for them). Nothing
-    else changes: any error is left to the kernel's first real call.
+    A process's first kernel call builds numba's typing and target contexts, 0.2-0.3 s of Python,
+    on whichever thread calls first. Started before a command reads its inputs, that work overlaps
+    the read (pyarrow releases the GIL), and the main thread's first kernel finds the contexts
+    built (or waits on numba's compile lock for them). Nothing else changes: an error is left to
+    the kernel's first real call to raise.
 
     Example:
         >>> thread = warm_up(lambda: None)
