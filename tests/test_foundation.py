@@ -390,3 +390,23 @@ def test_prefetch_is_only_a_hint():
     table = rng.random((1000, 3))
     for rows in (rng.integers(0, 1000, 500), rng.integers(0, 1000, 500).astype(np.int32), np.array([999])):
         assert compiled(table, rows, True) == compiled(table, rows, False) != 0.0
+
+
+def test_warm_up_runs_the_call_on_another_thread_and_drops_its_error():
+    """``pack`` builds numba's contexts on a daemon thread while it reads: the call runs there, and
+    an error in it is left to the kernel's first real call (never raised by the warm-up)."""
+    import threading
+
+    from balancer_cli._jit import warm_up
+
+    ran_on = []
+
+    def call():
+        ran_on.append(threading.current_thread())
+        raise RuntimeError("the kernel's first real call raises it")
+
+    thread = warm_up(call)
+    if thread is None:
+        pytest.skip("numba absent: nothing to warm")
+    thread.join()
+    assert thread.daemon and ran_on == [thread] and thread is not threading.current_thread()
