@@ -23,18 +23,18 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import secrets
 import shutil
 import socket
 import stat
-import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from balancer_cli.errors import InputError
 
 __all__ = ["atomic_path", "file_fingerprint", "bytes_fingerprint", "check_output", "check_regular", "check_writable",
-           "PARTS_MARKER", "claim_parts_dir", "remove_parts_dir", "temporary_prefix", "dead_temporary_of",
-           "remove_dead_temporaries"]
+           "PARTS_MARKER", "claim_parts_dir", "remove_parts_dir", "temporary_prefix", "temporary_sibling",
+           "create_new", "dead_temporary_of", "remove_dead_temporaries"]
 
 #: The file that marks a work folder as created by balancer (so it may be reused and deleted).
 PARTS_MARKER = ".balancer-parts"
@@ -54,21 +54,42 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     check_regular(target, folder=False)
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_dead_temporaries(target, folder=False)
-    fd, tmp_name = tempfile.mkstemp(prefix=temporary_prefix(target) + f"{os.getpid()}-", suffix=".tmp",
-                                    dir=target.parent)
-    os.close(fd)
-    # mkstemp creates 0600 files; outputs are shared with training jobs that may run as another
-    # user, so give them the permissions a plain open() would (0666 minus the umask).
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp_name, 0o666 & ~umask)
-    tmp = Path(tmp_name)
-    try:
+    tmp = temporary_sibling(target, target.parent, folder=False)
+    try:  # named before it exists, so a SIGTERM at any point finds this cleanup armed
+        create_new(tmp, folder=False)
         yield tmp
         os.replace(tmp, target)
     finally:
-        if tmp.exists():
+        with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+def temporary_sibling(target: str | os.PathLike, where: str | os.PathLike, *, folder: bool) -> Path:
+    """A fresh temporary name for ``target`` in the folder ``where``: :func:`temporary_prefix`, this
+    run's PID and 8 random hex digits (what :func:`dead_temporary_of` reads back), then ``.tmp``
+    unless it names a ``folder``; nothing is created.
+
+    Writers name their temporary first and create it inside the block whose ``finally`` removes
+    it (:func:`create_new`): a temporary made by ``mkstemp`` exists before its name is held, and a
+    SIGTERM that lands in between (the command raises there) left it behind.
+
+    Example:
+        >>> name = temporary_sibling("/data/out.parquet", "/data", folder=False).name
+        >>> name.startswith(temporary_prefix("out.parquet") + f"{os.getpid()}-"), name.endswith(".tmp")
+        (True, True)
+    """
+    suffix = "" if folder else ".tmp"
+    return Path(where) / f"{temporary_prefix(target)}{os.getpid()}-{secrets.token_hex(4)}{suffix}"
+
+
+def create_new(path: Path, *, folder: bool) -> None:
+    """Create ``path`` (an empty file, or a ``folder``), failing if it exists, with the permissions
+    a plain ``open()`` or ``mkdir`` gives (0666 or 0777 minus the umask): outputs are read by
+    training jobs that may run as another user."""
+    if folder:
+        os.mkdir(path, 0o777)
+    else:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666))
 
 
 def temporary_prefix(target: str | os.PathLike) -> str:
@@ -283,13 +304,16 @@ def check_writable(output: str | os.PathLike) -> None:
     if not folder.is_dir():
         raise InputError(f"cannot write {out}: {folder} is a file, not a folder",
                          fix="name an output path under a folder")
-    try:  # a probe of our own, removed at once: permissions alone miss read-only mounts and root
-        fd, probe = tempfile.mkstemp(prefix=temporary_prefix(out) + f"{os.getpid()}-", suffix=".tmp", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
+    # A file of our own, removed at once (permissions alone miss read-only mounts and root).
+    probe = temporary_sibling(out, folder, folder=False)
+    try:
+        create_new(probe, folder=False)
     except OSError as error:
         raise InputError(f"cannot write {out}: {folder} is not writable ({error.strerror or error})",
                          fix="choose a writable folder for the output") from None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
 
 
 def claim_parts_dir(path: str | os.PathLike) -> Path:

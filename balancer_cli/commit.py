@@ -46,10 +46,11 @@ from balancer_cli import __version__
 from balancer_cli._fsutil import (
     atomic_path,
     check_regular,
+    create_new,
     dead_temporary_of,
     file_fingerprint,
     remove_dead_temporaries,
-    temporary_prefix,
+    temporary_sibling,
 )
 from balancer_cli._signals import mark_output_committed
 from balancer_cli.errors import InputError, ManifestError
@@ -188,11 +189,9 @@ def committed_folder(out: str | os.PathLike) -> Iterator[Path]:
     check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_dead_temporaries(out, folder=True)
-    tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(out) + f"{os.getpid()}-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; outputs are read by training jobs as other users
-    try:
+    tmp = temporary_sibling(out, out.parent, folder=True)
+    try:  # named before it exists, so a SIGTERM at any point finds the cleanup below armed
+        create_new(tmp, folder=True)
         yield tmp
         write_commit(tmp)
         check_replaceable(out)  # again: something may have appeared while we worked

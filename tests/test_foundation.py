@@ -343,6 +343,39 @@ def test_atomic_outputs_respect_the_umask(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["out.bin"]
 
 
+@pytest.mark.parametrize("folder", [False, True], ids=["file", "folder"])
+def test_an_interrupt_as_the_temporary_is_made_leaves_none(tmp_path, monkeypatch, folder):
+    """A SIGTERM raises in the main thread between any two steps (``Terminated``, a
+    ``KeyboardInterrupt``). With ``mkstemp`` the temporary existed before the block that removes it
+    was entered: one landing there left it behind (a flaky ``balancer scan`` SIGTERM test). Now its
+    name is held first, so an interrupt right after it is made still finds it removed; the folder
+    of ``committed_folder`` gets the umask's permissions as the files do."""
+    import os
+
+    from balancer_cli import _fsutil, commit
+
+    real = _fsutil.create_new
+
+    def made_then_interrupted(path, *, folder):
+        real(path, folder=folder)
+        raise KeyboardInterrupt
+
+    target = tmp_path / ("out" if folder else "out.parquet")
+    for module in (_fsutil, commit):
+        monkeypatch.setattr(module, "create_new", made_then_interrupted)
+    with pytest.raises(KeyboardInterrupt), (commit.committed_folder(target) if folder else _fsutil.atomic_path(target)):
+        pass
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    old = os.umask(0o027)
+    try:
+        with commit.committed_folder(tmp_path / "made") as made:
+            (made / "x").write_bytes(b"x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "made").stat().st_mode & 0o777 == 0o750
+
+
 def test_a_killed_writes_temporary_file_is_removed_by_the_next_write(tmp_path):
     """A temporary of ``lengths.parquet`` whose run is gone (SIGKILL) goes with the next write of
     it; a live run's, another name's and a folder are kept."""

@@ -108,7 +108,8 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(tmp_
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr("tempfile.mkstemp", refuse)  # what a read-only folder does (root passes access checks)
+    # What a read-only folder does to the probe file (root passes access checks).
+    monkeypatch.setattr("balancer_cli._fsutil.create_new", refuse)
     _refused(_run("scan", data, "-o", tmp_path / "new" / "x.parquet", "--model", "qwen2-vl"),
              f"{tmp_path} is not writable (Permission denied)", "choose a writable folder")
     assert not scanned and (tmp_path / "afile").read_text() == "mine" and not (tmp_path / "new").exists()
