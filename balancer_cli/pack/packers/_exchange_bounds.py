@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from balancer_cli._jit import njit
 
-__all__ = ["quadratic_min", "vertex_min", "vertices", "column_ranges", "partner_bound", "row_bound", "SLACK"]
+__all__ = ["quadratic_min", "vertex", "vertex_min", "vertices", "column_ranges", "partner_bound", "row_bound", "SLACK"]
 
 #: Relative slack on a bound before it skips anything: far above the rounding of the costs
 #: (~10 floating-point operations), so a skip never depends on it.
@@ -29,7 +29,13 @@ SLACK = 1e-9
 @njit(inline=True)
 def quadratic_min(e, w, lo, hi):  # pragma: no cover - compiled
     """The minimum of ``d (e + d w)`` over ``lo <= d <= hi`` (``w >= 0``)."""
-    return vertex_min(-e / (2.0 * w) if w > 0 else 0.0, e, w, lo, hi)
+    return vertex_min(vertex(e, w), e, w, lo, hi)
+
+
+@njit(inline=True)
+def vertex(e, w):  # pragma: no cover - compiled
+    """Where ``d (e + d w)`` is lowest, ``-e / 2w`` (0 where ``w = 0``, which :func:`vertex_min` ignores)."""
+    return -e / (2.0 * w) if w > 0 else 0.0
 
 
 @njit(inline=True)
@@ -45,9 +51,9 @@ def vertex_min(v, e, w, lo, hi):  # pragma: no cover - compiled
 
 @njit(inline=True)
 def vertices(e_K, inv_t2_K, v_K):  # pragma: no cover - compiled
-    """Fill ``v_K`` with each module's vertex ``-e_k / 2 w_k`` (0 where ``w_k = 0``)."""
+    """Fill ``v_K`` with each module's :func:`vertex`."""
     for k in range(v_K.shape[0]):
-        v_K[k] = -e_K[k] / (2.0 * inv_t2_K[k]) if inv_t2_K[k] > 0 else 0.0
+        v_K[k] = vertex(e_K[k], inv_t2_K[k])
 
 
 @njit(inline=True)
