@@ -285,9 +285,8 @@ def paired_rounds(cell_I, dev_ID, bins_C, rounds, rng, principal=False):
     bin_first = np.concatenate([[0], np.cumsum(bins_C)[:-1]]).astype(np.int64)
     tables = (by_round, ends, cell_I.astype(np.int64, copy=False), dev)
     if not principal:  # the directions depend on nothing the rounds change: all rounds in one call
-        directions = np.empty((rounds, dev.shape[1]))
-        for t in range(rounds):  # drawn one round at a time, as the rounds would
-            directions[t] = rng.standard_normal(dev.shape[1])
+        # One draw: the same values, in the same order, as one draw a round (C order).
+        directions = rng.standard_normal((rounds, dev.shape[1]))
         pair_rounds(*tables, 0, directions, bins_C, bin_first, sum_BD, bin_I)
         return bin_I
     for t in range(rounds):
