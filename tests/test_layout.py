@@ -11,8 +11,8 @@ import balancer_cli
 PACKAGE = Path(balancer_cli.__file__).parent
 #: Top-level modules and folders, from the bottom layer up (the order of docs/architecture.md).
 LAYERS = (
-    ("errors", "_jit", "_sort", "_index", "_columns", "_arrow", "_fsutil", "_memory", "_procs", "_signals", "_reaper",
-     "_ray", "commit"),
+    ("errors", "_jit", "_sort", "_index", "_columns", "_shuffle", "_arrow", "_fsutil", "_memory", "_procs", "_signals",
+     "_reaper", "_ray", "commit"),
     ("omnibal_json", "lengths", "manifest_meta", "manifest", "metrics"),
     ("scan",),
     ("cost",),

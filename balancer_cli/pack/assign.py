@@ -45,6 +45,7 @@ import numpy as np
 
 from balancer_cli._columns import column_sums
 from balancer_cli._index import take_rows
+from balancer_cli._shuffle import permutation
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.manifest import StepShape
 from balancer_cli.pack._blocks import form_blocks, paired_rounds
@@ -114,7 +115,7 @@ def assign_groups(
     step_B = paired_rounds(np.zeros(len(blocks_BR), np.int64), take_rows(dev_GO, blocks_BR).sum(axis=1),
                             np.array([S]), M, rng, principal=True)
     blocks_SMR = take_rows(blocks_BR, np.argsort(step_B, kind="stable")).reshape(S, M, R)
-    blocks_SMR = take_rows(blocks_SMR, rng.permutation(S))
+    blocks_SMR = take_rows(blocks_SMR, permutation(rng, S))
     return _ranks(blocks_SMR, cost, rng)
 
 

@@ -28,6 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from balancer_cli._index import search_sorted, take_rows
+from balancer_cli._shuffle import shuffle, shuffled
 from balancer_cli.errors import ManifestError
 from balancer_cli.lengths import LLM
 from balancer_cli.manifest import ManifestRows, StepShape, is_slot_sorted
@@ -116,15 +117,15 @@ def step_mix_ratio(step_P: np.ndarray, source_P: np.ndarray, num_steps: int) -> 
     source_P = np.asarray(source_P, dtype=np.int64)
     num_sources = int(source_P.max()) + 1 if len(source_P) else 1
     distances, reference = _mix_and_reference(step_P, source_P, num_steps, num_sources)
-    mean, shuffled = _mean(distances), _mean(reference)
-    return float(mean / shuffled) if shuffled > 0 else 1.0
+    mean, reference_mean = _mean(distances), _mean(reference)
+    return float(mean / reference_mean) if reference_mean > 0 else 1.0
 
 
 def _mix_and_reference(step_P, source_P, num_steps, num_sources):
     """(S,) step-mix distances of the placement, and of the same steps filled by a seeded shuffle
     of the placed samples (what random batching gives; small steps deviate by chance alone)."""
     distances = step_mix_distances(step_P, source_P, num_steps, num_sources)
-    shuffled_P = source_P[np.random.default_rng(0).permutation(len(source_P))]
+    shuffled_P = shuffled(np.random.default_rng(0), source_P)
     return distances, step_mix_distances(step_P, shuffled_P, num_steps, num_sources)
 
 
@@ -197,8 +198,8 @@ def evaluate_rows(
     share_O = code_counts(source_P, num_sources) / max(len(source_P), 1)
     if len(source_P):
         dist_2S[:] = 0.5 * share_O.sum()  # a step without rows: as far as a step of no source
-    # In place: the same shuffle as source_P[permutation(P)], without the (P,) int64 permutation.
-    np.random.default_rng(0).shuffle(source_P)
+    # In place: the order step_mix_ratio draws (its shuffled copy), without a copy (1 B a row).
+    shuffle(np.random.default_rng(0), source_P)
     phase_QP = np.stack([np.asarray(rows.extra[f"{m}_rank"]) for m in phased]) if phased else np.zeros((0, 0), np.int32)
     phase_of_K = np.array([phased.index(m) if m in phased else -1 for m in modules], np.int64)
     if tally_rows(rows.step, rows.rank, rows.micro, rows.sample, inputs.cost_NK, inputs.load_NK,
@@ -386,10 +387,10 @@ def _steps(inputs, rows: ManifestRows, caps_K: np.ndarray, per_step: int, epoch_
 
 def _step_mix(distances: np.ndarray, reference: np.ndarray, num_sources: int) -> dict:
     """The report's step mix of the steps' distances and those of the shuffle (:func:`tally_rows`)."""
-    mean, shuffled = _mean(distances), _mean(reference)
+    mean, reference_mean = _mean(distances), _mean(reference)
     return {"mean_distance": _round(mean),
             "max_distance": _round(distances.max()) if len(distances) else 0.0,
-            "shuffled_mean_distance": _round(shuffled),
+            "shuffled_mean_distance": _round(reference_mean),
             # The measure to read: 1.0 is as mixed as random batching of the same steps.
-            "vs_random": _round(mean / shuffled) if shuffled > 0 else 1.0,
+            "vs_random": _round(mean / reference_mean) if reference_mean > 0 else 1.0,
             "num_sources": num_sources}

@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from balancer_cli._index import concat_ranges, sum_rows, take_rows
+from balancer_cli._shuffle import permutation
 from balancer_cli.pack._blocks import discrete_modules
 from balancer_cli.pack.packers._refine_kernels import refine_pass
 from balancer_cli.pack.types import Assignment, Packing, group_sums
@@ -121,7 +122,7 @@ def polish_steps(packing: Packing, assignment: Assignment, cost_NK: np.ndarray, 
     micros = np.unique(micro_J)
     for _ in range(passes):
         cand = start_J[:, None] + rng.integers(0, 1 << 62, (J, POLISH_PARTNERS)) % size_J[:, None]
-        visit = rng.permutation(J)
+        visit = permutation(rng, J)
         changed = 0
         for m in micros:
             # Each group carries its rank's sum (M = 1: its own); within one micro-batch a rank has

@@ -15,6 +15,8 @@ Memory: a window's packer holds ~``BYTES_PER_SAMPLE`` per sample of the window, 
 
 Example:
     >>> import numpy as np
+
+from balancer_cli._shuffle import shuffle
     >>> members = window_members(np.array([0, 0, 0, 0, 1, 1]), 2, seed=0, epoch=0)
     >>> [m.tolist() for m in members], num_windows(10, 4), num_windows(3, 4)
     ([[1, 3, 5], [0, 2, 4]], 3, 1)
@@ -28,6 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from balancer_cli._shuffle import shuffle
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.pack._evaluate_kernel import code_counts
 from balancer_cli.pack._window_kernels import fill_windows
@@ -215,7 +218,7 @@ def window_members(source_n: np.ndarray, windows: int, *, seed: int, epoch: int)
     start = 0
     for size in count.tolist():
         if size > 1:
-            rng.shuffle(labels[start:start + size])
+            shuffle(rng, labels[start:start + size])
         start += size
     out = np.empty(n, dtype=index_dtype(n))
     bounds = fill_windows(labels, codes, lowest, count, int(windows), out)

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from balancer_cli._shuffle import shuffle
 from balancer_cli.errors import UsageError
 from balancer_cli.lengths import make_lengths_table
 from balancer_cli.pack.config import PackConfig, stream_seed
@@ -64,7 +65,7 @@ def test_window_members_are_the_shuffled_labels_they_stand_for(n, windows, sourc
         labels = (start + np.arange(len(where))) % windows
         if len(where) > 1:
             labels = labels.astype(np.min_scalar_type(-windows))
-            rng.shuffle(labels)
+            shuffle(rng, labels)
         window_of[where] = labels
         start += len(where)
     expected = [np.flatnonzero(window_of == w) for w in range(windows)]

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from balancer_cli._shuffle import shuffled
 from balancer_cli.errors import ManifestError
 from balancer_cli.lengths import make_lengths_table
 from balancer_cli.manifest import ManifestRows, open_manifest, write_manifest
@@ -69,9 +70,7 @@ def test_the_step_mix_is_the_distance_of_each_steps_counts(seed, sources, steps,
     O = len(inputs.source_names)
     source_P = inputs.source_codes_N[rows.sample]
     placed = step_mix_distances(step, source_P, steps, O)
-    shuffled = source_P.copy()
-    np.random.default_rng(0).shuffle(shuffled)
-    reference = step_mix_distances(step, shuffled, steps, O)
+    reference = step_mix_distances(step, shuffled(np.random.default_rng(0), source_P), steps, O)
     assert mix["mean_distance"] == pytest.approx(placed.mean(), abs=2e-6)
     assert mix["max_distance"] == pytest.approx(placed.max(), abs=2e-6)
     assert mix["shuffled_mean_distance"] == pytest.approx(reference.mean(), abs=2e-6)

@@ -24,6 +24,7 @@ from balancer_cli._columns import column_max, column_sums, project
 from balancer_cli._index import take_rows
 from balancer_cli._jit import HAVE_NUMBA
 from balancer_cli._procs import usable_cores
+from balancer_cli._shuffle import permutation
 from balancer_cli._sort import stable_order
 from balancer_cli.errors import UsageError
 from balancer_cli.pack._blocks import sparse_modules
@@ -128,7 +129,7 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
     # halves a pass at 1M rows (random reads of (N, K) tables were its cost, not the arithmetic).
     # In blocks, the groups are renumbered too (new group n is group order_G[n]).
     blocks = G >= max(BLOCKS_FROM, 2 * BLOCK_GROUPS)
-    order_G = rng.permutation(G) if blocks else np.arange(G)
+    order_G = permutation(rng, G) if blocks else np.arange(G)
     rows_F, local_GX, weight_FK, load_FK, source_F = compact_rows(
         members_GX, count_G, np.ascontiguousarray(weight_NK, dtype=np.float64), np.ascontiguousarray(load_NK),
         np.zeros(0, np.int8) if codes_N is None else dense_ids(np.asarray(codes_N).reshape(-1)), order_G)
@@ -151,7 +152,7 @@ def refine(members_GX: np.ndarray, count_G: np.ndarray, wsum_GK: np.ndarray, lsu
         changed = 0
         if targeted:
             group_of, pos = _membership(local_GX, count_n)
-            changed = targeted_pass(rng.permutation(G), local_GX, count_n, group_of, pos, wsum, lsum_n, weight_FK,
+            changed = targeted_pass(permutation(rng, G), local_GX, count_n, group_of, pos, wsum, lsum_n, weight_FK,
                                     code, load_FK, caps_K, target_K, inv_t, inv_t2, *grid, SCAN, _TOL)
             # Under tight caps (full groups) targeted swaps find no room in either group: once a pass
             # improves fewer than TARGETED_MIN_SHARE of the groups, later passes skip it (~45% of a pass).
@@ -186,7 +187,7 @@ def _partner_pass(wsum_GK, target_K, inv_t_K, tables, rng, threads, blocks, shif
     visits = []
     for lo, hi in itertools.pairwise(edges):  # partners within the block
         cand[lo:hi] = lo + _partners(wsum_GK[lo:hi], target_K, inv_t_K, rng)
-        visits.append(lo + rng.permutation(hi - lo))
+        visits.append(lo + permutation(rng, hi - lo))
 
     def run(visit):
         return refine_pass(visit, cand, *tables)

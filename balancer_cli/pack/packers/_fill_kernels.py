@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from balancer_cli._jit import njit, prefetch
+from balancer_cli._shuffle import shuffled
 from balancer_cli._sort import size_order, stable_argsort
 from balancer_cli.pack.packers._table_kernels import ROWS_AHEAD
 
@@ -39,8 +40,7 @@ def greedy_close(rows, load_NK, caps_K):  # pragma: no cover - compiled
         >>> offsets.tolist(), sums.tolist()
         ([0, 2, 3], [[7, 20], [3, 10]])
     """
-    P = len(rows)
-    K = load_NK.shape[1]
+    P, K = len(rows), load_NK.shape[1]
     offsets = np.empty(P + 1, dtype=np.int64)
     sums = np.zeros((P, K), dtype=np.int64)
     offsets[0] = 0
@@ -207,10 +207,10 @@ def first_fit_orders(rows, load_NK, caps_K, rng, binding=None):
         >>> [o.tolist() for o in first_fit_orders(np.arange(3), load_NK, np.array([8, 40]), rng, 0)]
         [[2, 1, 0], [1, 2, 0]]
     """
-    shuffled = rows[rng.permutation(len(rows))]
-    size = row_shares(shuffled, load_NK, caps_K, load_NK, np.zeros(0))[1]
-    keys = [size] + ([] if binding is None else [load_NK[shuffled, binding] / caps_K[binding] + 0.1 * size])
-    return [shuffled[size_order(key, descending=True)] for key in keys]
+    shuffled_rows = shuffled(rng, rows)
+    size = row_shares(shuffled_rows, load_NK, caps_K, load_NK, np.zeros(0))[1]
+    keys = [size] + ([] if binding is None else [load_NK[shuffled_rows, binding] / caps_K[binding] + 0.1 * size])
+    return [shuffled_rows[size_order(key, descending=True)] for key in keys]
 
 
 @njit

@@ -58,6 +58,7 @@ import numpy as np
 
 from balancer_cli._columns import column_sums
 from balancer_cli._index import take_rows
+from balancer_cli._shuffle import shuffled
 from balancer_cli.errors import InputError, UsageError, is_int
 from balancer_cli.pack.bounds import groups_lower_bound
 from balancer_cli.pack.packers._balanced_refine import refine
@@ -359,12 +360,12 @@ def _deal(rows, load, weight, caps, G, rng, fill_share):
     whole = len(rows) == len(weight) and weight.flags.c_contiguous
     target_K = column_sums(weight if whole else take_rows(weight, rows)) / G
     inv_t = np.divide(1.0, target_K, out=np.zeros_like(target_K), where=target_K > 0)
-    shuffled = rows[rng.permutation(len(rows))]
+    shuffled_rows = shuffled(rng, rows)
     # Rows over half a cap first (no two share a group, and late they find no room), then by
     # normalized cost, so that every group gets one row of each size stratum.
-    hard, size, norm = row_shares(shuffled, load, caps, weight, inv_t)
+    hard, size, norm = row_shares(shuffled_rows, load, caps, weight, inv_t)
     order = deal_order(hard, norm, _HARD_SHARE)
-    queue = shuffled[order]
+    queue = shuffled_rows[order]
     volume = np.cumsum(size[order])
     cut = max(int(np.searchsorted(volume, (1.0 - fill_share) * volume[-1])), min(G, len(queue)))
     gid = deal_rounds(queue[:cut], load, weight, caps, int(G), inv_t, _MAX_STRAGGLERS)

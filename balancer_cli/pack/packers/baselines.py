@@ -24,6 +24,7 @@ import math
 
 import numpy as np
 
+from balancer_cli._shuffle import permutation, shuffled
 from balancer_cli._sort import int_order
 from balancer_cli.errors import InputError
 from balancer_cli.pack.packers._fill_kernels import first_fit_tree
@@ -69,7 +70,7 @@ def pack_random(num_samples: int, batch_size: int, *, seed: int = 0, sample_ids:
         [2, 2, 1]
     """
     ids = np.arange(num_samples, dtype=np.int64) if sample_ids is None else np.asarray(sample_ids, dtype=np.int64)
-    order = ids[np.random.default_rng(seed).permutation(len(ids))]
+    order = shuffled(np.random.default_rng(seed), ids)
     offsets = np.append(np.arange(0, len(ids), batch_size, dtype=np.int64), len(ids))
     return Packing(order, offsets, np.zeros(len(offsets) - 1, bool), np.array([], np.int64), ())
 
@@ -119,9 +120,9 @@ def pack_llm_ffd(load_NK: np.ndarray, caps_K: np.ndarray, *, seed: int = 0, over
     ids = np.arange(len(load_NK), dtype=np.int64) if sample_ids is None else np.asarray(sample_ids, dtype=np.int64)
     tokens = load_NK[:, -1].astype(np.int64)
     cap = int(caps_K[-1])
-    shuffled = np.random.default_rng(seed).permutation(len(tokens))
-    key = tokens[shuffled]
-    order = shuffled[int_order(key.max() - key)] if len(key) else shuffled  # argsort(-key, stable)
+    drawn = permutation(np.random.default_rng(seed), len(tokens))
+    key = tokens[drawn]
+    order = drawn[int_order(key.max() - key)] if len(key) else drawn  # argsort(-key, stable)
     over = tokens[order] > cap
     if over.any() and oversize == "error":
         i = int(order[np.argmax(over)])
