@@ -15,8 +15,6 @@ Memory: a window's packer holds ~``BYTES_PER_SAMPLE`` per sample of the window, 
 
 Example:
     >>> import numpy as np
-
-from balancer_cli._shuffle import shuffle
     >>> members = window_members(np.array([0, 0, 0, 0, 1, 1]), 2, seed=0, epoch=0)
     >>> [m.tolist() for m in members], num_windows(10, 4), num_windows(3, 4)
     ([[1, 3, 5], [0, 2, 4]], 3, 1)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from balancer_cli._jit import njit
-from balancer_cli._shuffle import permutation
+from balancer_cli._shuffle import shuffled
 from balancer_cli._sort import size_order
 from balancer_cli.pack.packers._fill_kernels import first_fit, first_fit_orders
 from balancer_cli.pack.packers._table_kernels import suffix_min
@@ -84,7 +84,7 @@ def pattern_groups(rows: np.ndarray, load_NK: np.ndarray, caps_K: np.ndarray, bi
     # The rows of each size (the largest first), the heaviest on the other modules first within
     # it, ties in a seeded order: what the slots are filled with.
     sized = rows[load_b > 0]
-    sized = sized[permutation(rng, len(sized))]
+    sized = shuffled(rng, sized)
     other = np.arange(load_NK.shape[1]) != binding
     share_N = (load_NK[:, other] / np.maximum(caps_K[other], 1)).sum(axis=1)
     sized = sized[size_order(share_N[sized], descending=True)]
