@@ -13,6 +13,14 @@ bounds (:mod:`~balancer_cli.pack.contract`). A trial is one of
   (a harsh mix resampled to 2.5M at ``--dp 16``: the subsample measured its pick at 0.76x
   random batching, 1.51x in full; the candidate kept on first windows 0.79x in full).
 
+A candidate is placed only where it can be kept: its packing alone fixes its step count and
+the samples it drops, so a packing that drops more samples than the pick's, or whose steps alone
+break the contract at least as many times and as far as the best trial so far (:class:`Bar`),
+is not placed (:func:`first_window`: an :class:`Unplaced` trial, recorded with ``placed:
+false``). The placement could only add bounds broken, so the kept trial is the same, without
+the step stages of a run that could not win (``sparse`` 18 of bench/bench_pack_random.py, 79k
+at ``--dp 32``: two of its three fallbacks left unplaced, 70 s -> 26 s; docs/packing.md).
+
 Example:
     >>> from types import SimpleNamespace
     >>> def trial(cap, broken):  # a stand-in: caps, and the bounds its run breaks
@@ -20,7 +28,7 @@ Example:
     ...                            rank=lambda modules: (len(broken), 0.0), dropped=lambda: 0)
     >>> search = SimpleNamespace(candidates=[SimpleNamespace(caps_K=(c,)) for c in (10, 20, 30)])
     >>> kept, record = checked_pick(("llm",), 1_000_000, search, trial(10, ["mix"]),
-    ...                             lambda caps_K: trial(int(caps_K[0]), []))
+    ...                             lambda caps_K, bar: trial(int(caps_K[0]), []))
     >>> int(kept.caps_K[0]), record
     (20, {'pick_broken': ['mix'], 'tried': [{'caps': {'llm': 20}, 'broken': []}], 'kept': {'llm': 20}})
 """
@@ -37,13 +45,21 @@ from balancer_cli._index import take_rows
 from balancer_cli.manifest import StepShape
 from balancer_cli.pack import contract
 from balancer_cli.pack.bounds import groups_lower_bound
+from balancer_cli.pack.config import PackConfig
 from balancer_cli.pack.inputs import PackInputs
 from balancer_cli.pack.placement import Placement
 from balancer_cli.pack.step_stages import window_metrics as placed_metrics
 from balancer_cli.pack.types import Assignment, Packing
-from balancer_cli.pack.windows import WindowMembers, WindowResult
+from balancer_cli.pack.window_place import (
+    pack_window,
+    place_packed,
+    planned,
+    window_view,
+)
+from balancer_cli.pack.windows import WindowMembers, WindowResult, WindowTask
 
-__all__ = ["Trial", "WindowTrial", "checked_pick", "fallbacks", "window_metrics"]
+__all__ = ["Bar", "Trial", "Unplaced", "WindowTrial", "checked_pick", "fallbacks", "first_window", "window_metrics",
+           "window_trial"]
 
 
 class _Measured:
@@ -93,6 +109,90 @@ class WindowTrial(_Measured):
         return len(self.first.dropped)
 
 
+@dataclass(frozen=True)
+class Unplaced:
+    """A candidate not placed: its packing shows that no placement of it could be kept
+    (:meth:`Bar.unreachable`). What it breaks is what its packing alone does (the steps bound):
+    a placed run breaks those and maybe more."""
+
+    caps_K: np.ndarray
+    bounds_K: np.ndarray
+    steps_vs_lower_bound: float
+    num_dropped: int
+
+    def broken(self) -> tuple[str, ...]:
+        return contract.broken_bounds(self._metrics(), ())
+
+    def rank(self, modules: Sequence[str] = ()) -> tuple[int, float]:
+        """At most a placed run's rank (:meth:`_Measured.rank`): its bounds broken are among that run's."""
+        return len(self.broken()), contract.excess(self._metrics(), ())
+
+    def dropped(self) -> int:
+        return self.num_dropped
+
+    def _metrics(self) -> dict:
+        return {"steps": {"vs_lower_bound": self.steps_vs_lower_bound}}
+
+
+@dataclass(frozen=True)
+class Bar:
+    """What a candidate's trial must beat to be kept by :func:`checked_pick`: the best trial's
+    rank so far, without dropping more samples than the pick's.
+
+    Example:
+        >>> bar = Bar(rank=(1, 0.4), dropped=0)  # the best so far breaks one bound, 0.4 past it
+        >>> bar.unreachable(1.045, 0), bar.unreachable(1.035, 0), bar.unreachable(1.02, 2)
+        (True, False, True)
+    """
+
+    rank: tuple[int, float]
+    dropped: int
+
+    def unreachable(self, steps_vs_lower_bound: float, dropped: int) -> bool:
+        """Whether no placement of a packing with these steps (over their lower bound) and these
+        samples dropped can be kept: it drops more than the pick, or its steps alone break the
+        bounds as many times and as far as the best (every bound a placement adds breaks by more
+        than nothing: :func:`~balancer_cli.pack.contract.excess`)."""
+        known = Unplaced(np.zeros(0), np.zeros(0), steps_vs_lower_bound, dropped)
+        return dropped > self.dropped or known.rank() >= tuple(self.rank)
+
+
+def first_window(inputs: PackInputs, config: PackConfig, caps_K: np.ndarray, bounds_K: np.ndarray, bar: Bar | None,
+                 windows: tuple | None = None, *, whole_run: bool) -> tuple[WindowMembers, WindowResult | Unplaced]:
+    """``(plan, first)``: the windows at ``caps_K`` (``windows``: :func:`~balancer_cli.pack.window_place.planned`
+    of them, when the caller holds it) and the first one placed (epoch 0, window 0), or
+    :class:`Unplaced` where its packing cannot beat ``bar`` (None: placed in any case).
+
+    ``whole_run``: the window is the whole run, measured as the report measures a run (its steps
+    over their bound rounded, the samples with a scan error among the dropped); else as
+    :func:`window_metrics` measures a window.
+    """
+    whole, ids_n, plan = windows if windows is not None else planned(inputs, config, caps_K)
+    task = WindowTask(packer=config.algorithm, config=config, caps_K=caps_K, bounds_K=bounds_K, epoch=0, window=0)
+    view = window_view(inputs, whole, ids_n, plan.members[0][0])
+    packing = pack_window(task, view)
+    if bar is not None:
+        per_step = config.shape.groups_per_step
+        ids = np.asarray(view.ids_n)[np.asarray(packing.order, dtype=np.int64)]
+        least = -(-groups_lower_bound(inputs.load_NK, caps_K, rows=ids) // per_step)
+        steps = packing.num_groups // per_step / max(least, 1)
+        steps = round(steps, 6) if whole_run else steps  # as evaluate.py reports a run's
+        dropped = len(packing.dropped) + (len(inputs.error_rows) if whole_run else 0)
+        if bar.unreachable(steps, dropped):
+            return plan, Unplaced(caps_K, bounds_K, steps, dropped)
+    return plan, place_packed(task, view, packing)
+
+
+def window_trial(inputs: PackInputs, config: PackConfig, caps_K: np.ndarray, bounds_K: np.ndarray,
+                 bar: Bar | None = None) -> WindowTrial | Unplaced:
+    """The run's first window at ``caps_K`` placed as the run places it and measured against the
+    contract on its own steps (:func:`window_metrics`); unplaced where it cannot beat ``bar``."""
+    plan, first = first_window(inputs, config, caps_K, bounds_K, bar, whole_run=False)
+    if isinstance(first, Unplaced):
+        return first
+    return WindowTrial(caps_K, bounds_K, plan, first, window_metrics(first, inputs, config.shape, caps_K))
+
+
 def window_metrics(result: WindowResult, inputs: PackInputs, shape: StepShape, caps_K: np.ndarray) -> dict:
     """What the contract reads, of one placed window on its own steps: each module's Dist Ratio,
     utilization and sparse flag and the step mix (:func:`~balancer_cli.pack.step_stages.window_metrics`),
@@ -116,7 +216,8 @@ def checked_pick(modules: Sequence[str], num_samples: int, search: Any, pick: An
     """The pick's trial, or a later candidate's that breaks fewer of the contract's bounds.
 
     When the pick's trial breaks a bound, the next candidates (in the search's order, measured
-    ones first; ``sifted``: in :func:`fallbacks`' order) are tried with ``run(caps_K)``, up to
+    ones first; ``sifted``: in :func:`fallbacks`' order) are tried with ``run(caps_K, bar)`` (which
+    may leave one that cannot beat the :class:`Bar` unplaced: :func:`first_window`), up to
     :func:`~balancer_cli.pack.contract.check_fallbacks` of them (2; up to 8 for small inputs),
     and the trial breaking the fewest bounds is kept; of trials breaking as many, the one least
     far past them (``rank``; the earlier on a tie, so the pick first). A trial that drops more
@@ -136,9 +237,10 @@ def checked_pick(modules: Sequence[str], num_samples: int, search: Any, pick: An
         if any(np.array_equal(caps_K, s) for s in seen):
             continue
         seen.append(caps_K)
-        trial = run(caps_K)
+        trial = run(caps_K, Bar(best_rank, pick.dropped()))
         by_module = {m: int(c) for m, c in zip(modules, caps_K)}
-        record["tried"].append({"caps": by_module, "broken": list(trial.broken())})
+        record["tried"].append({"caps": by_module, "broken": list(trial.broken()),
+                                **({"placed": False} if isinstance(trial, Unplaced) else {})})
         trial_rank = trial.rank(modules)
         if trial_rank < best_rank and trial.dropped() <= pick.dropped():
             best, best_rank = trial, trial_rank

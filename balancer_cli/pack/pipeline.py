@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 
-from balancer_cli._index import take_rows
 from balancer_cli._memory import release_freed_memory
 from balancer_cli.errors import InputError, UsageError
 from balancer_cli.lengths import LengthsTable
@@ -44,19 +43,20 @@ from balancer_cli.pack.config import MAX_CAP, PackConfig
 from balancer_cli.pack.inputs import PackInputs, prepare_inputs
 from balancer_cli.pack.packers import registry
 from balancer_cli.pack.pick_check import (
+    Bar,
     Trial,
-    WindowTrial,
+    Unplaced,
     checked_pick,
-    window_metrics,
+    first_window,
+    window_trial,
 )
 from balancer_cli.pack.placement import Placement, merge_windows
 from balancer_cli.pack.search import search_thresholds, tail_raised
+from balancer_cli.pack.window_place import planned, sample_view, window_view
 from balancer_cli.pack.windows import (
     WindowMembers,
     WindowResult,
     WindowTask,
-    place_window,
-    plan_windows,
     window_count,
 )
 
@@ -207,13 +207,6 @@ def _bounds_for(inputs: PackInputs, caps_K: np.ndarray, bounds: Mapping[str, int
     return bounds_K
 
 
-def sample_view(inputs: PackInputs) -> registry.SampleView:
-    """The samples without a scan error, as the packers see them (no copy when every sample is fine)."""
-    return registry.SampleView(ids_n=inputs.ok_ids(), load_nK=inputs.ok_rows(inputs.load_NK),
-                               cost_nK=inputs.ok_rows(inputs.cost_NK),
-                               source_n=inputs.ok_rows(inputs.source_codes_N), modules=inputs.modules)
-
-
 def place_packer(name: str, inputs: PackInputs, config: PackConfig, caps_K: np.ndarray,
                  bounds_K: np.ndarray, *, engine: Any = "local", engine_options: Any = None,
                  on_window: Callable[[int, int], None] | None = None, plan: WindowMembers | None = None,
@@ -226,12 +219,12 @@ def place_packer(name: str, inputs: PackInputs, config: PackConfig, caps_K: np.n
     ``run_windows`` function of the same contract) runs the windows; every engine gives the same
     placement. ``on_window(done, total)`` is called as each window (of every epoch) is done.
     ``plan`` is :func:`plan_windows` of the same inputs, config and caps, when the caller holds it,
-    and ``first`` its first window (epoch 0) already placed (:func:`_window_trial`).
+    and ``first`` its first window (epoch 0) already placed (:func:`~balancer_cli.pack.pick_check.window_trial`).
     """
     from balancer_cli.pack.engines import get_engine
 
     spec = registry.get(name)
-    whole, ids_n, plan = _planned(inputs, config, caps_K, plan)
+    whole, ids_n, plan = planned(inputs, config, caps_K, plan)
     tasks, members = [], []
     for epoch, by_window in enumerate(plan.members):
         for window, positions in enumerate(by_window):
@@ -249,7 +242,7 @@ def place_packer(name: str, inputs: PackInputs, config: PackConfig, caps_K: np.n
     if first is not None and progress is not None:
         progress()  # the first window, placed already
     todo = range(1 if first is not None else 0, len(tasks))
-    results = run_windows([tasks[i] for i in todo], lambda j: _window_view(inputs, whole, ids_n, members[todo[j]]),
+    results = run_windows([tasks[i] for i in todo], lambda j: window_view(inputs, whole, ids_n, members[todo[j]]),
                           engine_options, progress=progress)
     results[:0] = [first] if first is not None else []
     members.clear()  # the window slices are no longer needed
@@ -257,38 +250,6 @@ def place_packer(name: str, inputs: PackInputs, config: PackConfig, caps_K: np.n
     by_epoch = [[r for t, r in zip(tasks, results) if t.epoch == epoch] for epoch in range(config.epochs)]
     del results  # merge_windows frees each window as it merges it
     return merge_windows(inputs, by_epoch, epochs=config.epochs)
-
-
-def _planned(inputs: PackInputs, config: PackConfig, caps_K: np.ndarray, plan: WindowMembers | None = None):
-    """``(whole, ids_n, plan)``: every sample as one view where none failed (the inputs' arrays
-    themselves, no copy; else None), the ids of the samples without a scan error, and the windows."""
-    whole = sample_view(inputs) if inputs.all_ok else None
-    ids_n = inputs.ok_ids() if whole is None else whole.ids_n
-    if plan is None:
-        # With failed samples the plan reads copies of the other rows, freed once it is made: the
-        # windows take their rows from the inputs' arrays (10M with 1% failed: 0.16 GB less held).
-        plan = plan_windows(whole if whole is not None else sample_view(inputs), config, caps_K)
-    return whole, ids_n, plan
-
-
-def _window_view(inputs: PackInputs, whole: registry.SampleView | None, ids_n: np.ndarray,
-                 positions: np.ndarray) -> registry.SampleView:
-    """A window's samples (``positions`` into ``ids_n``, the samples without a scan error) as the packers see them."""
-    if whole is not None and len(positions) == len(ids_n):  # one window of every sample: no copy
-        return whole
-    rows = ids_n[positions]  # the window's samples: their rows of the inputs' arrays
-    return registry.SampleView(ids_n=rows, load_nK=take_rows(inputs.load_NK, rows),
-                               cost_nK=take_rows(inputs.cost_NK, rows), source_n=inputs.source_codes_N[rows],
-                               modules=inputs.modules)
-
-
-def _window_trial(inputs: PackInputs, config: PackConfig, caps_K: np.ndarray, bounds_K: np.ndarray) -> WindowTrial:
-    """The run's first window at ``caps_K`` (epoch 0, window 0 of its plan), placed as
-    :func:`place_packer` places it and measured against the contract on its own steps."""
-    whole, ids_n, plan = _planned(inputs, config, caps_K)
-    task = WindowTask(packer=config.algorithm, config=config, caps_K=caps_K, bounds_K=bounds_K, epoch=0, window=0)
-    first = place_window(task, _window_view(inputs, whole, ids_n, plan.members[0][0]))
-    return WindowTrial(caps_K, bounds_K, plan, first, window_metrics(first, inputs, config.shape, caps_K))
 
 
 def with_phase_ranks(rows: ManifestRows, inputs: PackInputs, world_size: int) -> ManifestRows:
@@ -330,12 +291,13 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
 
     _require_measured(inputs)
 
-    def run(caps_K: np.ndarray, bounds_K: np.ndarray, probe: WindowTrial | None = None) -> Trial:
+    def run(caps_K: np.ndarray, bounds_K: np.ndarray, plan: WindowMembers | None = None,
+            first: WindowResult | None = None) -> Trial:
         # Planned here to be kept: the report's baselines pack the same windows (10M: ~1.2 s saved).
-        plan = probe.plan if probe is not None else _planned(inputs, config, caps_K)[2]
+        plan = plan if plan is not None else planned(inputs, config, caps_K)[2]
         rows, dropped_sample, dropped_reason, epoch_num_steps = place_packer(
             config.algorithm, inputs, config, caps_K, bounds_K, engine=engine, engine_options=engine_options,
-            on_window=on_window, plan=plan, **({} if probe is None else {"first": probe.first}))
+            on_window=on_window, plan=plan, first=first)
         if config.post_balance:
             rows = with_phase_ranks(rows, inputs, config.world_size)
         evaluation = evaluate_rows(inputs, rows, dropped_sample, dropped_reason, caps_K=caps_K,
@@ -343,6 +305,16 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
                                    epoch_num_steps=epoch_num_steps)
         return Trial(caps_K, bounds_K, Placement(rows, dropped_sample, dropped_reason, epoch_num_steps), evaluation,
                      plan)
+
+    def candidate(caps_K: np.ndarray, bar: Bar) -> Trial | Unplaced:
+        # A run of one window (one epoch): its packing gives the run's steps and drops, so a
+        # candidate that cannot beat the bar is not placed (pick_check). Several: all are needed.
+        bounds_K = _bounds_for(inputs, caps_K, bounds)
+        held = planned(inputs, config, caps_K)
+        if sum(map(len, held[2].members)) > 1:
+            return run(caps_K, bounds_K, held[2])
+        plan, first = first_window(inputs, config, caps_K, bounds_K, bar, held, whole_run=True)
+        return first if isinstance(first, Unplaced) else run(caps_K, bounds_K, plan, first)
 
     def windows(caps_K: np.ndarray) -> dict[str, int]:
         # What the windows are (the summary's first line): as many as place_packer packs. Before
@@ -359,17 +331,17 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
     if check and inputs.num_samples > CHECK_MAX_SAMPLES:
         # The pick and the next candidates on their first windows; the kept one's is reused.
         probe, checked = checked_pick(inputs.modules, inputs.num_samples, search,
-                                      _window_trial(inputs, config, caps_K, bounds_K),
-                                      lambda c: _window_trial(inputs, config, c, _bounds_for(inputs, c, bounds)),
+                                      window_trial(inputs, config, caps_K, bounds_K),
+                                      lambda c, bar: window_trial(inputs, config, c, _bounds_for(inputs, c, bounds),
+                                                                  bar),
                                       sifted=True)
         caps_K, bounds_K = probe.caps_K, probe.bounds_K
         checked["on"] = "first window"
-    planned = windows(caps_K)
-    trial = run(caps_K, bounds_K, probe)
+    window_info = windows(caps_K)
+    trial = run(caps_K, bounds_K, *((probe.plan, probe.first) if probe is not None else ()))
     if check and probe is None:
-        trial, checked = checked_pick(inputs.modules, inputs.num_samples, search, trial,
-                                      lambda c: run(c, _bounds_for(inputs, c, bounds)))
-        planned = planned if np.array_equal(trial.caps_K, caps_K) else windows(trial.caps_K)
+        trial, checked = checked_pick(inputs.modules, inputs.num_samples, search, trial, candidate)
+        window_info = window_info if np.array_equal(trial.caps_K, caps_K) else windows(trial.caps_K)
     caps_K, bounds_K, evaluation = trial.caps_K, trial.bounds_K, trial.evaluation
     rows, dropped_sample, dropped_reason, epoch_num_steps = trial.placement
     summary = evaluation.metrics
@@ -380,7 +352,7 @@ def pack_inputs(inputs: PackInputs, config: PackConfig, *, lengths_fingerprint: 
         "caps": {m: int(c) for m, c in zip(inputs.modules, caps_K)},
         "bounds": {m: int(b) for m, b in zip(inputs.modules, bounds_K)},
         "cap_units": {m: inputs.load_unit(m) for m in inputs.modules},
-        **planned,
+        **window_info,
         "searched": search is not None,
         "search": None if search is None else {
             "algorithm": search.algorithm, "sample_size": int(search.sample_size),

@@ -1,7 +1,7 @@
 """Placement: placed windows of every epoch -> manifest rows sorted by (step, rank, micro, order in group).
 
 :func:`merge_windows` is the one path every manifest and every baseline goes through: the windows
-of each epoch (:func:`~balancer_cli.pack.windows.place_window`: packed, split to a multiple of
+of each epoch (:func:`~balancer_cli.pack.window_place.place_window`: packed, split to a multiple of
 R x M and assigned to (step, rank, micro)) follow one another, steps are numbered globally across
 windows and epochs, and dropped samples are collected with their reasons.
 
@@ -10,7 +10,8 @@ Example:
     >>> from balancer_cli.lengths import make_lengths_table
     >>> from balancer_cli.pack.config import PackConfig
     >>> from balancer_cli.pack.inputs import prepare_inputs
-    >>> from balancer_cli.pack.windows import WindowTask, place_window
+    >>> from balancer_cli.pack.window_place import place_window
+    >>> from balancer_cli.pack.windows import WindowTask
     >>> from balancer_cli.pack.packers.registry import SampleView
     >>> inputs = prepare_inputs(make_lengths_table(np.arange(1, 9)))
     >>> view = SampleView(ids_n=np.arange(8), load_nK=inputs.load_NK, cost_nK=inputs.cost_NK,

@@ -6,9 +6,9 @@ caps) merge: there are never more than ``N // minimum`` of them.
 Each epoch draws its windows afresh: every source's samples are shuffled (the epoch's ``window``
 stream) and dealt round-robin over the windows, so every window holds the global source mix
 to within one sample per source. A window is then packed and assigned on its own
-(:func:`place_window`, the unit of work of every engine), with seeds of its own; its steps follow
-the previous window's. One window reproduces the unwindowed run exactly (window 0 keeps the
-run's seeds).
+(:func:`~balancer_cli.pack.window_place.place_window`, the unit of work of every engine), with
+seeds of its own; its steps follow the previous window's. One window reproduces the unwindowed
+run exactly (window 0 keeps the run's seeds).
 
 Memory: a window's packer holds ~``BYTES_PER_SAMPLE`` per sample of the window, so
 :func:`window_samples_for` turns a memory budget into W.
@@ -29,19 +29,14 @@ from typing import NamedTuple
 import numpy as np
 
 from balancer_cli._shuffle import shuffle
-from balancer_cli.errors import InputError, UsageError
+from balancer_cli.errors import UsageError
 from balancer_cli.pack._evaluate_kernel import code_counts
 from balancer_cli.pack._window_kernels import fill_windows
-from balancer_cli.pack.assign import (
-    MAX_SOURCES,
-    assign_groups,
-    group_source_counts,
-    split_to_multiple,
-)
+from balancer_cli.pack.assign import MAX_SOURCES
 from balancer_cli.pack.bounds import groups_lower_bound
 from balancer_cli.pack.config import PackConfig, stream_seed
 from balancer_cli.pack.packers import registry
-from balancer_cli.pack.types import Assignment, dense_ids, group_sums, index_dtype
+from balancer_cli.pack.types import dense_ids, index_dtype
 
 __all__ = [
     "BYTES_PER_SAMPLE",
@@ -65,7 +60,6 @@ __all__ = [
     "plan_windows",
     "window_samples_for",
     "resolve_window_samples",
-    "place_window",
 ]
 
 #: Peak bytes per sample of packing one window (packer working arrays, the window's slices of the
@@ -315,72 +309,3 @@ class WindowResult(NamedTuple):
     num_steps: int
     dropped: np.ndarray
     dropped_reason: tuple[str, ...]
-
-
-def place_window(task: WindowTask, view: registry.SampleView) -> WindowResult:
-    """Pack ``view`` (one window's samples) with ``task.packer`` and assign its groups to slots.
-
-    A packer registered with ``polish`` has its groups placed by
-    :func:`~balancer_cli.pack.step_stages.place_steps`: assigned, then its steps' source mix, ranks'
-    tiles, slots' groups, spread across steps and heaviest ranks evened out by the step stages, on
-    coarser assignment cells as well where the steps mix worse than random batching.
-
-    Raises:
-        UsageError: fewer groups than one step needs, or no way to reach a multiple of R x M.
-    """
-    config = task.config if task.window == 0 else WindowedConfig(task.config, task.window)
-    shape = task.config.shape
-    R, M, per_step = shape.world_size, shape.micro_batches, shape.groups_per_step
-    spec = registry.get(task.packer)
-    # Pack local positions 0..n-1 (ids are mapped back at the end): the arrays are the window's own.
-    local = registry.SampleView(ids_n=np.arange(len(view.ids_n)), load_nK=view.load_nK, cost_nK=view.cost_nK,
-                                source_n=view.source_n, modules=view.modules)
-    packing = spec.build(local, config, task.caps_K, task.bounds_K)(task.epoch)
-    if packing.num_groups < per_step:
-        raise UsageError(
-            f"{{world_size}} {R} x {{micro_batches}} {M} needs {per_step} groups per step, "
-            f"but the samples form only {packing.num_groups} groups",
-            fix="lower {world_size} or {micro_batches}, or lower the caps so that more groups form"
-                + (", or raise {window_samples}" if task.window or task.config.window_samples else ""))
-    try:
-        # The assigner wants G to be a multiple of R x M: split the heaviest groups (caps still hold).
-        packing = split_to_multiple(packing, view.cost_nK[:, -1], per_step)
-    except InputError as error:
-        isolated = int(np.count_nonzero(packing.isolated))
-        detail = f"; {isolated} of them single samples over a cap, isolated" if isolated else ""
-        # Lower caps only isolate more samples where most are over them: groups of several split.
-        cap_fix = ("raise the caps those samples exceed, or drop them with {oversize} drop"
-                   if 2 * isolated > packing.num_groups else "lower the caps so that more groups form")
-        window_fix = ", or change {window_samples}" if task.window or task.config.window_samples else ""
-        raise UsageError(
-            f"{{world_size}} {R} x {{micro_batches}} {M} needs a multiple of {per_step} groups (groups per "
-            f"step), and the {packing.num_groups} groups cannot be split to one ({error.message}{detail})",
-            fix="lower {world_size} or {micro_batches}, or " + cap_fix + window_fix) from None
-    if spec.sequential:
-        step_G, rank_G, micro_G = shape.slots(np.arange(packing.num_groups))
-        assignment = Assignment(step=step_G, rank=rank_G, micro=micro_G, num_steps=packing.num_groups // per_step)
-    elif spec.polish:
-        # Compiled kernels: imported late.
-        from balancer_cli.pack.polish import polish_passes
-        from balancer_cli.pack.step_stages import place_steps
-
-        packing, assignment = place_steps(
-            packing, view.cost_nK, view.load_nK, task.caps_K, view.source_n, shape,
-            seeds=tuple(config.epoch_seed(task.epoch, s) for s in ("assign", "polish", "trade")),
-            polish_passes=polish_passes(len(view.ids_n)), modules=view.modules)
-    else:
-        assignment = assign_groups(group_sums(packing, view.cost_nK), world_size=R, micro_batches=M,
-                                   seed=config.epoch_seed(task.epoch, "assign"),
-                                   mix_GO=group_source_counts(packing, view.source_n))
-    ids = np.asarray(view.ids_n)
-    # Held for every window until the merge: sample ids in the ids' own type, slots in int32.
-    return WindowResult(
-        order_P=ids[np.asarray(packing.order, dtype=np.int64)],
-        offsets_G=np.asarray(packing.group_offsets, dtype=np.int64),
-        step_G=np.asarray(assignment.step, dtype=np.int32),
-        rank_G=np.asarray(assignment.rank, dtype=np.int32),
-        micro_G=np.asarray(assignment.micro, dtype=np.int32),
-        num_steps=int(assignment.num_steps),
-        dropped=ids[np.asarray(packing.dropped, dtype=np.int64)],
-        dropped_reason=tuple(str(r) for r in packing.dropped_reason))
-

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pack_util import text_only_20k as _text_only_20k
 
 from balancer_cli.manifest import ManifestRows
 from balancer_cli.pack import contract
@@ -99,20 +100,6 @@ def test_the_metrics_say_which_modules_are_sparse_as_the_packer_judges_them(step
     assert metrics["contract"]["broken"] == list(broken_bounds(metrics, ("audio", "llm")))
 
 
-def _text_only_20k():
-    """Sources of disjoint lengths: at ``--dp 64`` x 2 the subsample's pick (LLM cap 4,167) takes
-    a step more in full (and was 2.87x less mixed than random batching there before the coarser
-    cells: 0.03x now; 0.58x on the subsample)."""
-    from balancer_cli.lengths import make_lengths_table
-
-    rng = np.random.default_rng(0)
-    n = 20000
-    src = rng.choice(3, n, p=[0.6, 0.3, 0.1])
-    llm = np.where(src == 0, rng.integers(50, 200, n),
-                   np.where(src == 1, rng.integers(1000, 3000, n), rng.integers(200, 400, n)))
-    return make_lengths_table(llm, {}, source=np.array(["a", "b", "c"])[src])
-
-
 def test_a_pick_that_breaks_a_bound_in_full_falls_to_a_candidate_that_does_not(monkeypatch):
     from balancer_cli.pack import pipeline
     from balancer_cli.pack.config import PackConfig
@@ -156,25 +143,27 @@ def test_past_check_max_samples_the_pick_is_checked_on_its_first_window_and_the_
     breaks the steps bound, the next candidate's too, and the third is kept."""
     import dataclasses
 
-    from balancer_cli.pack import pipeline, windows
+    from balancer_cli.pack import pick_check, pipeline, window_place
     from balancer_cli.pack.config import PackConfig
-    from balancer_cli.pack.engines import local
 
     table = _text_only_20k()
     config = PackConfig(world_size=R, micro_batches=M, window_samples=window, seed=seed)
     monkeypatch.setattr(pipeline, "CHECK_MAX_SAMPLES", 0)
     placed = []
-    real_place = windows.place_window
-    monkeypatch.setattr(windows, "place_window", lambda task, view: placed.append(task) or real_place(task, view))
-    for module in (pipeline, local):
-        monkeypatch.setattr(module, "place_window", windows.place_window)
+    real_place = window_place.place_packed
+    monkeypatch.setattr(window_place, "place_packed",
+                        lambda task, view, packing: placed.append(task) or real_place(task, view, packing))
+    monkeypatch.setattr(pick_check, "place_packed", window_place.place_packed)
     result = pipeline.pack_manifest(table, config)
     params = result.meta["params"]
     checked = params["search"]["checked"]
     assert checked["on"] == "first window" and params["windows"] >= 2
     assert (checked["kept"] != "pick") == falls_back == bool(checked["pick_broken"])
-    assert len(placed) == params["windows"] + len(checked["tried"])
-    assert all((task.epoch, task.window) == (0, 0) for task in placed[:1 + len(checked["tried"])])
+    # A candidate whose first window's packing cannot beat the best (its steps alone) is not placed.
+    placed_tries = [t for t in checked["tried"] if t.get("placed", True)]
+    assert all(t["broken"] == ["steps"] for t in checked["tried"] if not t.get("placed", True))
+    assert len(placed) == params["windows"] + len(placed_tries)
+    assert all((task.epoch, task.window) == (0, 0) for task in placed[:1 + len(placed_tries)])
     assert np.array_equal(np.sort(result.rows.sample), np.arange(table.num_samples))
     plain = pipeline.pack_manifest(table, dataclasses.replace(config, caps=tuple(params["caps"].items())))
     for column in ("step", "rank", "micro", "sample"):
@@ -241,7 +230,7 @@ def test_a_fallback_that_drops_more_samples_is_never_kept_and_the_tries_are_boun
             50: trial(50, 0.5, 0)}
     packed = []
 
-    def run(caps_K):
+    def run(caps_K, bar):
         packed.append(int(caps_K[0]))
         return runs[int(caps_K[0])]
 

@@ -2,7 +2,7 @@
 
 An engine is a module whose ``run_windows(tasks, view_of, options, progress=None)`` returns one
 :class:`~balancer_cli.pack.windows.WindowResult` per :class:`~balancer_cli.pack.windows.WindowTask`,
-in task order, each the result of :func:`~balancer_cli.pack.windows.place_window` on
+in task order, each the result of :func:`~balancer_cli.pack.window_place.place_window` on
 ``view_of(i)``, and calls ``progress()`` once per window as it is done (a resumed one included).
 Everything else (search, windows, merging, metrics) is shared, so every engine writes a
 byte-identical manifest for the same ``window_samples``.

@@ -19,7 +19,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from balancer_cli.pack.packers.registry import SampleView
-from balancer_cli.pack.windows import WindowResult, WindowTask, place_window
+from balancer_cli.pack.window_place import place_window
+from balancer_cli.pack.windows import WindowResult, WindowTask
 
 __all__ = ["run_windows"]
 

@@ -1,6 +1,6 @@
 """The Ray pack engine: windows packed as Ray tasks, merged by the driver in order, resumably.
 
-Each window is one Ray task running the same :func:`~balancer_cli.pack.windows.place_window` as
+Each window is one Ray task running the same :func:`~balancer_cli.pack.window_place.place_window` as
 the local engine on the same slice of samples, so the merged manifest is byte-identical to
 ``--engine local`` with the same ``window_samples`` (the metadata records no engine).
 
@@ -34,9 +34,10 @@ import numpy as np
 from balancer_cli._fsutil import claim_parts_dir
 from balancer_cli.errors import BalancerError, InputError
 from balancer_cli.pack.packers.registry import SampleView
-from balancer_cli.pack.windows import WindowResult, WindowTask, place_window
+from balancer_cli.pack.window_place import place_window
+from balancer_cli.pack.windows import WindowResult, WindowTask
 
-__all__ = ["RayPackOptions", "run_windows", "shard_path", "read_shard", "window_key"]
+__all__ = ["RayPackOptions", "read_shard", "run_windows", "shard_path", "window_key"]
 
 _FIELDS = ("order_P", "offsets_G", "step_G", "rank_G", "micro_G", "dropped")
 
