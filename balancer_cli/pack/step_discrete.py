@@ -34,19 +34,18 @@ Example:
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
-from balancer_cli._index import concat_ranges, sum_rows
+from balancer_cli._index import sum_rows
 from balancer_cli.pack._blocks import discrete_modules, sparse_modules
+from balancer_cli.pack._discrete_kernel import chain_quanta, give_quanta
 from balancer_cli.pack._layout import rank_layout
 from balancer_cli.pack.step_trade import row_kinds
 from balancer_cli.pack.types import Assignment, Packing
 
 __all__ = ["DISCRETE_MAX_SWAPS", "MAX_QUANTA", "even_discrete_steps"]
 
-#: Swaps one window may make (each a few vectorized lookups): where more would be needed, the
+#: Swaps one window may make (each a search of its giver's takers): where more would be needed, the
 #: module is far from exact and the first swaps already take its worst steps.
 DISCRETE_MAX_SWAPS = 20_000
 #: Quanta one sample may hold for its module to count as tiles (the bench families hold at most 13;
@@ -139,20 +138,6 @@ def _deviations(load_SR: np.ndarray) -> np.ndarray:
     return load_SR - (base_S + up_S)[:, None]
 
 
-class _Takers(NamedTuple):
-    """The taker positions of one module's pass (``pos_T``), sorted by their ``key_T`` =
-    kind x span + quanta, with the positions' kinds and quanta (updated swap by swap) and the
-    other modules' weights for the gap."""
-
-    pos_T: np.ndarray
-    key_T: np.ndarray
-    kind_P: np.ndarray
-    quanta_P: np.ndarray
-    span: int
-    others: np.ndarray
-    weight: np.ndarray
-
-
 class _Swapper:
     """The swap search's state: which sample sits at each position of ``order`` and the groups'
     load sums, updated swap by swap."""
@@ -200,63 +185,19 @@ class _Swapper:
         by_key = np.argsort(key_T, kind="stable")
         others = np.ones(self.cost.shape[1], bool)
         others[k] = False
-        weight = self.weight_K[others]
-        takers = _Takers(pos_T[by_key], key_T[by_key], kind_P, quanta_P, span, others, weight)
         pos_V = pos_U[dev_X[self.slot_P[pos_U]] > 0]
         pos_V = pos_V[np.argsort(self.slot_P[pos_V], kind="stable")]  # the givers' positions, slot by slot
-        slot_V = self.slot_P[pos_V]
-        for slot in np.flatnonzero(dev_X > 0).tolist():
-            first, end = np.searchsorted(slot_V, [slot, slot + 1])
-            while dev_X[slot] > 0 and self.swapped < DISCRETE_MAX_SWAPS:
-                mine = pos_V[first:end]
-                best = None
-                for x in mine[quanta_P[mine] > 0].tolist():
-                    found = self._best_taker(x, int(dev_X[slot]), dev_X, takers)
-                    if found is not None and (best is None or found[0] < best[0]):
-                        best = (found[0], x, *found[1:])
-                if best is None:
-                    break
-                _, x, y, step_by = best
-                self._swap(x, y)
-                quanta_P[x], quanta_P[y] = quanta_P[y], quanta_P[x]
-                dev_X[slot] -= step_by
-                dev_X[self.slot_P[y]] += step_by
+        slots = np.flatnonzero(dev_X > 0)
+        first, end = (np.searchsorted(self.slot_P[pos_V], edge) for edge in (slots, slots + 1))
+        # Each giver sample's takers of 1 .. min(dev, its quanta) quanta less are one range of
+        # keys; the least gap per quantum swaps (ties: fewer quanta, less gap, the earlier).
+        self.swapped = give_quanta(slots, first, end, pos_V, dev_X, key_T[by_key], pos_T[by_key], kind_P, quanta_P,
+                                   span, self.slot_P, self.group_P, self.order, self.load, self.gload_GK, self.caps,
+                                   self.cost, others, self.weight_K, DISCRETE_MAX_SWAPS, self.swapped)
         if (dev_X > 0).any() and (dev_X < 0).any() and len(self.order) <= CHAIN_MAX_ROWS:
-            self._chain(k, quantum, dev_X, others, weight)
+            self._chain(k, quantum, dev_X, others)
 
-    def _best_taker(self, x, dev, dev_X, takers):
-        """The taker for giver position ``x`` (``dev`` quanta over its target) of least gap per
-        quantum, within every cap: ``(gap per quantum, its position, quanta given)``, or None.
-
-        Its takers of 1 .. min(dev, its quanta) quanta less are one range of keys; ties go to
-        fewer quanta, then to less gap, then to the earlier taker.
-        """
-        t = takers
-        top = min(dev, int(t.quanta_P[x]))
-        key = t.kind_P[x] * t.span + t.quanta_P[x]
-        lo, hi = np.searchsorted(t.key_T, [key - top, key])
-        step_C = key - t.key_T[lo:hi]
-        cand = t.pos_T[lo:hi]
-        ok = (t.quanta_P[cand] == t.quanta_P[x] - step_C) & (dev_X[self.slot_P[cand]] <= -step_C)
-        cand, step_C, at_C = cand[ok], step_C[ok], np.flatnonzero(ok)
-        if len(cand) == 0:
-            return None
-        fits = self._fits(x, cand)
-        if not fits.any():
-            return None
-        gap = np.where(fits, self._gap(x, cand, t.others, t.weight), np.inf)
-        score = gap / step_C
-        j = int(np.lexsort((at_C, gap, step_C, score))[0])
-        return float(score[j]), int(cand[j]), int(step_C[j])
-
-    def _fits(self, x, cand):
-        """(len(cand),) whether swapping the sample at ``x`` with each at ``cand`` keeps both groups
-        within every cap."""
-        delta_CK = self._delta(x, cand)
-        return ((self.gload_GK[self.group_P[cand]] + delta_CK <= self.caps).all(axis=1)
-                & (self.gload_GK[self.group_P[x]] - delta_CK <= self.caps).all(axis=1))
-
-    def _chain(self, k, quantum, dev_X, others, weight):
+    def _chain(self, k, quantum, dev_X, others):
         """Where no pair of a giver's and a taker's samples fits the caps (a rank's one group at
         the LLM cap), a quantum goes through a third rank ``n`` whose load is on target: the
         giver's x swaps with n's y (one quantum less), and n's x' with the taker's y' (one less),
@@ -284,18 +225,6 @@ class _Swapper:
         by = np.argsort(key, kind="stable")
         pool, key = pool[by], key[by]
 
-        def near(pos, step):
-            """(Q, CHAIN_NEAR) pool positions of each query's kind and quanta + ``step``, nearest in
-            LLM cost (-1 where fewer), whose quanta are still those."""
-            want = (kind_P[pos] * span + quanta_P[pos] + step).astype(np.float64)
-            lo, hi = np.searchsorted(key, want * top), np.searchsorted(key, (want + 1) * top)
-            mid = np.searchsorted(key, want * top + llm_P[pos])
-            start = np.clip(mid - CHAIN_NEAR // 2, lo, np.maximum(hi - CHAIN_NEAR, lo))
-            at = start[:, None] + np.arange(CHAIN_NEAR)[None, :]
-            cand = np.where(at < hi[:, None], pool[np.minimum(at, len(pool) - 1)], -1)
-            stale = (cand >= 0) & (quanta_P[np.maximum(cand, 0)] != (quanta_P[pos] + step)[:, None])
-            return np.where(stale, -1, cand)
-
         # The positions of uneven ranks, slot by slot (a rank only moves towards its target).
         uneven = live[dev_X[self.slot_P[live]] != 0]
         uneven = uneven[np.argsort(self.slot_P[uneven], kind="stable")]
@@ -309,74 +238,9 @@ class _Swapper:
         code_T = np.sort((kind_P[uneven[at_U]] * span + quanta_P[uneven[at_U]]) * U + at_U)
         index_P = np.full(P, -1, np.int64)
         index_P[uneven] = np.arange(U)
-        for slot in np.flatnonzero(dev_X > 0).tolist():
-            first, end = np.searchsorted(slot_U, [slot, slot + 1])
-            while dev_X[slot] > 0 and self.swapped + 2 <= DISCRETE_MAX_SWAPS:
-                mine = uneven[first:end]
-                mine = mine[quanta_P[mine] > 0]
-                code_T = code_T[dev_X[slot_U[code_T % U]] < 0]  # takers still under their target
-                if len(mine) == 0 or len(code_T) == 0:
-                    break
-                # Leg 1: x (giver) <-> y (n), y a quantum less, within the giver's caps.
-                x_A = np.repeat(mine, CHAIN_NEAR)
-                y_A = near(mine, -1).reshape(-1)
-                x_A, y_A = x_A[y_A >= 0], y_A[y_A >= 0]
-                ok = (self.gload_GK[self.group_P[x_A]] - self._delta(x_A, y_A) <= self.caps).all(axis=1)
-                x_A, y_A = x_A[ok], y_A[ok]
-                if len(x_A) == 0:
-                    break
-                # Leg 2: any x' of n's group <-> a taker's y' of its kind, a quantum less.
-                n_A = self.group_P[y_A]
-                size_A = self.offsets[n_A + 1] - self.offsets[n_A]
-                a_J = np.repeat(np.arange(len(x_A)), size_A)
-                xp_J = concat_ranges(self.offsets[n_A], size_A)
-                takers, tkey = uneven[code_T % U], code_T // U
-                want = kind_P[xp_J] * span + quanta_P[xp_J] - 1
-                lo, hi = np.searchsorted(tkey, want), np.searchsorted(tkey, want, "right")
-                hi = np.where(quanta_P[xp_J] > 0, np.minimum(hi, lo + CHAIN_NEAR), lo)
-                j_L = np.repeat(np.arange(len(xp_J)), hi - lo)
-                x, y = x_A[a_J[j_L]], y_A[a_J[j_L]]
-                xp, yp = xp_J[j_L], takers[concat_ranges(lo, hi - lo)]
-                given = self._delta(xp, yp)  # what the taker's group gains, and n's gives back
-                n_fits = (self.gload_GK[self.group_P[y]] + self._delta(x, y) - given <= self.caps).all(axis=1)
-                fits = (xp != y) & n_fits & (self.gload_GK[self.group_P[yp]] + given <= self.caps).all(axis=1)
-                if not fits.any():
-                    break
-                score = np.where(fits, self._gap(x, y, others, weight) + self._gap(xp, yp, others, weight), np.inf)
-                j = int(np.argmin(score))
-                self._swap(int(x[j]), int(y[j]))
-                self._swap(int(xp[j]), int(yp[j]))
-                for a, b in ((int(x[j]), int(y[j])), (int(xp[j]), int(yp[j]))):
-                    quanta_P[a], quanta_P[b] = quanta_P[b], quanta_P[a]
-                dev_X[slot] -= 1
-                dev_X[self.slot_P[int(yp[j])]] += 1
-                taker = int(yp[j])  # its quanta one more now: its code moves up by one key
-                _move_up(code_T, (kind_P[taker] * span + quanta_P[taker] - 1) * U + index_P[taker], U)
-
-    def _delta(self, a, b):
-        """Load of the sample at position(s) ``a`` less that of the sample at ``b`` (broadcast)."""
-        return self.load[self.order[a]].astype(np.int64) - self.load[self.order[b]]
-
-    def _gap(self, a, b, others, weight):
-        """How far apart the samples at ``a`` and ``b`` are on the ``others`` modules (normalized by
-        ``weight``): the pair of least gap swaps."""
-        return (np.abs(self.cost[self.order[a]][..., others] - self.cost[self.order[b]][..., others]) * weight).sum(-1)
-
-    def _swap(self, x, y):
-        """Samples at positions ``x`` and ``y`` change places (and groups)."""
-        sx, sy = self.order[x], self.order[y]
-        delta_K = self._delta(x, y)
-        self.gload_GK[self.group_P[x]] -= delta_K
-        self.gload_GK[self.group_P[y]] += delta_K
-        self.order[x], self.order[y] = sy, sx
-        self.swapped += 1
-
-
-def _move_up(code_T: np.ndarray, code: int, by: int) -> None:
-    """Raise ``code`` (an element of the sorted ``code_T``) by ``by`` and keep ``code_T`` sorted,
-    in place: the codes between shift down one place (O(their count), not a sort)."""
-    i = int(np.searchsorted(code_T, code))
-    j = int(np.searchsorted(code_T, code + by))
-    code_T[i:j - 1] = code_T[i + 1:j]
-    code_T[j - 1] = code + by
-
+        slots = np.flatnonzero(dev_X > 0)
+        first, end = (np.searchsorted(slot_U, edge) for edge in (slots, slots + 1))
+        self.swapped = chain_quanta(slots, first, end, uneven, slot_U, code_T, index_P, kind_P, quanta_P, span, pool,
+                                    key, llm_P, top, CHAIN_NEAR, self.slot_P, self.group_P, self.offsets, self.order,
+                                    self.load, self.gload_GK, self.caps, self.cost, others, self.weight_K, dev_X,
+                                    DISCRETE_MAX_SWAPS, self.swapped)

@@ -137,20 +137,6 @@ def test_a_swap_never_breaks_a_cap():
     assert (group_sums(q, load) <= [8, 4000]).all()
 
 
-@settings(max_examples=60, deadline=None)
-@given(codes=st.lists(st.integers(0, 500), min_size=1, max_size=60, unique=True), pick=st.integers(0, 10**6),
-       by=st.integers(1, 100))
-def test_a_takers_code_moves_up_in_place_as_a_sort_would_place_it(codes, pick, by):
-    """The chains keep their takers' codes sorted as one quantum more moves a code up by a key
-    (``step_discrete._move_up``): the same array as sorting the changed codes again."""
-    code_T = np.sort(np.array(codes, np.int64))
-    code = int(code_T[pick % len(code_T)])
-    expect = np.sort(np.where(code_T == code, code + by, code_T))
-    assume(len(np.unique(expect)) == len(expect))  # codes stay distinct (each ends in its taker's index)
-    step_discrete._move_up(code_T, code, by)
-    assert np.array_equal(code_T, expect)
-
-
 def test_costs_of_many_quanta_a_sample_are_not_tiles():
     """Tiles' tokens have a quantum; FLOPs (float32 multiples of 2^17) and token counts of gcd 1
     would have millions or thousands of quanta a sample, and are left to the cost balancing:
@@ -167,42 +153,3 @@ def test_costs_of_many_quanta_a_sample_are_not_tiles():
                    num_steps=2)
     load = np.column_stack([flops[:, 0] / 1.37e11, flops[:, 1]]).astype(np.int64)
     assert even_discrete_steps(p, a, cost, load, np.array([8, 4000]), np.zeros(4, np.int64)) is p
-
-
-def _best_by_quanta(self, x, dev, dev_X, t):
-    """:meth:`step_discrete._Swapper._best_taker` as a plain loop over each count of quanta the giver
-    may give (one lookup each, the least gap of each count first), for the range search to be
-    checked against."""
-    best = None
-    for step_by in range(1, min(dev, int(t.quanta_P[x])) + 1):
-        want = t.kind_P[x] * t.span + t.quanta_P[x] - step_by
-        lo, hi = np.searchsorted(t.key_T, [want, want + 1])
-        cand = t.pos_T[lo:hi]
-        cand = cand[(t.quanta_P[cand] == t.quanta_P[x] - step_by) & (dev_X[self.slot_P[cand]] <= -step_by)]
-        fits = self._fits(x, cand)
-        if not fits.any():
-            continue
-        gap = np.where(fits, self._gap(x, cand, t.others, t.weight), np.inf)
-        j = int(np.argmin(gap))
-        if best is None or gap[j] / step_by < best[0]:
-            best = (float(gap[j]) / step_by, int(cand[j]), step_by)
-    return best
-
-
-@settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 10**6), n=st.integers(200, 2500), R=st.integers(2, 12), M=st.sampled_from([1, 2]),
-       sources=st.integers(1, 3), top=st.integers(2, 12))
-def test_the_swap_search_picks_what_a_loop_over_quanta_picks(seed, n, R, M, sources, top):
-    """Each giver's takers of 1 .. min(deviation, its quanta) quanta less are one range of keys:
-    the same swaps as looking each count of quanta up apart, ties included."""
-    load, cost, source = _tiles_and_clips(seed, n, sources, tiles=tuple(range(1, top + 1)))
-    caps = np.array([3 * top, 6, 6000])
-    try:
-        p, a = _placed(load, cost, source, caps, R, M, seed)
-    except InputError:
-        assume(False)
-    with mock.patch.object(step_discrete, "CHAIN_MAX_ROWS", 0):  # the search alone
-        q = even_discrete_steps(p, a, cost, load, caps, source)
-        with mock.patch.object(step_discrete._Swapper, "_best_taker", _best_by_quanta):
-            ref = even_discrete_steps(p, a, cost, load, caps, source)
-    assert np.array_equal(q.order, ref.order)
