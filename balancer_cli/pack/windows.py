@@ -205,8 +205,9 @@ def window_members(source_n: np.ndarray, windows: int, *, seed: int, epoch: int)
         codes = dense_ids(codes)
         lowest, highest = 0, int(codes.max())
     count = code_counts(codes, highest - lowest + 1, lowest)
-    # Position k of the sources' layout goes to window k % windows (np.resize repeats the labels).
-    labels = np.resize(np.arange(windows, dtype=np.min_scalar_type(-windows)), n)
+    # Position k of the sources' layout goes to window k % windows: the labels repeated (np.tile;
+    # np.resize, the same array, concatenates n / windows copies one by one: 10M, 0.26 s vs 4 ms).
+    labels = np.tile(np.arange(windows, dtype=np.min_scalar_type(-windows)), -(-n // windows))[:n]
     start = 0
     for size in count.tolist():
         if size > 1:
@@ -235,7 +236,7 @@ class WindowMembers(NamedTuple):
     ``members[e][w]`` holds the (n_w,) sorted positions, in the sample view's rows, of window
     ``w`` of epoch ``e``. Every packer of a run packs the same windows (the same seed, W and caps),
     so the report's baselines plan them once, or reuse the plan ``pack`` packed its manifest with
-    (10M: ~1.2 s per plan, most of it the permutation).
+    (10M in 8 windows: ~0.4 s per plan, the windows' fill and the sources' label shuffles).
     """
 
     members: tuple[tuple[np.ndarray, ...], ...]
