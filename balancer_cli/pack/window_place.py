@@ -71,7 +71,7 @@ def planned(inputs: PackInputs, config: PackConfig, caps_K: np.ndarray,
 
 
 def window_view(inputs: PackInputs, whole: registry.SampleView | None, ids_n: np.ndarray,
-                 positions: np.ndarray) -> registry.SampleView:
+                positions: np.ndarray) -> registry.SampleView:
     """A window's samples (``positions`` into ``ids_n``, the samples without a scan error) as the packers see them."""
     if whole is not None and len(positions) == len(ids_n):  # one window of every sample: no copy
         return whole

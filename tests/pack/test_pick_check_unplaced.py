@@ -28,7 +28,7 @@ _metric = st.tuples(st.tuples(st.floats(0, 0.02), st.floats(0, 0.02)), st.tuples
 @given(best=_metric, placed=_metric, best_dropped=st.integers(0, 3), dropped=st.integers(0, 3),
        extra_dropped=st.integers(0, 3))
 def test_an_unreachable_packing_is_never_kept_whatever_its_placement(best, placed, best_dropped, dropped,
-                                                                      extra_dropped):
+                                                                     extra_dropped):
     """Soundness: where :meth:`Bar.unreachable` says so of a packing's steps and drops, every
     placement of it (any Dist, utilization and mix; as many drops or more) ranks at least as far
     as the best or drops more than the pick, so :func:`checked_pick` would not keep it."""
@@ -75,7 +75,7 @@ def test_an_unplaced_trial_is_recorded_counted_and_never_kept(monkeypatch):
 
 @pytest.mark.parametrize("world_size, micro_batches, seed, window", [(128, 2, 1, None), (64, 1, 0, 7000)])
 def test_leaving_candidates_unplaced_changes_nothing_but_the_record(monkeypatch, world_size, micro_batches, seed,
-                                                                   window):
+                                                                    window):
     """The same manifest with and without unplaced candidates, in full runs (``--dp 128`` x 2:
     two of three fallbacks take a step more than the pick) and on first windows (past
     ``CHECK_MAX_SAMPLES``); the record differs only in the ``placed`` marks."""
