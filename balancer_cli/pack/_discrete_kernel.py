@@ -33,6 +33,18 @@ def _fits_after(gload_GK, g, sign, load_NK, sa, sb, other, caps_K):  # pragma: n
 
 
 @njit(inline=True)
+def _swap(a, b, order_P, quanta_P, group_P, gload_GK, load_NK):  # pragma: no cover
+    """The samples at positions a and b change places (and groups, whose loads follow)."""
+    sa, sb = order_P[a], order_P[b]
+    for k in range(load_NK.shape[1]):
+        delta = np.int64(load_NK[sa, k]) - np.int64(load_NK[sb, k])
+        gload_GK[group_P[a], k] -= delta
+        gload_GK[group_P[b], k] += delta
+    order_P[a], order_P[b] = sb, sa
+    quanta_P[a], quanta_P[b] = quanta_P[b], quanta_P[a]
+
+
+@njit(inline=True)
 def _zero(cost_NK, weight_K):  # pragma: no cover
     """0 in the type of ``|cost - cost| * weight``: the gaps add up in it, as numpy's sums of those
     products do (float32 costs: float32 sums; in float64 two near-equal gaps of float32 costs tied
@@ -83,7 +95,7 @@ def give_quanta(slots_S, first_S, end_S, pos_V, dev_X, key_T, pos_T, kind_P, qua
         max_swaps: the most swaps in all.
         swapped: the swaps made before.
     """
-    KL = load_NK.shape[1]
+    none = np.full(2, -1, np.int64)  # no second exchange (_fits_after)
     for i in range(len(slots_S)):
         slot = slots_S[i]
         while dev_X[slot] > 0 and swapped < max_swaps:
@@ -107,14 +119,8 @@ def give_quanta(slots_S, first_S, end_S, pos_V, dev_X, key_T, pos_T, kind_P, qua
                     if quanta_P[y] != qx - step or dev_X[slot_P[y]] > -step:
                         continue
                     sy = order_P[y]
-                    gy = group_P[y]
-                    fits = True
-                    for k in range(KL):
-                        delta = np.int64(load_NK[sx, k]) - np.int64(load_NK[sy, k])
-                        if gload_GK[gy, k] + delta > caps_K[k] or gload_GK[gx, k] - delta > caps_K[k]:
-                            fits = False
-                            break
-                    if not fits:
+                    if not (_fits_after(gload_GK, group_P[y], 1, load_NK, sx, sy, none, caps_K)
+                            and _fits_after(gload_GK, gx, -1, load_NK, sx, sy, none, caps_K)):
                         continue
                     gap = _gap(cost_NK, sx, sy, others_K, weight_K)
                     score = gap / step
@@ -125,16 +131,9 @@ def give_quanta(slots_S, first_S, end_S, pos_V, dev_X, key_T, pos_T, kind_P, qua
                     best_score, best_x, best_y, best_step = c_score, x, c_y, c_step
             if best_x < 0:
                 break
-            x, y = best_x, best_y
-            sx, sy = order_P[x], order_P[y]
-            for k in range(KL):
-                delta = np.int64(load_NK[sx, k]) - np.int64(load_NK[sy, k])
-                gload_GK[group_P[x], k] -= delta
-                gload_GK[group_P[y], k] += delta
-            order_P[x], order_P[y] = sy, sx
-            quanta_P[x], quanta_P[y] = quanta_P[y], quanta_P[x]
+            _swap(best_x, best_y, order_P, quanta_P, group_P, gload_GK, load_NK)
             dev_X[slot] -= best_step
-            dev_X[slot_P[y]] += best_step
+            dev_X[slot_P[best_y]] += best_step
             swapped += 1
     return swapped
 
@@ -197,15 +196,13 @@ def chain_quanta(slots_S, first_S, end_S, uneven_U, slot_U, code_T, index_P, kin
                         continue
                     n = group_P[y]
                     for xp in range(offsets_G[n], offsets_G[n + 1]):
-                        if quanta_P[xp] <= 0:
+                        if quanta_P[xp] <= 0 or xp == y:
                             continue
                         wanted = kind_P[xp] * span + quanta_P[xp] - 1
                         lo2 = np.searchsorted(code_T[:n_T], wanted * U)
                         hi2 = min(np.searchsorted(code_T[:n_T], (wanted + 1) * U), lo2 + near)
                         for t in range(lo2, hi2):
                             yp = uneven_U[code_T[t] % U]
-                            if xp == y:
-                                continue
                             sxp, syp = order_P[xp], order_P[yp]
                             pair[0], pair[1] = sxp, syp
                             if not _fits_after(gload_GK, n, 1, load_NK, sx, sy, pair, caps_K):
@@ -217,14 +214,8 @@ def chain_quanta(slots_S, first_S, end_S, uneven_U, slot_U, code_T, index_P, kin
                                 best, bx, by, bxp, byp = score, x, y, xp, yp
             if legs == 0 or bx < 0:
                 break
-            for a, b in ((bx, by), (bxp, byp)):
-                sa, sb = order_P[a], order_P[b]
-                for k in range(len(caps_K)):
-                    delta = np.int64(load_NK[sa, k]) - np.int64(load_NK[sb, k])
-                    gload_GK[group_P[a], k] -= delta
-                    gload_GK[group_P[b], k] += delta
-                order_P[a], order_P[b] = sb, sa
-                quanta_P[a], quanta_P[b] = quanta_P[b], quanta_P[a]
+            _swap(bx, by, order_P, quanta_P, group_P, gload_GK, load_NK)
+            _swap(bxp, byp, order_P, quanta_P, group_P, gload_GK, load_NK)
             swapped += 2
             dev_X[slot] -= 1
             dev_X[slot_P[byp]] += 1

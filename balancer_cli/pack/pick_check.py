@@ -140,21 +140,21 @@ class Bar:
     rank so far, without dropping more samples than the pick's.
 
     Example:
-        >>> bar = Bar(rank=(1, 0.4), dropped=0)  # the best so far breaks one bound, 0.4 past it
-        >>> bar.unreachable(1.045, 0), bar.unreachable(1.035, 0), bar.unreachable(1.02, 2)
-        (True, False, True)
+        >>> bar, caps = Bar(rank=(1, 0.4), dropped=0), np.array([9])  # the best breaks one bound, 0.4 past
+        >>> [bar.unreachable(Unplaced(caps, caps, steps, dropped)) for steps, dropped in ((1.045, 0), (1.035, 0),
+        ...                                                                            (1.02, 2))]
+        [True, False, True]
     """
 
     rank: tuple[int, float]
     dropped: int
 
-    def unreachable(self, steps_vs_lower_bound: float, dropped: int) -> bool:
-        """Whether no placement of a packing with these steps (over their lower bound) and these
+    def unreachable(self, packed: Unplaced) -> bool:
+        """Whether no placement of a packing with ``packed``'s steps (over their lower bound) and
         samples dropped can be kept: it drops more than the pick, or its steps alone break the
         bounds as many times and as far as the best (every bound a placement adds breaks by more
         than nothing: :func:`~balancer_cli.pack.contract.excess`)."""
-        known = Unplaced(np.zeros(0), np.zeros(0), steps_vs_lower_bound, dropped)
-        return dropped > self.dropped or known.rank() >= tuple(self.rank)
+        return packed.dropped() > self.dropped or packed.rank() >= tuple(self.rank)
 
 
 def first_window(inputs: PackInputs, config: PackConfig, caps_K: np.ndarray, bounds_K: np.ndarray, bar: Bar | None,
@@ -174,12 +174,12 @@ def first_window(inputs: PackInputs, config: PackConfig, caps_K: np.ndarray, bou
     if bar is not None:
         per_step = config.shape.groups_per_step
         ids = np.asarray(view.ids_n)[np.asarray(packing.order, dtype=np.int64)]
-        least = -(-groups_lower_bound(inputs.load_NK, caps_K, rows=ids) // per_step)
-        steps = packing.num_groups // per_step / max(least, 1)
+        steps = _steps_over_bound(packing.num_groups // per_step, inputs, caps_K, ids, per_step)
         steps = round(steps, 6) if whole_run else steps  # as evaluate.py reports a run's
         dropped = len(packing.dropped) + (len(inputs.error_rows) if whole_run else 0)
-        if bar.unreachable(steps, dropped):
-            return plan, Unplaced(caps_K, bounds_K, steps, dropped)
+        packed = Unplaced(caps_K, bounds_K, steps, dropped)
+        if bar.unreachable(packed):
+            return plan, packed
     return plan, place_packed(task, view, packing)
 
 
@@ -205,10 +205,16 @@ def window_metrics(result: WindowResult, inputs: PackInputs, shape: StepShape, c
     assignment = Assignment(result.step_G[keep_G], result.rank_G[keep_G], result.micro_G[keep_G], result.num_steps)
     metrics = placed_metrics(packing, assignment, take_rows(inputs.cost_NK, ids), inputs.source_codes_N[ids], shape,
                              inputs.modules)
-    least = -(-groups_lower_bound(inputs.load_NK, caps_K, rows=result.order_P) // shape.groups_per_step)
-    metrics["steps"] = {"vs_lower_bound": result.num_steps / max(least, 1)}
+    steps = _steps_over_bound(result.num_steps, inputs, caps_K, result.order_P, shape.groups_per_step)
+    metrics["steps"] = {"vs_lower_bound": steps}
     metrics["contract"] = contract.contract_entry(metrics, inputs.modules)
     return metrics
+
+
+def _steps_over_bound(num_steps: int, inputs: PackInputs, caps_K: np.ndarray, ids: np.ndarray, per_step: int) -> float:
+    """``num_steps`` over the fewest steps the samples ``ids`` fill under ``caps_K`` (at least one)."""
+    least = -(-groups_lower_bound(inputs.load_NK, caps_K, rows=ids) // per_step)
+    return num_steps / max(least, 1)
 
 
 def checked_pick(modules: Sequence[str], num_samples: int, search: Any, pick: Any,

@@ -40,7 +40,6 @@ from balancer_cli.pack.inputs import PackInputs
 from balancer_cli.pack.packers import registry
 from balancer_cli.pack.types import Assignment, Packing, group_sums
 from balancer_cli.pack.windows import (
-    WindowedConfig,
     WindowMembers,
     WindowResult,
     WindowTask,
@@ -105,7 +104,7 @@ def pack_window(task: WindowTask, view: registry.SampleView) -> Packing:
     Raises:
         UsageError: as :func:`place_window`.
     """
-    config = task.config if task.window == 0 else WindowedConfig(task.config, task.window)
+    config = task.window_config
     shape = task.config.shape
     R, M, per_step = shape.world_size, shape.micro_batches, shape.groups_per_step
     spec = registry.get(task.packer)
@@ -139,7 +138,7 @@ def pack_window(task: WindowTask, view: registry.SampleView) -> Packing:
 def place_packed(task: WindowTask, view: registry.SampleView, packing: Packing) -> WindowResult:
     """:func:`pack_window`'s ``packing`` of ``view`` assigned to slots (and evened out by the step
     stages where the packer polishes), with the window's sample ids."""
-    config = task.config if task.window == 0 else WindowedConfig(task.config, task.window)
+    config = task.window_config
     shape, spec = task.config.shape, registry.get(task.packer)
     if spec.sequential:
         step_G, rank_G, micro_G = shape.slots(np.arange(packing.num_groups))

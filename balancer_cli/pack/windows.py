@@ -294,6 +294,11 @@ class WindowTask:
     epoch: int
     window: int
 
+    @property
+    def window_config(self) -> PackConfig | WindowedConfig:
+        """The config as this window sees it (its seeds; window 0 keeps the run's)."""
+        return self.config if self.window == 0 else WindowedConfig(self.config, self.window)
+
 
 class WindowResult(NamedTuple):
     """A placed window: groups in packing order with their slots, and what was left out.

@@ -35,12 +35,11 @@ def test_an_unreachable_packing_is_never_kept_whatever_its_placement(best, place
     best_metrics, metrics = _metrics(*best), _metrics(*placed)
     best_rank = (len(broken_bounds(best_metrics, _MODULES)), excess(best_metrics, _MODULES))
     bar = Bar(rank=best_rank, dropped=best_dropped)
-    steps = metrics["steps"]["vs_lower_bound"]
-    if bar.unreachable(steps, dropped):
+    unplaced = Unplaced(np.array([1]), np.array([1]), metrics["steps"]["vs_lower_bound"], dropped)
+    if bar.unreachable(unplaced):
         rank = (len(broken_bounds(metrics, _MODULES)), excess(metrics, _MODULES))
         assert not (rank < best_rank and dropped + extra_dropped <= best_dropped)
     # What an unplaced trial records is what its placement breaks of the steps bound: a subset.
-    unplaced = Unplaced(np.array([1]), np.array([1]), steps, dropped)
     assert set(unplaced.broken()) <= set(broken_bounds(metrics, _MODULES))
     assert unplaced.rank() <= (len(broken_bounds(metrics, _MODULES)), excess(metrics, _MODULES))
 
@@ -90,7 +89,7 @@ def test_leaving_candidates_unplaced_changes_nothing_but_the_record(monkeypatch,
     tried = result.meta["params"]["search"]["checked"]["tried"]
     assert any(t.get("placed") is False for t in tried)
     assert all(t["broken"] == ["steps"] for t in tried if t.get("placed") is False)
-    monkeypatch.setattr(Bar, "unreachable", lambda self, steps, dropped: False)
+    monkeypatch.setattr(Bar, "unreachable", lambda self, packed: False)
     every = pipeline.pack_manifest(table, config)
     for column in ("step", "rank", "micro", "sample"):
         assert np.array_equal(getattr(every.rows, column), getattr(result.rows, column))
